@@ -1,0 +1,57 @@
+"""Sans-io collective algorithms: each returns one rank's :class:`Schedule`.
+
+:func:`plan` is the single entry point the engine uses; it is a pure,
+cached function of (collective, size, rank, nranks, root, chunk, algorithm).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from . import direct, doubling, ring, tree
+from .schedule import Schedule
+
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+               "gather", "scatter", "all_to_all", "barrier")
+ALGORITHMS = {
+    "all_reduce": ("ring", "rd"),
+    "reduce": ("ring", "tree"),
+    "broadcast": ("chain", "tree"),
+    "all_gather": ("ring",),
+    "reduce_scatter": ("ring",),
+    "gather": ("direct",),
+    "scatter": ("direct",),
+    "all_to_all": ("direct",),
+    "barrier": ("dissemination",),
+}
+
+
+@lru_cache(maxsize=4096)
+def plan(coll: str, count: int, rank: int, n: int, root: int, chunk: int, algo: str,
+         in_place: bool = False) -> Schedule:
+    """One rank's schedule. ``count`` is the whole buffer for all_reduce, reduce and
+    broadcast, and the per-rank block for the block-wise collectives."""
+    if coll == "all_reduce":
+        return doubling.all_reduce(count, rank, n) if algo == "rd" else ring.all_reduce(count, rank, n, chunk)
+    if coll == "reduce":
+        return tree.reduce(count, rank, n, root) if algo == "tree" else ring.reduce(count, rank, n, root, chunk)
+    if coll == "broadcast":
+        if algo == "tree":
+            return tree.broadcast(count, rank, n, root)
+        return tree.broadcast_chain(count, rank, n, root, chunk)
+    if coll == "all_gather":
+        return ring.all_gather(count, rank, n)
+    if coll == "reduce_scatter":
+        return ring.reduce_scatter(count, rank, n, chunk)
+    if coll == "gather":
+        return direct.gather(count, rank, n, root)
+    if coll == "scatter":
+        return direct.scatter(count, rank, n, root)
+    if coll == "all_to_all":
+        return direct.all_to_all(count, rank, n, in_place)
+    if coll == "barrier":
+        return direct.barrier(rank, n)
+    raise ValueError(f"unknown collective {coll!r}")
+
+
+__all__ = ["ALGORITHMS", "COLLECTIVES", "Schedule", "plan"]

@@ -1,0 +1,163 @@
+"""The handle every op returns at once.
+
+A :class:`Work` is completed by the engine, which may run on another thread
+and another event loop than the caller's. It is therefore a small
+thread-safe future: awaitable from *any* asyncio loop (each awaiter gets a
+future on its own loop, woken with ``call_soon_threadsafe`` when needed), and
+blockable with :meth:`wait` from plain threads.
+
+Awaiting is *shielded*: cancelling the task that awaits a Work does not
+cancel the op, because peers are already counting on it. :meth:`cancel`
+succeeds only while no peer can have observed the op (an unmatched receive,
+a send or group member not yet started); collectives are a promise to the
+other ranks and are never cancelled locally (use ``comm.abort()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Generator
+from typing import Any
+
+_PENDING, _RUNNING, _DONE, _CANCELLED = range(4)
+
+
+class Work:
+    """An in-flight op; ``await work`` returns its result or raises its error."""
+
+    __slots__ = ("op", "seq", "_lock", "_state", "_result", "_exc", "_callbacks",
+                 "_event", "_cancellable", "_on_cancel", "_engine_thread")
+
+    def __init__(self, op: str, seq: int, *, cancellable: bool = False) -> None:
+        self.op = op
+        self.seq = seq
+        self._lock = threading.Lock()
+        self._state = _PENDING
+        self._result: Any = None
+        self._exc: BaseException | None = None
+        self._callbacks: list[Callable[[Work], None]] = []
+        self._event: threading.Event | None = None
+        self._cancellable = cancellable
+        self._on_cancel: Callable[[], None] | None = None
+        self._engine_thread: int | None = None  # wait() on this thread would deadlock
+
+    def __repr__(self) -> str:
+        state = ("pending", "running", "done", "cancelled")[self._state]
+        return f"<Work {self.op} seq={self.seq} {state}>"
+
+    # -- engine side ------------------------------------------------------
+    def _start(self) -> bool:
+        """Engine claims the op; False if it was cancelled first."""
+        with self._lock:
+            if self._state != _PENDING:
+                return False
+            self._state = _RUNNING
+            return True
+
+    def _set_result(self, result: Any) -> None:
+        self._finish(result, None)
+
+    def _set_exception(self, exc: BaseException) -> None:
+        self._finish(None, exc)
+
+    def _finish(self, result: Any, exc: BaseException | None, state: int = _DONE) -> bool:
+        with self._lock:
+            if self._state in (_DONE, _CANCELLED):
+                return False
+            self._state = state
+            self._result, self._exc = result, exc
+            callbacks, self._callbacks = self._callbacks, []
+            event = self._event
+        if event is not None:
+            event.set()
+        for cb in callbacks:
+            cb(self)
+        return True
+
+    # -- user side --------------------------------------------------------
+    def done(self) -> bool:
+        return self._state in (_DONE, _CANCELLED)
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def cancel(self) -> bool:
+        """Cancel if no peer can have seen the op yet; returns whether it was."""
+        with self._lock:
+            if self._state != _PENDING or not self._cancellable:
+                return self._state == _CANCELLED
+            on_cancel = self._on_cancel
+        if not self._finish(None, asyncio.CancelledError(f"{self.op} seq {self.seq} cancelled"), _CANCELLED):
+            return self._state == _CANCELLED
+        if on_cancel is not None:
+            on_cancel()
+        return True
+
+    def result(self) -> Any:
+        """The result if done (raising the op's error); InvalidStateError if not."""
+        if not self.done():
+            raise asyncio.InvalidStateError(f"{self!r} is not done; await it or call wait()")
+        if self._exc is not None:
+            raise self._exc
+        return self._result
+
+    def exception(self) -> BaseException | None:
+        if not self.done():
+            raise asyncio.InvalidStateError(f"{self!r} is not done; await it or call wait()")
+        return self._exc
+
+    def add_done_callback(self, fn: Callable[[Work], None]) -> None:
+        """Call ``fn(work)`` on completion, from the engine's thread (or now if done)."""
+        with self._lock:
+            if not self.done():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block the calling thread until done; return the result or raise its error.
+
+        Raises ``TimeoutError`` if ``timeout`` passes first (the op keeps running).
+        """
+        if not self.done():
+            if self._engine_thread == threading.get_ident():
+                raise RuntimeError(
+                    f"{self!r}.wait() would block the event loop that runs the engine; use 'await'"
+                )
+            with self._lock:
+                if self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            if not self.done() and not event.wait(timeout):
+                raise TimeoutError(f"{self!r} not done after {timeout}s")
+        return self.result()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        if not self.done():
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            me = threading.get_ident()
+
+            def wake(_w: Work) -> None:
+                if threading.get_ident() == me:
+                    if not fut.done():
+                        fut.set_result(None)
+                elif not loop.is_closed():
+                    loop.call_soon_threadsafe(_set_if_pending, fut)
+
+            self.add_done_callback(wake)
+            yield from asyncio.shield(fut).__await__()
+        return self.result()
+
+
+def _set_if_pending(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def completed(op: str, seq: int, result: Any) -> Work:
+    """A Work already done (n=1 shortcuts, empty groups)."""
+    w = Work(op, seq)
+    w._set_result(result)
+    return w
