@@ -1,0 +1,40 @@
+"""aioccl: asyncio-native collective communication.
+
+    comm = await aioccl.init()          # from aioccl-run / torchrun / mpirun / srun
+    y = await comm.all_reduce(x)        # every op returns an awaitable Work at once
+"""
+
+from .bootstrap.unique_id import UniqueId
+from .communicator import Communicator, Group
+from .dtypes import SUPPORTED_DTYPES, ReduceOp
+from .errors import (
+    AiocclError,
+    BootstrapError,
+    CollectiveTimeout,
+    CommAborted,
+    InvalidArgument,
+    OpMismatch,
+    PeerLost,
+)
+from .initialization import init, init_sync
+from .work import Work
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "AiocclError",
+    "BootstrapError",
+    "CollectiveTimeout",
+    "CommAborted",
+    "Communicator",
+    "Group",
+    "InvalidArgument",
+    "OpMismatch",
+    "PeerLost",
+    "ReduceOp",
+    "UniqueId",
+    "Work",
+    "init",
+    "init_sync",
+]

@@ -1,0 +1,122 @@
+"""The rendezvous root: gathers every rank's address, then hands everyone the table.
+
+One root serves one communicator. It runs on its own daemon thread and
+event loop (like NCCL's bootstrap root thread), so it keeps serving no matter
+what the ranks' loops are doing. Connections that fail the handshake or send
+nonsense are logged and dropped; the root keeps waiting for the real ranks.
+Its deadline starts when the first rank arrives: if the rest do not come in
+time, every waiting rank is told exactly which ranks are missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from typing import Any
+
+from .. import log
+from . import auth
+from .sockio import recv_json, send_json, tune
+
+_log = log.get("BOOTSTRAP")
+DEFAULT_TIMEOUT = 300.0
+
+
+class RootServer:
+    def __init__(self, sock: socket.socket, secret: bytes, timeout: float | None = None) -> None:
+        self.sock = sock
+        self.secret = secret
+        self.port = sock.getsockname()[1]
+        self.timeout = timeout or float(os.environ.get("AIOCCL_TIMEOUT", DEFAULT_TIMEOUT))
+        self.thread: threading.Thread | None = None
+        self.rejected = 0  # connections dropped for failing the handshake (observable in tests)
+
+    @classmethod
+    def bind(cls, host: str, port: int, secret: bytes, timeout: float | None = None) -> RootServer:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        sock.listen(512)
+        sock.setblocking(False)
+        return cls(sock, secret, timeout)
+
+    def start_thread(self) -> None:
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.serve()), name="aioccl-root", daemon=True)
+        self.thread.start()
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        ranks: dict[int, tuple[socket.socket, dict[str, Any]]] = {}
+        world: list[int] = []  # world size, fixed by the first rank
+        complete = asyncio.Event()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def handle(conn: socket.socket, peer: Any) -> None:
+            keep = False
+            try:
+                tune(conn)
+                await auth.as_server(conn, self.secret, timeout=10.0)
+                async with asyncio.timeout(10.0):
+                    hello = await recv_json(conn)
+                rank, size = int(hello["rank"]), int(hello["world_size"])
+                if not world:
+                    world.append(size)
+                    loop.call_later(self.timeout, complete.set)
+                error = None
+                if size != world[0]:
+                    error = f"rank {rank} says world_size {size}, but earlier ranks said {world[0]}"
+                elif not 0 <= rank < size:
+                    error = f"rank {rank} is out of range for world_size {size}"
+                elif rank in ranks:
+                    error = f"rank {rank} joined twice (second time from {peer})"
+                if error:
+                    _log.warning("root: %s", error)
+                    await send_json(conn, {"ok": False, "error": error})
+                    return
+                ranks[rank] = (conn, hello)
+                keep = True
+                _log.info("root: rank %d/%d arrived from %s", rank, size, peer)
+                if len(ranks) == size:
+                    complete.set()
+            except (auth.AuthError, ValueError, KeyError, TypeError, OSError, TimeoutError) as e:
+                self.rejected += 1
+                _log.warning("root: dropped connection from %s: %s", peer, e)
+            finally:
+                if not keep:
+                    conn.close()
+
+        async def accept_loop() -> None:
+            while True:
+                conn, peer = await loop.sock_accept(self.sock)
+                t = loop.create_task(handle(conn, peer))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+
+        acceptor = loop.create_task(accept_loop())
+        await complete.wait()
+        acceptor.cancel()
+        self.sock.close()
+        size = world[0]
+        if len(ranks) == size:
+            comm_id = int.from_bytes(os.urandom(8), "little") >> 1
+            table = [ranks[r][1] for r in range(size)]
+            reply: dict[str, Any] = {"ok": True, "comm_id": comm_id, "peers": table}
+        else:
+            missing = sorted(set(range(size)) - set(ranks))
+            reply = {"ok": False, "error": f"ranks {missing} of {size} did not reach the root "
+                                           f"within {self.timeout:g}s (arrived: {sorted(ranks)})"}
+            _log.warning("root: %s", reply["error"])
+        for conn, _ in ranks.values():
+            try:
+                await send_json(conn, reply)
+            except OSError as e:
+                _log.warning("root: could not answer a rank: %s", e)
+            finally:
+                conn.close()

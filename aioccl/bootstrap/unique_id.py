@@ -1,0 +1,65 @@
+"""The unique id: where the root listens, and the secret every connection must prove.
+
+Printable as ``host:port/<32 hex digits>`` and parsed back by
+:meth:`UniqueId.parse`. Like ``ncclGetUniqueId``, :meth:`UniqueId.new` also
+starts the root (on a daemon thread) in the calling process, so the id is
+immediately usable by every rank, including ones in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from ..errors import InvalidArgument
+
+SECRET_BYTES = 16
+
+
+@dataclass(frozen=True)
+class UniqueId:
+    host: str
+    port: int
+    secret: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise InvalidArgument(f"port {self.port} out of range")
+        if len(self.secret) != SECRET_BYTES:
+            raise InvalidArgument(f"secret must be {SECRET_BYTES} bytes, got {len(self.secret)}")
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}/{self.secret.hex()}"
+
+    @classmethod
+    def parse(cls, text: str) -> UniqueId:
+        try:
+            addr, _, secret = text.strip().rpartition("/")
+            host, _, port = addr.rpartition(":")
+            host = host[1:-1] if host.startswith("[") else host
+            if not host:
+                raise ValueError("no host")
+            return cls(host, int(port), bytes.fromhex(secret))
+        except (ValueError, InvalidArgument) as e:
+            raise InvalidArgument(f"not a unique id: {text!r} (expected host:port/<32 hex>): {e}") from None
+
+    @classmethod
+    def new(cls, host: str | None = None, port: int = 0) -> UniqueId:
+        """Start a root server in this process and return its id."""
+        from .netif import default_advertised
+        from .root import RootServer
+
+        advertised = host or default_advertised(os.environ.get("AIOCCL_SOCKET_IFNAME"))
+        secret = os.urandom(SECRET_BYTES)
+        server = RootServer.bind("" if host is None else host, port, secret)
+        server.start_thread()
+        return cls(advertised, server.port, secret)
+
+
+def free_port(host: str = "") -> int:
+    """A port that was free a moment ago (for launchers that must name one up front)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

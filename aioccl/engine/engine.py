@@ -1,0 +1,198 @@
+"""The progress engine (NCCL's "proxy"): owns connections, in-flight ops and their deadlines.
+
+All engine state lives on one event loop (see :mod:`.placement`); the
+communicator hands it ops from any thread through :meth:`Engine.launch`.
+Each op runs as a task that executes its schedule under its deadline and
+completes its :class:`~aioccl.work.Work` with a result or a precise error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import log
+from ..algorithms.schedule import Schedule
+from ..bootstrap.rendezvous import Table, rendezvous
+from ..bootstrap.sockio import Closed
+from ..bootstrap.unique_id import UniqueId
+from ..dtypes import ReduceOp
+from ..errors import AiocclError, CollectiveTimeout, CommAborted, PeerLost
+from ..transport.frames import P2P, Header
+from ..transport.tcp import SelfConnection, TcpConnection
+from ..work import Work
+from .executor import Progress, execute
+from .mailbox import Mailbox
+from .placement import Placement
+from .pool import BufferPool
+
+_log = log.get("PROXY")
+
+
+@dataclass(frozen=True)
+class CommView:
+    """What the engine needs to know of a communicator."""
+
+    ctx: int
+    rank: int
+    size: int
+    ranks: tuple[int, ...]  # communicator rank -> world rank
+
+
+@dataclass
+class CollSpec:
+    name: str
+    code: int
+    seq: int
+    sched: Schedule
+    inp: np.ndarray  # flat, typed
+    out: np.ndarray  # flat, typed (may be inp)
+    dtype_code: int
+    op: ReduceOp | None
+    timeout: float
+    result: Callable[[], Any]
+
+
+class Engine:
+    def __init__(self, placement: Placement, rank: int, size: int) -> None:
+        self.placement = placement
+        self.loop = placement.loop
+        self.rank = rank
+        self.size = size
+        self.pool = BufferPool()
+        self.mailbox = Mailbox(self.loop, self.pool)
+        self.conns: dict[int, TcpConnection | SelfConnection] = {}
+        self.table: Table | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.aborted: BaseException | None = None
+
+    @classmethod
+    async def create(cls, placement: Placement, uid: UniqueId, rank: int, size: int, timeout: float) -> Engine:
+        """Bootstrap; must run on ``placement.loop``."""
+        self = cls(placement, rank, size)
+        self.table = await rendezvous(uid, rank, size, timeout)
+        for peer, sock in self.table.conns.items():
+            conn = TcpConnection(sock, peer, self.mailbox)
+            conn.start()
+            self.conns[peer] = conn
+        self.conns[rank] = SelfConnection(rank, self.mailbox)
+        return self
+
+    # -- launching (any thread) ------------------------------------------
+    def launch(self, coro_fn: Callable[[], Any]) -> None:
+        self.placement.call(self._spawn, coro_fn)
+
+    def _spawn(self, coro_fn: Callable[[], Any]) -> None:
+        task = self.loop.create_task(coro_fn())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # -- data path ---------------------------------------------------------
+    async def send(self, peer: int, header: bytes, payload: memoryview | None) -> None:
+        lost = self.mailbox.lost.get(peer)
+        if lost is not None:
+            raise lost
+        try:
+            await self.conns[peer].send(header, payload)
+        except (OSError, Closed) as e:
+            raise self.mailbox.lost.get(peer) or PeerLost(peer, f"send failed: {e}") from None
+
+    async def run_collective(self, comm: CommView, spec: CollSpec, work: Work) -> None:
+        if not work._start():
+            return
+        work._engine_thread = self.placement.thread_id
+        what = f"{spec.name} (seq {spec.seq}, comm {comm.ctx:x})"
+        if self.aborted is not None:
+            work._set_exception(self.aborted)
+            return
+        scratch_raw = self.pool.acquire(spec.sched.scratch * spec.out.itemsize) if spec.sched.scratch else None
+        scratch = (scratch_raw[: spec.sched.scratch * spec.out.itemsize].view(spec.out.dtype)
+                   if scratch_raw is not None else spec.out[:0])
+        progress = Progress()
+        ok = False
+        try:
+            async with asyncio.timeout(spec.timeout):
+                await execute(self, comm, spec.seq, spec.code, what, spec.sched,
+                              (spec.inp, spec.out, scratch), spec.dtype_code, spec.op, progress)
+            ok = True
+            work._set_result(spec.result())
+        except TimeoutError:
+            waiting = progress.waiting_for()
+            work._set_exception(CollectiveTimeout(spec.name, spec.seq, waiting, spec.timeout,
+                                                  f"algorithm {spec.sched.algo}"))
+        except AiocclError as e:
+            work._set_exception(e)
+        except asyncio.CancelledError:
+            work._set_exception(self.aborted or CommAborted(f"{what} was cancelled by shutdown"))
+            raise
+        except Exception as e:  # a bug: never leave the Work hanging
+            _log.exception("internal error in %s", what)
+            work._set_exception(AiocclError(f"internal error in {what}: {e!r}"))
+        finally:
+            if not ok:
+                self.mailbox.forget_op(comm.ctx, spec.seq)
+            elif scratch_raw is not None:  # a failed op's scratch may still be written by a late frame
+                self.pool.release(scratch_raw)
+
+    async def run_send(self, comm: CommView, peer: int, tag: int, payload: memoryview, dtype_code: int,
+                       timeout: float, work: Work, result: Any) -> None:
+        if not work._start():
+            return
+        work._engine_thread = self.placement.thread_id
+        try:
+            if self.aborted is not None:
+                raise self.aborted
+            async with asyncio.timeout(timeout):
+                hdr = Header(P2P, 0, dtype_code, 0, comm.ctx, tag, len(payload)).pack()
+                await self.send(comm.ranks[peer], hdr, payload)
+            work._set_result(result)
+        except TimeoutError:
+            work._set_exception(CollectiveTimeout(f"send(peer={peer}, tag={tag})", tag, [peer], timeout))
+        except AiocclError as e:
+            work._set_exception(e)
+
+    async def run_recv(self, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
+                       timeout: float, work: Work, result: Any) -> None:
+        work._engine_thread = self.placement.thread_id
+        what = f"recv(peer={peer}, tag={tag})"
+        if self.aborted is not None:
+            if work._start():
+                work._set_exception(self.aborted)
+            return
+        fut = self.mailbox.post_p2p(comm.ranks[peer], comm.ctx, tag, target, dtype_code, what, work)
+        if fut is None:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(fut)
+            work._set_result(result)
+        except TimeoutError:
+            self.mailbox.withdraw(comm.ranks[peer], comm.ctx, tag, fut)
+            if work._start() or not work.done():
+                work._set_exception(CollectiveTimeout(what, tag, [peer], timeout))
+        except AiocclError as e:
+            work._set_exception(e)
+
+    # -- teardown ------------------------------------------------------------
+    async def shutdown(self) -> None:
+        """Graceful: say goodbye on every connection and stop the loop thread."""
+        await asyncio.gather(*(c.close(graceful=True) for c in self.conns.values()))
+        for t in list(self.tasks):
+            t.cancel()
+
+    def abort_on_loop(self, exc: BaseException) -> None:
+        self.aborted = exc
+        for c in self.conns.values():
+            c.abort()
+        self.mailbox.fail_all(exc)
+        for t in list(self.tasks):
+            t.cancel()
+
+
+def deadline_left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())

@@ -1,0 +1,227 @@
+"""Matching incoming frames to posted receives: the engine's only receive-side state.
+
+Collective frames are matched by key ``(peer, ctx, seq, k)``: the op's
+sequence number and the message's index within the op. Point-to-point
+frames are matched per ``(peer, ctx, tag)`` in FIFO order, MPI's
+non-overtaking rule: the i-th message with a tag goes to the i-th receive
+posted for it (a cancelled receive steps aside, so nothing is lost).
+
+A frame whose receive is not posted yet lands in a pooled buffer and is
+copied when the receive arrives; a posted receive gets the payload read
+straight into its memory. Everything here runs on the engine's loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from ..dtypes import dtype_from_code
+from ..errors import OpMismatch, PeerLost
+from ..transport.frames import COLL, Header
+from ..work import Work
+from .pool import BufferPool
+
+OP_NAMES = ("?", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+            "gather", "scatter", "all_to_all", "barrier")
+
+
+def describe(op: int, dtype: int, nbytes: int) -> str:
+    dt = dtype_from_code(dtype)
+    name = OP_NAMES[op] if 0 <= op < len(OP_NAMES) and op else "send"
+    return f"{name} of {nbytes} bytes" + (f" ({dt.name})" if dt is not None else "")
+
+
+class Posted:
+    __slots__ = ("target", "fut", "op", "dtype", "what", "work")
+
+    def __init__(self, target: memoryview, fut: asyncio.Future[None], op: int, dtype: int,
+                 what: str, work: Work | None) -> None:
+        self.target, self.fut, self.op, self.dtype, self.what, self.work = target, fut, op, dtype, what, work
+
+    def mismatch(self, peer: int, h: Header) -> OpMismatch | None:
+        if h.nbytes == len(self.target) and h.op == self.op and (h.dtype == self.dtype or not h.nbytes):
+            return None
+        return OpMismatch(f"{self.what}: rank {peer} sent {describe(h.op, h.dtype, h.nbytes)}, "
+                          f"this rank expected {describe(self.op, self.dtype, len(self.target))}")
+
+    def complete(self) -> None:
+        if not self.fut.done():
+            self.fut.set_result(None)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.fut.done():
+            self.fut.set_exception(exc)
+
+
+class Early:
+    """A frame that arrived before its receive was posted."""
+
+    __slots__ = ("peer", "header", "buf", "done", "waiter", "pool")
+
+    def __init__(self, peer: int, header: Header, pool: BufferPool) -> None:
+        self.peer, self.header, self.pool = peer, header, pool
+        self.buf = pool.acquire(header.nbytes)
+        self.done = False
+        self.waiter: Posted | None = None
+
+    def view(self) -> memoryview:
+        return memoryview(self.buf)[: self.header.nbytes]
+
+    def finish(self) -> None:
+        self.done = True
+        if self.waiter is not None:
+            self.deliver(self.waiter)
+
+    def deliver(self, p: Posted) -> None:
+        err = p.mismatch(self.peer, self.header)
+        if err is not None:
+            p.fail(err)
+        else:
+            p.target[:] = self.view()
+            p.complete()
+        self.pool.release(self.buf)
+
+
+class Mailbox:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pool: BufferPool) -> None:
+        self.loop = loop
+        self.pool = pool
+        self.posted: dict[tuple[int, int, int, int], Posted] = {}
+        self.early: dict[tuple[int, int, int, int], Early] = {}
+        self.p2p_posted: dict[tuple[int, int, int], deque[Posted]] = {}
+        self.p2p_early: dict[tuple[int, int, int], deque[Early]] = {}
+        self.lost: dict[int, PeerLost] = {}
+        self._dead: set[tuple[int, int]] = set()
+        self._dead_order: deque[tuple[int, int]] = deque()
+
+    # -- from the connections' readers -----------------------------------
+    def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]:
+        if h.kind == COLL:
+            key = (peer, h.ctx, h.seq, h.k)
+            p = self.posted.pop(key, None)
+            if p is None:
+                if (h.ctx, h.seq) in self._dead:
+                    return self._discard(h)
+                e = self.early[key] = Early(peer, h, self.pool)
+                return e.view(), e.finish
+        else:
+            key3 = (peer, h.ctx, h.seq)
+            p = None
+            queue = self.p2p_posted.get(key3)
+            while queue:
+                cand = queue.popleft()
+                if cand.work is None or cand.work._start():
+                    p = cand
+                    break
+            if p is None:
+                e = Early(peer, h, self.pool)
+                self.p2p_early.setdefault(key3, deque()).append(e)
+                return e.view(), e.finish
+        err = p.mismatch(peer, h)
+        if err is not None:
+            p.fail(err)
+            return self._discard(h)
+        return p.target, p.complete
+
+    def _discard(self, h: Header) -> tuple[memoryview, Callable[[], None]]:
+        buf = self.pool.acquire(h.nbytes)
+        return memoryview(buf)[: h.nbytes], lambda: self.pool.release(buf)
+
+    def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None:
+        lost = PeerLost(peer, "it closed its communicator" if graceful else f"{type(exc).__name__}: {exc}")
+        self.lost[peer] = lost
+        for key in [k for k in self.posted if k[0] == peer]:
+            self.posted.pop(key).fail(lost)
+        for key in [k for k in self.p2p_posted if k[0] == peer]:
+            for p in self.p2p_posted.pop(key):
+                if p.work is None or p.work._start():
+                    p.fail(lost)
+        for table in (self.early, self.p2p_early):
+            for key in [k for k in table if k[0] == peer]:
+                del table[key]
+
+    # -- from ops ----------------------------------------------------------
+    def post(self, peer: int, ctx: int, seq: int, k: int, target: memoryview, op: int, dtype: int,
+             what: str) -> asyncio.Future[None]:
+        fut = self.loop.create_future()
+        p = Posted(target, fut, op, dtype, what, None)
+        key = (peer, ctx, seq, k)
+        e = self.early.pop(key, None)
+        if e is not None:
+            if e.done:
+                e.deliver(p)
+            else:
+                e.waiter = p
+        elif peer in self.lost:
+            p.fail(self.lost[peer])
+        else:
+            self.posted[key] = p
+        return fut
+
+    def post_p2p(self, peer: int, ctx: int, tag: int, target: memoryview, dtype: int, what: str,
+                 work: Work) -> asyncio.Future[None] | None:
+        """Post a receive; None if ``work`` was cancelled before it could be posted."""
+        key = (peer, ctx, tag)
+        early = self.p2p_early.get(key)
+        if early:
+            if not work._start():
+                return None
+            fut = self.loop.create_future()
+            p = Posted(target, fut, 0, dtype, what, work)
+            e = early.popleft()
+            if e.done:
+                e.deliver(p)
+            else:
+                e.waiter = p
+            return fut
+        fut = self.loop.create_future()
+        p = Posted(target, fut, 0, dtype, what, work)
+        if peer in self.lost:
+            if work._start():
+                p.fail(self.lost[peer])
+            return fut
+        self.p2p_posted.setdefault(key, deque()).append(p)
+        work._on_cancel = lambda: self.loop.call_soon_threadsafe(self._unpost_p2p, key, p)
+        return fut
+
+    def _unpost_p2p(self, key: tuple[int, int, int], p: Posted) -> None:
+        queue = self.p2p_posted.get(key)
+        if queue and p in queue:
+            queue.remove(p)
+
+    def withdraw(self, peer: int, ctx: int, tag: int, fut: asyncio.Future[None]) -> None:
+        """A timed-out p2p receive leaves the queue (its successor takes the next message)."""
+        queue = self.p2p_posted.get((peer, ctx, tag))
+        if queue:
+            for p in list(queue):
+                if p.fut is fut:
+                    queue.remove(p)
+
+    def forget_op(self, ctx: int, seq: int) -> None:
+        """A failed collective: drop its posted receives and discard its late frames."""
+        for key in [k for k in self.posted if k[1] == ctx and k[2] == seq]:
+            del self.posted[key]
+        for key in [k for k in self.early if k[1] == ctx and k[2] == seq]:
+            e = self.early.pop(key)
+            if e.done:
+                self.pool.release(e.buf)
+        self._dead.add((ctx, seq))
+        self._dead_order.append((ctx, seq))
+        if len(self._dead_order) > 4096:
+            self._dead.discard(self._dead_order.popleft())
+
+    def fail_all(self, exc: BaseException) -> None:
+        for p in self.posted.values():
+            p.fail(exc)
+        self.posted.clear()
+        for queue in self.p2p_posted.values():
+            for p in queue:
+                p.fail(exc)
+        self.p2p_posted.clear()
+
+
+_ = np

@@ -1,0 +1,44 @@
+"""Zero-config entry points: ``await aioccl.init()`` and ``aioccl.init_sync()``."""
+
+from __future__ import annotations
+
+import os
+
+from . import environment, log
+from .bootstrap.root import RootServer
+from .bootstrap.unique_id import UniqueId
+from .communicator import Communicator
+from .errors import BootstrapError
+
+_log = log.get("INIT")
+
+
+def _prepare(timeout: float | None) -> tuple[UniqueId, environment.LaunchEnv]:
+    log.configure_from_env()
+    env = environment.read(os.environ)
+    log.set_rank(env.rank)
+    if env.weak_secret:
+        _log.warning("no AIOCCL_COMM_SECRET: the secret is derived from the job's identity, which keeps "
+                     "jobs apart but does not authenticate peers; aioccl-run sets one")
+    if env.rank == 0:
+        try:
+            server = RootServer.bind("0.0.0.0" if env.host not in ("127.0.0.1", "localhost") else env.host,
+                                     env.port, env.secret, timeout)
+        except OSError as e:
+            raise BootstrapError(f"rank 0 could not listen on port {env.port} for the root: {e}") from None
+        server.start_thread()
+    _log.info("rank %d/%d from %s environment, root %s:%d", env.rank, env.world_size, env.source, env.host,
+              env.port)
+    return UniqueId(env.host, env.port, env.secret), env
+
+
+async def init(timeout: float | None = None, *, engine: str = "inline") -> Communicator:
+    """Form the world communicator from the launcher's environment (rank 0 hosts the root)."""
+    uid, env = _prepare(timeout)
+    return await Communicator.create(uid, env.rank, env.world_size, timeout, engine=engine)
+
+
+def init_sync(timeout: float | None = None) -> Communicator:
+    """Blocking :func:`init`; the engine runs on a proxy thread, ops are waited with ``.wait()``."""
+    uid, env = _prepare(timeout)
+    return Communicator.create_sync(uid, env.rank, env.world_size, timeout)

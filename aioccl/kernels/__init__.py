@@ -1,0 +1,5 @@
+"""Reductions, one function per operator: numpy ufuncs on CPU (cupy kernels come with GPU support)."""
+
+from .cpu import combine, scale
+
+__all__ = ["combine", "scale"]
