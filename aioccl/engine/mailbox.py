@@ -95,6 +95,7 @@ class Mailbox:
         self.p2p_posted: dict[tuple[int, int, int], deque[Posted]] = {}
         self.p2p_early: dict[tuple[int, int, int], deque[Early]] = {}
         self.lost: dict[int, PeerLost] = {}
+        self._partial: dict[int, list[Posted]] = {}  # receives waiting on a frame still arriving
         self._dead: set[tuple[int, int]] = set()
         self._dead_order: deque[tuple[int, int]] = deque()
 
@@ -140,9 +141,13 @@ class Mailbox:
             for p in self.p2p_posted.pop(key):
                 if p.work is None or p.work._start():
                     p.fail(lost)
-        for table in (self.early, self.p2p_early):
-            for key in [k for k in table if k[0] == peer]:
-                del table[key]
+        # frames that fully arrived before the connection ended are still good: keep them
+        for key in [k for k, e in self.early.items() if k[0] == peer and not e.done]:
+            del self.early[key]
+        for key in [k for k in self.p2p_early if k[0] == peer]:
+            self.p2p_early[key] = deque(e for e in self.p2p_early[key] if e.done)
+        for p in self._partial.pop(peer, ()):
+            p.fail(lost)
 
     # -- from ops ----------------------------------------------------------
     def post(self, peer: int, ctx: int, seq: int, k: int, target: memoryview, op: int, dtype: int,
@@ -152,10 +157,7 @@ class Mailbox:
         key = (peer, ctx, seq, k)
         e = self.early.pop(key, None)
         if e is not None:
-            if e.done:
-                e.deliver(p)
-            else:
-                e.waiter = p
+            self._attach(e, p)
         elif peer in self.lost:
             p.fail(self.lost[peer])
         else:
@@ -172,11 +174,7 @@ class Mailbox:
                 return None
             fut = self.loop.create_future()
             p = Posted(target, fut, 0, dtype, what, work)
-            e = early.popleft()
-            if e.done:
-                e.deliver(p)
-            else:
-                e.waiter = p
+            self._attach(early.popleft(), p)
             return fut
         fut = self.loop.create_future()
         p = Posted(target, fut, 0, dtype, what, work)
@@ -187,6 +185,15 @@ class Mailbox:
         self.p2p_posted.setdefault(key, deque()).append(p)
         work._on_cancel = lambda: self.loop.call_soon_threadsafe(self._unpost_p2p, key, p)
         return fut
+
+    def _attach(self, e: Early, p: Posted) -> None:
+        if e.done:
+            e.deliver(p)
+        else:
+            e.waiter = p
+            self._partial.setdefault(e.peer, []).append(p)
+            p.fut.add_done_callback(lambda _f: self._partial.get(e.peer, []).remove(p)
+                                    if p in self._partial.get(e.peer, []) else None)
 
     def _unpost_p2p(self, key: tuple[int, int, int], p: Posted) -> None:
         queue = self.p2p_posted.get(key)
