@@ -1,0 +1,123 @@
+"""Every collective x every dtype x several sizes x every root, on both engine placements.
+
+Run as: aioccl-run --nproc-per-node N tests/workers/collectives.py
+The world communicator (inline engine, from the environment) runs the full
+matrix; a second communicator on a proxy thread, formed from a UniqueId that
+rank 0 creates and broadcasts, runs a smaller one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import aioccl  # noqa: E402
+from _check import DTYPES, Checker, data, ops_for, poison, reduced  # noqa: E402
+
+SIZES = [0, 1, 37, 1000]
+
+
+async def matrix(comm: aioccl.Communicator, ck: Checker, dtypes: list[type], sizes: list[int]) -> None:
+    n, r = comm.world_size, comm.rank
+    for dt in dtypes:
+        for count in sizes:
+            tag = f"{np.dtype(dt).name} count={count}"
+            for op in ops_for(dt):
+                want = reduced(n, count, dt, op)
+                x = data(r, count, dt, op)
+                out = poison(count, dt)
+                got = await comm.all_reduce(x, op=op, out=out)
+                ck.true(f"all_reduce {op} {tag} returns out", got is out)
+                ck.same(f"all_reduce {op} {tag} out-of-place", out, want)
+                ck.same(f"all_reduce {op} {tag} input intact", x, data(r, count, dt, op))
+                got = await comm.all_reduce(x, op=op)
+                ck.true(f"all_reduce {op} {tag} in place returns x", got is x)
+                ck.same(f"all_reduce {op} {tag} in-place", x, want)
+                for root in range(n):
+                    x = data(r, count, dt, op)
+                    out = poison(count, dt)
+                    got = await comm.reduce(x, root=root, op=op, out=out)
+                    if r == root:
+                        ck.same(f"reduce {op} root={root} {tag}", out, want)
+                    else:
+                        ck.true(f"reduce {op} root={root} {tag} returns None off-root", got is None)
+                        ck.same(f"reduce {op} root={root} {tag} out untouched", out, poison(count, dt))
+                    ck.same(f"reduce {op} root={root} {tag} input intact", x, data(r, count, dt, op))
+                x = data(r, count, dt, op)
+                got = await comm.reduce(x, root=n - 1, op=op)
+                if r == n - 1:
+                    ck.same(f"reduce {op} in place {tag}", got, want)
+                # reduce_scatter: block `count` per rank
+                full = reduced(n, n * count, dt, op)
+                x = data(r, n * count, dt, op)
+                out = poison(count, dt)
+                await comm.reduce_scatter(x, op=op, out=out)
+                ck.same(f"reduce_scatter {op} {tag}", out, full[r * count:(r + 1) * count])
+                ck.same(f"reduce_scatter {op} {tag} input intact", x, data(r, n * count, dt, op))
+                got = await comm.reduce_scatter(x, op=op)
+                ck.same(f"reduce_scatter {op} {tag} in place", got, full[r * count:(r + 1) * count])
+                ck.true(f"reduce_scatter {op} {tag} in place is a view of x",
+                        count == 0 or np.shares_memory(got, x))
+            everyone = [data(j, count, dt) for j in range(n)]
+            for root in range(n):
+                b = data(root, count, dt) if r == root else poison(count, dt)
+                got = await comm.broadcast(b, root=root)
+                ck.same(f"broadcast root={root} {tag}", b, data(root, count, dt))
+                ck.true(f"broadcast root={root} {tag} in place", got is b)
+                out = poison(n * count, dt)
+                got = await comm.gather(data(r, count, dt), root=root, out=out if r == root else None)
+                if r == root:
+                    ck.same(f"gather root={root} {tag}", out, np.concatenate(everyone))
+                else:
+                    ck.true(f"gather root={root} {tag} None off-root", got is None)
+                src = (np.arange(n * count) % 9).astype(dt)
+                out = poison(count, dt)
+                got = await comm.scatter(src if r == root else None, root=root, out=out)
+                ck.same(f"scatter root={root} {tag}", out, src[r * count:(r + 1) * count])
+            out = poison(n * count, dt)
+            await comm.all_gather(data(r, count, dt), out=out)
+            ck.same(f"all_gather {tag}", out, np.concatenate(everyone))
+            got = await comm.all_gather(data(r, count, dt))
+            ck.same(f"all_gather {tag} fresh out", got, np.concatenate(everyone))
+            a2a = [(np.arange(n * count) + 10 * j).astype(np.int64) % 100 for j in range(n)]
+            want = np.concatenate([a2a[j][r * count:(r + 1) * count] for j in range(n)]).astype(dt)
+            x = a2a[r].astype(dt)
+            out = poison(n * count, dt)
+            await comm.all_to_all(x, out=out)
+            ck.same(f"all_to_all {tag}", out, want)
+            got = await comm.all_to_all(x)
+            ck.same(f"all_to_all {tag} in place", x, want)
+            ck.true(f"all_to_all {tag} in place returns x", got is x)
+    # shapes: 2-D blocks, 0-d all_gather
+    x = np.full((2, 3), r, dtype=np.float32)
+    g = await comm.all_gather(x)
+    ck.same("all_gather 2-D", g, np.repeat(np.arange(n, dtype=np.float32), 6).reshape(2 * n, 3))
+    g = await comm.all_gather(np.float64(r) * np.ones(()))
+    ck.same("all_gather 0-d", g, np.arange(n, dtype=np.float64))
+    await comm.barrier()
+
+
+async def main() -> None:
+    comm = await aioccl.init(timeout=60)
+    ck = Checker(comm.rank)
+    ck.true("rank and size", comm.world_size == int(os.environ["AIOCCL_WORLD_SIZE"]))
+    ck.true("local rank", comm.local_rank == comm.rank and comm.local_world_size == comm.world_size)
+    await matrix(comm, ck, DTYPES, SIZES)
+    # second communicator, engine on a proxy thread, formed from a broadcast UniqueId
+    uid = np.frombuffer(str(aioccl.UniqueId.new(host="127.0.0.1")).encode().ljust(128), np.uint8).copy() \
+        if comm.rank == 0 else np.zeros(128, np.uint8)
+    await comm.broadcast(uid, root=0)
+    text = uid.tobytes().decode().strip()
+    threaded = await aioccl.Communicator.create(text, comm.rank, comm.world_size, timeout=60, engine="thread")
+    ck.true("proxy placement", threaded.engine_placement == "thread")
+    await matrix(threaded, ck, [np.int8, np.float32, DTYPES[7]], [1, 1000])
+    await threaded.close()
+    await comm.close()
+    ck.finish(f"collectives n={comm.world_size} algo={os.environ.get('AIOCCL_ALGO', 'auto')}")
+
+
+asyncio.run(main())
