@@ -203,6 +203,7 @@ class Communicator:
         return int(peer)
 
     def _track(self, work: Work, start: Callable[[], Any]) -> Work:
+        work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
         self._inflight.add(work)
         work.add_done_callback(self._inflight.discard)
         pending = _group.get()

@@ -32,7 +32,7 @@ class Progress:
     sends: set[int] = field(default_factory=set)
 
     def waiting_for(self) -> list[int]:
-        return sorted({p for p, f in self.recvs if not f.done()} | self.sends)
+        return sorted({p for p, f in self.recvs if not f.done() or f.cancelled()} | self.sends)
 
 
 async def execute(engine: Engine, comm: CommView, seq: int, code: int, what: str, sched: Schedule,

@@ -1,0 +1,144 @@
+"""Bad input fails before any byte moves; failures name the op, its sequence number and the ranks."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import numpy as np
+import pytest
+
+import aioccl
+from aioccl import InvalidArgument
+from conftest import close_all, launch, make_comms
+
+BAD_CALLS = {
+    "unsupported dtype": lambda c: c.all_reduce(np.zeros(4, np.complex64)),
+    "bool dtype": lambda c: c.broadcast(np.zeros(4, bool)),
+    "not an array": lambda c: c.all_reduce(object()),
+    "None input": lambda c: c.all_reduce(None),
+    "out shape": lambda c: c.all_reduce(np.zeros(4, np.float32), out=np.zeros(5, np.float32)),
+    "out dtype": lambda c: c.all_reduce(np.zeros(4, np.float32), out=np.zeros(4, np.float64)),
+    "non-contiguous": lambda c: c.all_reduce(np.zeros(8, np.float32)[::2]),
+    "non-contiguous out": lambda c: c.all_gather(np.zeros(2), out=np.zeros((4, 2))[:, 0]),
+    "read-only in place": lambda c: c.all_reduce(_readonly(4)),
+    "read-only out": lambda c: c.all_reduce(np.zeros(4), out=_readonly(4)),
+    "read-only recv": lambda c: c.irecv(_readonly(4), 1),
+    "root too big": lambda c: c.broadcast(np.zeros(4), root=3),
+    "root negative": lambda c: c.reduce(np.zeros(4), root=-1),
+    "root not int": lambda c: c.gather(np.zeros(4), root="0"),
+    "peer too big": lambda c: c.isend(np.zeros(4), 5),
+    "peer negative": lambda c: c.irecv(np.zeros(4), -1),
+    "bad tag": lambda c: c.isend(np.zeros(4), 1, tag=-3),
+    "avg on ints": lambda c: c.all_reduce(np.zeros(4, np.int32), op="avg"),
+    "unknown op": lambda c: c.all_reduce(np.zeros(4), op="xor"),
+    "reduce_scatter not divisible": lambda c: c.reduce_scatter(np.zeros(4)),
+    "reduce_scatter 0-d": lambda c: c.reduce_scatter(np.zeros(())),
+    "all_to_all not divisible": lambda c: c.all_to_all(np.zeros(5)),
+    "all_gather out shape": lambda c: c.all_gather(np.zeros(3), out=np.zeros(5)),
+    "scatter without out off-root": lambda c: c.scatter(None, root=1),
+    "overlapping out": lambda c: (lambda b: c.all_reduce(b[:4], out=b[2:6]))(np.zeros(8)),
+    "non-positive timeout": lambda c: c.barrier(timeout=0),
+    "split color": lambda c: c.split(-2),
+}
+
+
+def _readonly(n: int) -> np.ndarray:
+    a = np.zeros(n)
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+async def test_bad_input_raises_before_sending_and_comm_stays_usable(comms3, case):
+    with pytest.raises(InvalidArgument):
+        BAD_CALLS[case](comms3[0])
+    # nothing was sent and no sequence number was taken: the next collective still matches
+    xs = [np.full(6, c.rank, np.int64) for c in comms3]
+    await asyncio.wait_for(asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms3, xs, strict=True))), 10)
+    assert all((x == 3).all() for x in xs)
+
+
+async def test_invalid_argument_is_a_value_error():
+    assert issubclass(InvalidArgument, ValueError) and issubclass(aioccl.CollectiveTimeout, TimeoutError)
+    with pytest.raises(InvalidArgument):
+        await aioccl.Communicator.create(aioccl.UniqueId.new(host="127.0.0.1"), rank=2, world_size=2)
+
+
+async def test_timeout_names_op_seq_and_silent_rank(comms3):
+    a, b, _late = comms3
+    wa, wb = a.all_reduce(np.ones(4), timeout=0.5), b.all_reduce(np.ones(4), timeout=0.5)
+    with pytest.raises(aioccl.CollectiveTimeout) as info:
+        await wb
+    err = info.value
+    assert err.op == "all_reduce" and err.seq == 0 and err.waiting_for == [2]
+    assert "all_reduce (seq 0)" in str(err) and "[2]" in str(err)
+    with pytest.raises(aioccl.CollectiveTimeout):
+        await wa
+
+
+async def test_recv_timeout_names_peer(comms3):
+    with pytest.raises(aioccl.CollectiveTimeout, match=r"recv\(peer=2, tag=4\).*\[2\]"):
+        await comms3[0].irecv(np.zeros(2), 2, tag=4, timeout=0.3)
+
+
+async def test_size_dtype_and_kind_mismatch_are_named():
+    comms = await make_comms(2)
+    try:
+        r = await asyncio.gather(comms[0].all_reduce(np.ones(4, np.float32)),
+                                 comms[1].all_reduce(np.ones(5, np.float32)), return_exceptions=True)
+        assert all(isinstance(e, aioccl.OpMismatch) for e in r), r
+        assert "expected all_reduce of 16 bytes (float32)" in str(r[0]) or "expected" in str(r[1])
+        r = await asyncio.gather(comms[0].all_reduce(np.ones(4, np.float32)),
+                                 comms[1].all_reduce(np.ones(4, np.int32)), return_exceptions=True)
+        assert any(isinstance(e, aioccl.OpMismatch) and "int32" in str(e) for e in r), r
+        r = await asyncio.gather(comms[0].broadcast(np.ones(4)), comms[1].all_reduce(np.ones(4)),
+                                 return_exceptions=True)
+        assert any(isinstance(e, aioccl.OpMismatch) and "broadcast" in str(e) for e in r), r
+    finally:
+        for c in comms:
+            c.abort()
+
+
+async def test_abort_fails_peers_with_peer_lost():
+    comms = await make_comms(3)
+    # a broadcast from rank 0 reaches ranks 1 and 2 directly (binomial tree): both need rank 0
+    pending = [comms[1].broadcast(np.ones(100), root=0, timeout=30),
+               comms[2].broadcast(np.ones(100), root=0, timeout=30)]
+    await asyncio.sleep(0.05)
+    comms[0].abort()
+    for w in pending:
+        with pytest.raises(aioccl.PeerLost) as info:
+            await asyncio.wait_for(w, 10)
+        assert info.value.rank == 0
+    with pytest.raises(aioccl.CommAborted):
+        comms[0].barrier()
+    with pytest.raises(aioccl.PeerLost):
+        await asyncio.wait_for(comms[1].isend(np.ones(2), 0), 10)
+    await close_all(comms[1:])
+
+
+async def test_root_survives_garbage_and_strangers():
+    uid = aioccl.UniqueId.new(host="127.0.0.1")
+    with socket.create_connection((uid.host, uid.port)) as s:
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n" * 10)
+    stranger = aioccl.UniqueId(uid.host, uid.port, bytes(16))
+    with pytest.raises(aioccl.BootstrapError):
+        await aioccl.Communicator.create(stranger, 0, 2, timeout=2)
+    comms = await asyncio.gather(*(aioccl.Communicator.create(uid, r, 2, timeout=10) for r in range(2)))
+    xs = [np.ones(3) for _ in comms]
+    await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs, strict=True)))
+    assert all((x == 2).all() for x in xs)
+    await close_all(list(comms))
+
+
+async def test_missing_rank_fails_bootstrap_with_deadline():
+    uid = aioccl.UniqueId.new(host="127.0.0.1")
+    with pytest.raises(aioccl.BootstrapError):
+        await aioccl.Communicator.create(uid, 0, 2, timeout=1)
+
+
+def test_crashed_process_gives_peer_lost_not_a_hang():
+    proc = launch(3, "crash.py", timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("PeerLost rank=1") == 2, proc.stdout
