@@ -1,0 +1,141 @@
+"""Pure pieces, no sockets: ids, handshake, interface specs, environment, frames, tuning, pool, Work."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import aioccl
+from aioccl import environment
+from aioccl.bootstrap import auth, netif
+from aioccl.engine.pool import BufferPool
+from aioccl.errors import BootstrapError
+from aioccl.transport.frames import COLL, Header, unpack
+from aioccl.tuning import Tuning
+
+
+def test_unique_id_round_trips():
+    uid = aioccl.UniqueId("10.1.2.3", 29500, bytes(range(16)))
+    assert aioccl.UniqueId.parse(str(uid)) == uid
+    v6 = aioccl.UniqueId("::1", 5, b"\xff" * 16)
+    assert str(v6).startswith("[::1]:5/") and aioccl.UniqueId.parse(str(v6)) == v6
+    for bad in ["", "host/abc", "h:99999/" + "00" * 16, "h:1/" + "00" * 3]:
+        with pytest.raises(aioccl.InvalidArgument):
+            aioccl.UniqueId.parse(bad)
+
+
+def test_handshake_protocol_accepts_the_secret_only():
+    secret = b"s" * 16
+    nonce_s, challenge = auth.challenge()
+    nonce_c, reply = auth.answer(secret, challenge)
+    proof = auth.verify_answer(secret, nonce_s, reply)
+    auth.verify_proof(secret, nonce_s, nonce_c, proof)
+    _, wrong = auth.answer(b"x" * 16, challenge)
+    with pytest.raises(auth.AuthError):
+        auth.verify_answer(secret, nonce_s, wrong)
+    with pytest.raises(auth.AuthError):
+        auth.verify_answer(secret, nonce_s, b"GET / HTTP/1.1\r\n" * 4)
+    with pytest.raises(auth.AuthError):
+        auth.answer(secret, b"garbage")
+    with pytest.raises(auth.AuthError):
+        auth.verify_proof(secret, nonce_s, nonce_c, bytes(32))
+
+
+def test_ifname_spec_like_nccl():
+    assert netif.matches("eth0", "eth") and not netif.matches("ib0", "eth")
+    assert not netif.matches("docker0", "^docker,lo") and netif.matches("eth1", "^docker,lo")
+    assert netif.matches("eth0", "=eth0") and not netif.matches("eth01", "=eth0")
+    assert ("lo", "127.0.0.1") in netif.ipv4_interfaces()
+    assert netif.pick_by_name("=lo") == "127.0.0.1"
+    assert netif.route_to("127.0.0.1", 1) == "127.0.0.1"
+    with pytest.raises(BootstrapError):
+        netif.pick_by_name("=nosuchif0")
+
+
+@pytest.mark.parametrize("env,want", [
+    ({"AIOCCL_RANK": "2", "AIOCCL_WORLD_SIZE": "4", "AIOCCL_LOCAL_RANK": "1", "AIOCCL_COMM_ID": "h:7",
+      "AIOCCL_COMM_SECRET": "ab" * 16}, (2, 4, 1, "h", 7, "aioccl", False)),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "100"},
+     (1, 2, 1, "m", 100, "torchrun", True)),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "m", "MASTER_PORT": "100",
+      "TORCHELASTIC_USE_AGENT_STORE": "True"}, (0, 2, 0, "m", 101, "torchrun", True)),
+    ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, (3, 4, 3, "127.0.0.1", None, "mpi", True)),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODELIST": "gpu[07-09],x",
+      "SLURM_JOB_ID": "123"}, (5, 8, 1, "gpu07", 20123, "slurm", True)),
+])
+def test_launcher_environments(env, want):
+    le = environment.read(env)
+    got = (le.rank, le.world_size, le.local_rank, le.host, le.port if want[4] is not None else None,
+           le.source, le.weak_secret)
+    assert got == want and len(le.secret) == 16
+    assert environment.read(env).secret == le.secret  # every rank derives the same secret
+
+
+def test_environment_errors_are_clear():
+    with pytest.raises(BootstrapError, match="no launcher environment"):
+        environment.read({})
+    with pytest.raises(BootstrapError, match="out of range"):
+        environment.read({"AIOCCL_RANK": "4", "AIOCCL_WORLD_SIZE": "4", "AIOCCL_COMM_ID": "h:1"})
+    with pytest.raises(BootstrapError, match="root address"):
+        environment.read({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
+                          "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+
+
+def test_frame_header_round_trip():
+    h = Header(COLL, 3, 9, 7, 2**63 - 1, 12345, 1 << 40)
+    assert unpack(h.pack()) == h and len(h.pack()) == 32
+    with pytest.raises(ValueError):
+        unpack(b"\x09" + bytes(31))
+
+
+def test_tuning_by_size_and_override():
+    t = Tuning.from_env({})
+    assert t.choose("all_reduce", 8, 4)[0] == "rd" and t.choose("all_reduce", 1 << 24, 4)[0] == "ring"
+    assert t.choose("broadcast", 8, 4)[0] == "tree" and t.choose("broadcast", 1 << 24, 4)[0] == "chain"
+    t = Tuning.from_env({"AIOCCL_ALGO": "all_reduce:ring", "AIOCCL_BUFFSIZE": "1024"})
+    assert t.choose("all_reduce", 8, 4) == ("ring", 256) and t.choose("reduce", 8, 4)[0] == "tree"
+    assert Tuning.from_env({"AIOCCL_ALGO": "tree"}).choose("all_reduce", 1 << 24, 4)[0] == "rd"
+    with pytest.raises(aioccl.InvalidArgument):
+        Tuning.from_env({"AIOCCL_BUFFSIZE": "lots"})
+
+
+def test_pool_reuses_buffers():
+    pool = BufferPool()
+    a = pool.acquire(5000)
+    pool.release(a)
+    b = pool.acquire(6000)
+    assert b is a and pool.allocated_bytes == 8192
+    pool.release(b)
+    for _ in range(1000):
+        pool.release(pool.acquire(7000))
+    assert pool.allocated_bytes == 8192
+
+
+async def test_work_from_threads_and_loops():
+    w = aioccl.Work("x", 1)
+    calls = []
+    w.add_done_callback(calls.append)
+    assert not w.done()
+    with pytest.raises(asyncio.InvalidStateError):
+        w.result()
+    threading.Timer(0.05, lambda: w._set_result(42)).start()
+    assert await w == 42 and calls == [w] and w.wait(0) == 42
+    e = aioccl.Work("y", 2)
+    threading.Timer(0.05, lambda: e._set_exception(aioccl.PeerLost(3))).start()
+    with pytest.raises(aioccl.PeerLost):
+        await asyncio.to_thread(e.wait, 5)
+    with pytest.raises(TimeoutError):
+        aioccl.Work("z", 3).wait(timeout=0.01)
+    c = aioccl.Work("recv", 4, cancellable=True)
+    assert c.cancel() and c.cancelled() and not c._start()
+    assert not aioccl.Work("coll", 5).cancel()
+
+
+def test_supported_dtypes_cover_the_contract():
+    names = {np.dtype(d).name for d in aioccl.SUPPORTED_DTYPES}
+    assert names == {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32",
+                     "float64"}
