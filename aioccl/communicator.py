@@ -86,8 +86,6 @@ class Communicator:
         """
         import asyncio
 
-        from .bootstrap.unique_id import UniqueId
-
         uid, timeout = cls._check_create(uid, rank, world_size, timeout, engine)
         log.configure_from_env()
         log.set_rank(rank)
@@ -102,7 +100,6 @@ class Communicator:
             except BaseException:
                 placement.stop()
                 raise
-        _ = UniqueId
         return cls._from_engine(eng, timeout)
 
     @classmethod

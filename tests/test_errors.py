@@ -10,6 +10,7 @@ import pytest
 
 import aioccl
 from aioccl import InvalidArgument
+
 from conftest import close_all, launch, make_comms
 
 BAD_CALLS = {

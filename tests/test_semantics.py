@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import aioccl
+
 from conftest import close_all, make_comms
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .schedule import IN, OUT, SCRATCH, Recv, RecvReduce, Region, Schedule
+from .schedule import Recv, RecvReduce, Region, Schedule
 
 
 class ScheduleError(AssertionError):
@@ -89,4 +89,3 @@ def run(
     for r in range(n):
         for reg in schedules[r].scale:
             view(r, reg)[...] = view(r, reg) / n
-    _ = (IN, OUT, SCRATCH)

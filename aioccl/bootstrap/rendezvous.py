@@ -68,7 +68,6 @@ async def _connect(host: str, port: int, deadline: float, what: str) -> socket.s
 
 async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float) -> Table:
     deadline = time.monotonic() + timeout
-    loop = asyncio.get_running_loop()
     addr = local_address(uid.host, uid.port, os.environ.get("AIOCCL_SOCKET_IFNAME"))
     listener = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
     listener.bind((addr, 0))
@@ -95,7 +94,6 @@ async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float) 
         return Table(comm_id, peers, conns)
     finally:
         listener.close()
-    _ = loop
 
 
 async def _mesh(listener: socket.socket, secret: bytes, comm_id: int, rank: int,
@@ -103,7 +101,6 @@ async def _mesh(listener: socket.socket, secret: bytes, comm_id: int, rank: int,
     loop = asyncio.get_running_loop()
     n = len(peers)
     conns: dict[int, socket.socket] = {}
-    higher = asyncio.get_running_loop().create_future()
 
     async def dial(j: int) -> None:
         p = peers[j]
@@ -134,7 +131,6 @@ async def _mesh(listener: socket.socket, secret: bytes, comm_id: int, rank: int,
                 continue
             conns[j] = sock
             want.discard(j)
-        higher.set_result(None)
 
     try:
         async with asyncio.timeout(max(0.1, deadline - time.monotonic())):

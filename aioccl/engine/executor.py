@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..algorithms.schedule import Recv, RecvReduce, Region, Schedule
-from ..buffers import byte_view, overlaps
+from ..buffers import byte_view
 from ..dtypes import ReduceOp
 from ..kernels import combine, scale
 from ..transport.frames import COLL, Header
@@ -41,7 +41,7 @@ async def execute(engine: Engine, comm: CommView, seq: int, code: int, what: str
     """``bufs`` = typed flat (IN, OUT, SCRATCH); IN may be OUT."""
     bytes_ = tuple(byte_view(b) for b in bufs)
     item = bufs[1].itemsize
-    mailbox, conns, ranks = engine.mailbox, engine.conns, comm.ranks
+    mailbox, ranks = engine.mailbox, comm.ranks
 
     def typed(r: Region) -> np.ndarray:
         return bufs[r.buf][r.start:r.stop]
@@ -83,7 +83,6 @@ async def execute(engine: Engine, comm: CommView, seq: int, code: int, what: str
     if op is ReduceOp.AVG:
         for reg in sched.scale:
             scale(op, typed(reg), comm.size)
-    _ = (conns, overlaps)
 
 
 async def _send(engine: Engine, comm: CommView, peer: int, hdr: bytes, payload: memoryview,

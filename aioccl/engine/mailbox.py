@@ -17,8 +17,6 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-import numpy as np
-
 from ..dtypes import dtype_from_code
 from ..errors import OpMismatch, PeerLost
 from ..transport.frames import COLL, Header
@@ -230,5 +228,3 @@ class Mailbox:
                 p.fail(exc)
         self.p2p_posted.clear()
 
-
-_ = np

@@ -16,6 +16,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import aioccl  # noqa: E402
+
 from _check import DTYPES, Checker, data, ops_for, poison, reduced  # noqa: E402
 
 SIZES = [0, 1, 37, 1000]

@@ -9,6 +9,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import aioccl  # noqa: E402
+
 from _check import Checker  # noqa: E402
 
 comm = aioccl.init_sync(timeout=30)
