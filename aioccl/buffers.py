@@ -49,9 +49,7 @@ def adapt(x: Any, name: str) -> Buf:
     if isinstance(x, np.ndarray):
         arr, writable, wrap = x, x.flags.writeable, (lambda a, _x=x: _x if a is _x else a)
     elif _is_jax(x):
-        arr = np.asarray(x)
-        if not arr.flags.writeable:
-            arr = arr.copy()  # JAX arrays are immutable: results go to a fresh array
+        arr = np.asarray(x)  # zero-copy, read-only on CPU; results go to a fresh array
         writable, wrap = False, _jax_wrap
     elif hasattr(x, "__dlpack__"):
         device = getattr(x, "__dlpack_device__", lambda: (1, 0))()
