@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import aioccl
+
 from conftest import close_all, make_comms
 
 jnp = pytest.importorskip("jax.numpy", reason="jax is not installed (pip install -e '.[test]')")
