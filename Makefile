@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/aioccl-run --nproc-per-node 4 examples/demo.py
+	$(VENV)/bin/aioccl-run --nproc-per-node 4 --no-prefix examples/demo.py
 
 test: $(STAMP)
 	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks

@@ -1,0 +1,43 @@
+"""Run on two "hosts" (network namespaces): ranks on each host see each other as local."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _check import Checker  # noqa: E402
+
+import aioccl  # noqa: E402
+
+
+async def main() -> None:
+    comm = await aioccl.init(timeout=60)
+    ck = Checker(comm.rank)
+    n, r = comm.world_size, comm.rank
+    per_node = int(os.environ["AIOCCL_LOCAL_WORLD_SIZE"])
+    ck.true(f"local rank {comm.local_rank}/{comm.local_world_size}",
+            comm.local_world_size == per_node and comm.local_rank == r % per_node)
+    for count in (7, 300_000):  # recursive doubling, then the pipelined ring
+        x = ((np.arange(count) % 5) + r).astype(np.float32)
+        await comm.all_reduce(x)
+        ck.same(f"all_reduce {count}", x, (n * (np.arange(count) % 5) + n * (n - 1) // 2).astype(np.float32))
+    g = await comm.all_gather(np.array([r, 10 * r], np.int64))
+    ck.same("all_gather", g, np.stack([np.arange(n), 10 * np.arange(n)], 1).reshape(-1))
+    b = np.arange(50_000, dtype=np.float64) if r == n - 1 else np.zeros(50_000)
+    await comm.broadcast(b, root=n - 1)
+    ck.same("broadcast", b, np.arange(50_000, dtype=np.float64))
+    peer = (r + per_node) % n  # the same local rank on the other host
+    got = np.zeros(1000, np.int32)
+    recv = comm.irecv(got, peer, tag=3)
+    await comm.isend(np.full(1000, r, np.int32), peer, tag=3)
+    await recv
+    ck.same("p2p across hosts", got, np.full(1000, peer, np.int32))
+    await comm.close()
+    ck.finish(f"multihost rank {r} on host {os.environ.get('AIOCCL_NODE')}")
+
+
+asyncio.run(main())
