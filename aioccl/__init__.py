@@ -5,7 +5,7 @@
 """
 
 from .bootstrap.unique_id import UniqueId
-from .communicator import Communicator, Group
+from .communicator import Communicator
 from .dtypes import SUPPORTED_DTYPES, ReduceOp
 from .errors import (
     AiocclError,
@@ -16,6 +16,7 @@ from .errors import (
     OpMismatch,
     PeerLost,
 )
+from .group import Group
 from .initialization import init, init_sync
 from .work import Work
 

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _check import Checker  # noqa: E402
-
 import aioccl  # noqa: E402
+
+from _check import Checker  # noqa: E402
 
 
 async def main() -> None:

@@ -1,0 +1,194 @@
+"""The collectives' argument handling: shapes, in place or not, which buffer is IN and OUT.
+
+A mixin of :class:`~aioccl.communicator.Communicator`: each method validates
+(raising :class:`InvalidArgument` before anything is sent), decides the
+buffers and the result, and hands them to ``Communicator._collective``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .buffers import Buf, adapt, check_same, fresh, need_writable, overlaps
+from .dtypes import ReduceOp, check_op_dtype, dtype_code
+from .errors import InvalidArgument
+from .work import Work
+
+
+class CollectiveOps:
+    if TYPE_CHECKING:
+        rank: int
+        world_size: int
+
+        def _root(self, root: int) -> int: ...
+
+        def _collective(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
+                        result: Callable[[], Any], timeout: float | None, in_place: bool = False) -> Work: ...
+
+    @staticmethod
+    def _output_like(x: Buf, out: Any, shape: tuple[int, ...], name: str = "out") -> Buf:
+        if out is None:
+            return fresh(shape, x)
+        ob = adapt(out, name)
+        need_writable(ob, name)
+        check_same(x, ob, name, shape)
+        return ob
+
+    @staticmethod
+    def _in_place(x: Buf, name: str = "x") -> Buf:
+        """The buffer an in-place op writes: ``x`` itself, or a fresh copy for immutable (JAX) arrays."""
+        if x.immutable:
+            copy = fresh(x.array.shape, x)
+            copy.array[...] = x.array
+            return copy
+        need_writable(x, name)
+        return x
+
+    def _blocks(self, x: Buf, name: str = "x") -> tuple[int, ...]:
+        shape = x.array.shape
+        if not shape or shape[0] % self.world_size:
+            raise InvalidArgument(f"{name}.shape[0] must be a multiple of the {self.world_size} ranks, "
+                                  f"got shape {shape}")
+        return (shape[0] // self.world_size, *shape[1:])
+
+    # -- collectives -----------------------------------------------------------
+    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
+                   timeout: float | None = None) -> Work:
+        """Reduce ``x`` across ranks; in place unless ``out`` is given. Awaits to the result."""
+        xb = adapt(x, "x")
+        rop = ReduceOp.parse(op)
+        check_op_dtype(rop, xb.array.dtype)
+        ob = self._in_place(xb) if out is None else self._output_like(xb, out, xb.array.shape)
+        if out is not None and ob.array is not xb.array and overlaps(ob.array, xb.array):
+            raise InvalidArgument("out partially overlaps x; pass the same array for in place, or disjoint memory")
+        inp = ob if (out is None and xb.immutable) else xb
+        return self._collective("all_reduce", xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout)
+
+    def broadcast(self, x: Any, root: int = 0, *, timeout: float | None = None) -> Work:
+        """Copy root's ``x`` into every rank's ``x`` (in place; a new array for JAX inputs)."""
+        root = self._root(root)
+        xb = adapt(x, "x")
+        ob = xb if (self.rank == root and not xb.immutable) else self._in_place(xb)
+        return self._collective("broadcast", xb.array.size, root, ob, ob, None, lambda: ob.wrap(ob.array), timeout)
+
+    def reduce(self, x: Any, root: int = 0, op: ReduceOp | str = "sum", out: Any = None, *,
+               timeout: float | None = None) -> Work:
+        """Reduce onto ``root`` (into ``out`` or, by default, root's ``x``); None on other ranks."""
+        root = self._root(root)
+        xb = adapt(x, "x")
+        rop = ReduceOp.parse(op)
+        check_op_dtype(rop, xb.array.dtype)
+        if out is not None:
+            ob = self._output_like(xb, out, xb.array.shape)
+        elif self.rank == root:
+            ob = self._in_place(xb)
+        else:
+            ob = xb  # never written on non-root ranks
+        is_root = self.rank == root
+        inp = ob if (out is None and xb.immutable and is_root) else xb
+        return self._collective("reduce", xb.array.size, root, inp, ob, rop,
+                                lambda: ob.wrap(ob.array) if is_root else None, timeout)
+
+    def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None) -> Work:
+        """Concatenate every rank's ``x`` along axis 0 (0-d inputs give shape ``(n,)``)."""
+        xb = adapt(x, "x")
+        shape = xb.array.shape
+        oshape = (self.world_size * shape[0], *shape[1:]) if shape else (self.world_size,)
+        ob = self._output_like(xb, out, oshape)
+        self._no_foreign_overlap(xb, ob, self.rank)
+        return self._collective("all_gather", xb.array.size, 0, xb, ob, None, lambda: ob.wrap(ob.array), timeout)
+
+    def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
+                       timeout: float | None = None) -> Work:
+        """Reduce ``x`` (n blocks along axis 0) and keep block ``rank``; by default in x's own block."""
+        xb = adapt(x, "x")
+        rop = ReduceOp.parse(op)
+        check_op_dtype(rop, xb.array.dtype)
+        bshape = self._blocks(xb)
+        if out is None:
+            whole = self._in_place(xb)
+            b = bshape[0]
+            ob = Buf(whole.array[self.rank * b:(self.rank + 1) * b], True, whole.wrap, immutable=False)
+            xb = whole
+        else:
+            ob = self._output_like(xb, out, bshape)
+            self._no_foreign_overlap(ob, xb, self.rank)
+        count = int(np.prod(bshape))
+        return self._collective("reduce_scatter", count, 0, xb, ob, rop, lambda: ob.wrap(ob.array), timeout)
+
+    def gather(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None) -> Work:
+        """``all_gather`` onto ``root`` only; other ranks get None."""
+        root = self._root(root)
+        xb = adapt(x, "x")
+        shape = xb.array.shape
+        oshape = (self.world_size * shape[0], *shape[1:]) if shape else (self.world_size,)
+        if self.rank == root:
+            ob = self._output_like(xb, out, oshape)
+            self._no_foreign_overlap(xb, ob, root)
+        else:
+            ob = xb
+        is_root = self.rank == root
+        return self._collective("gather", xb.array.size, root, xb, ob, None,
+                                lambda: ob.wrap(ob.array) if is_root else None, timeout)
+
+    def scatter(self, x: Any = None, root: int = 0, out: Any = None, *, timeout: float | None = None) -> Work:
+        """Root's ``x`` holds n blocks along axis 0; rank i gets block i (in ``out``, or in its own
+        ``x``'s block i when every rank passes a full-size ``x``)."""
+        root = self._root(root)
+        if self.rank == root:
+            xb = adapt(x, "x")
+            bshape = self._blocks(xb)
+            b = bshape[0]
+            if out is None:
+                ob = Buf(xb.array[root * b:(root + 1) * b], xb.writable, xb.wrap, immutable=xb.immutable)
+            else:
+                ob = self._output_like(xb, out, bshape)
+        elif out is not None:
+            ob = adapt(out, "out")
+            need_writable(ob, "out")
+            dtype_code(ob.array.dtype)
+            xb = ob
+        elif x is not None:
+            whole = self._in_place(adapt(x, "x"))
+            b = self._blocks(whole)[0]
+            ob = Buf(whole.array[self.rank * b:(self.rank + 1) * b], True, whole.wrap)
+            xb = ob
+        else:
+            raise InvalidArgument("scatter: non-root ranks must pass out= (or a full-size x to scatter into)")
+        count = ob.array.size
+        return self._collective("scatter", count, root, xb, ob, None, lambda: ob.wrap(ob.array), timeout)
+
+    def all_to_all(self, x: Any, out: Any = None, *, timeout: float | None = None) -> Work:
+        """Block j of ``x`` goes to rank j; block i of the result came from rank i. In place by default."""
+        xb = adapt(x, "x")
+        bshape = self._blocks(xb)
+        if out is None:
+            ob = self._in_place(xb)
+            in_place = True
+        else:
+            ob = self._output_like(xb, out, xb.array.shape)
+            if overlaps(ob.array, xb.array):
+                raise InvalidArgument("all_to_all: out overlaps x; omit out= for in place")
+            in_place = False
+        count = int(np.prod(bshape))
+        inp = ob if in_place else xb
+        return self._collective("all_to_all", count, 0, inp, ob, None, lambda: ob.wrap(ob.array), timeout,
+                                in_place=in_place)
+
+    def barrier(self, *, timeout: float | None = None) -> Work:
+        """Completes once every rank has entered the barrier."""
+        empty = Buf(np.zeros(0, dtype=np.uint8), True, lambda a: None)
+        return self._collective("barrier", 0, 0, empty, empty, None, lambda: None, timeout)
+
+    def _no_foreign_overlap(self, small: Buf, big: Buf, block: int) -> None:
+        """``small`` may be exactly ``big``'s block ``block`` (NCCL-style in place), nothing else."""
+        if not overlaps(small.array, big.array):
+            return
+        n = small.array.size
+        exact = big.array.reshape(-1)[block * n:(block + 1) * n]
+        if small.array.reshape(-1).__array_interface__["data"][0] != exact.__array_interface__["data"][0]:
+            raise InvalidArgument("input and output overlap other than at this rank's own block")
+

@@ -1,0 +1,70 @@
+"""Point-to-point ops: a mixin of :class:`~aioccl.communicator.Communicator`.
+
+Messages match by (peer, tag) in posting order, like MPI; sends may be
+posted before their receives (the data waits in a pooled buffer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .buffers import adapt, byte_view, need_writable
+from .dtypes import dtype_code
+from .errors import InvalidArgument
+from .work import Work
+
+if TYPE_CHECKING:
+    from .engine.engine import CommView, Engine
+
+MAX_TAG = (1 << 62) - 1
+
+
+class PointToPointOps:
+    if TYPE_CHECKING:
+        _view: CommView
+        _engine: Engine
+
+        def _peer(self, peer: int) -> int: ...
+
+        def _op_timeout(self, timeout: float | None) -> float: ...
+
+        def _usable(self) -> None: ...
+
+        def _track(self, work: Work, start: Callable[[], Any]) -> Work: ...
+
+    def _tag(self, tag: int) -> int:
+        if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= MAX_TAG:
+            raise InvalidArgument(f"tag must be an int in [0, 2**62), got {tag!r}")
+        return int(tag)
+
+    def isend(self, x: Any, peer: int, tag: int = 0, *, timeout: float | None = None) -> Work:
+        """Send ``x`` to ``peer``; done once the data is handed to the transport."""
+        peer, tag = self._peer(peer), self._tag(tag)
+        xb = adapt(x, "x")
+        t = self._op_timeout(timeout)
+        self._usable()
+        work = Work(f"send(peer={peer}, tag={tag})", tag, cancellable=True)
+        view, eng, code = self._view, self._engine, dtype_code(xb.array.dtype)
+        payload = byte_view(xb.array)
+        return self._track(work, lambda: eng.run_send(view, peer, tag, payload, code, t, work, None))
+
+    send = isend
+
+    def irecv(self, buf: Any, peer: int, tag: int = 0, *, timeout: float | None = None) -> Work:
+        """Receive into ``buf`` from ``peer``; sizes and dtypes must match the send exactly."""
+        peer, tag = self._peer(peer), self._tag(tag)
+        bb = adapt(buf, "buf")
+        need_writable(bb, "buf")
+        t = self._op_timeout(timeout)
+        self._usable()
+        work = Work(f"recv(peer={peer}, tag={tag})", tag, cancellable=True)
+        view, eng, code = self._view, self._engine, dtype_code(bb.array.dtype)
+        target = byte_view(bb.array)
+        return self._track(work, lambda: eng.run_recv(view, peer, tag, target, code, t, work,
+                                                       bb.wrap(bb.array)))
+
+    recv = irecv
+
