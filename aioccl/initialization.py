@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from . import environment, log
@@ -13,13 +14,14 @@ from .errors import BootstrapError
 _log = log.get("INIT")
 
 
-def _prepare(timeout: float | None) -> tuple[UniqueId, environment.LaunchEnv]:
+def _prepare(timeout: float | None) -> tuple[UniqueId, environment.LaunchEnv, RootServer | None]:
     log.configure_from_env()
     env = environment.read(os.environ)
     log.set_rank(env.rank)
     if env.weak_secret:
         _log.warning("no AIOCCL_COMM_SECRET: the secret is derived from the job's identity, which keeps "
                      "jobs apart but does not authenticate peers; aioccl-run sets one")
+    server = None
     if env.rank == 0:
         try:
             server = RootServer.bind("0.0.0.0" if env.host not in ("127.0.0.1", "localhost") else env.host,
@@ -29,16 +31,26 @@ def _prepare(timeout: float | None) -> tuple[UniqueId, environment.LaunchEnv]:
         server.start_thread()
     _log.info("rank %d/%d from %s environment, root %s:%d", env.rank, env.world_size, env.source, env.host,
               env.port)
-    return UniqueId(env.host, env.port, env.secret), env
+    return UniqueId(env.host, env.port, env.secret), env, server
+
+
+def _root_done(server: RootServer | None) -> None:
+    """The root has answered everyone once the communicator exists; let it close its sockets."""
+    if server is not None and server.thread is not None:
+        server.thread.join(timeout=5.0)
 
 
 async def init(timeout: float | None = None, *, engine: str = "inline") -> Communicator:
     """Form the world communicator from the launcher's environment (rank 0 hosts the root)."""
-    uid, env = _prepare(timeout)
-    return await Communicator.create(uid, env.rank, env.world_size, timeout, engine=engine)
+    uid, env, server = _prepare(timeout)
+    comm = await Communicator.create(uid, env.rank, env.world_size, timeout, engine=engine)
+    await asyncio.to_thread(_root_done, server)
+    return comm
 
 
 def init_sync(timeout: float | None = None) -> Communicator:
     """Blocking :func:`init`; the engine runs on a proxy thread, ops are waited with ``.wait()``."""
-    uid, env = _prepare(timeout)
-    return Communicator.create_sync(uid, env.rank, env.world_size, timeout)
+    uid, env, server = _prepare(timeout)
+    comm = Communicator.create_sync(uid, env.rank, env.world_size, timeout)
+    _root_done(server)
+    return comm
