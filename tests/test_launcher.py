@@ -38,3 +38,11 @@ def test_sigterm_is_forwarded():
     rest, _ = p.communicate(timeout=60)
     assert "got SIGTERM" in out + rest
     assert p.returncode != 0
+
+
+def test_module_target_and_arguments():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", "2", "-m", "json.tool", "--help"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("usage:") == 2 and "[rank 1] usage:" in p.stdout
