@@ -44,9 +44,36 @@ def _all_gather_rounds(segs: list[Region], rank: int, n: int, first_owned: int) 
     ]
 
 
+def _copy_only(count: int) -> Schedule:
+    """One rank: the result is the input."""
+    return Schedule((Round(copies=(Copy(Region(IN, 0, count), Region(OUT, 0, count)),)),), algo="ring")
+
+
+def _scratch_layout(c: int) -> tuple[Region, tuple[Region, Region]]:
+    """Scratch of a reduce-scatter with chunk ``c``: the incoming chunk, then two accumulators."""
+    return Region(SCRATCH, 0, c), (Region(SCRATCH, c, 2 * c), Region(SCRATCH, 2 * c, 3 * c))
+
+
+def _accumulators(segs: list[Region], rank: int, n: int, accs: tuple[Region, Region],
+                  final: Region | None) -> list[Region]:
+    """Where a reduce-scatter with ``shift=-1`` accumulates each received segment.
+
+    The segment received at step t goes to ``accs[t % 2]`` (two, so the partial
+    sum being sent is never the one being written); the last one, which is
+    this rank's own fully reduced segment, goes to ``final`` when given.
+    """
+    acc_for = [Region(SCRATCH, 0, 0)] * n
+    for t in range(n - 1):
+        s = (rank - 1 - t - 1) % n
+        a = accs[t % 2]
+        last = t == n - 2
+        acc_for[s] = final if last and final is not None else Region(SCRATCH, a.start, a.start + segs[s].count)
+    return acc_for
+
+
 def all_reduce(count: int, rank: int, n: int, chunk: int) -> Schedule:
     if n == 1:
-        return Schedule((Round(copies=(Copy(Region(IN, 0, count), Region(OUT, 0, count)),)),), algo="ring")
+        return _copy_only(count)
     rounds: list[Round] = []
     for lo, hi in pieces(count, chunk * n):
         ranges = split(hi - lo, n)
@@ -66,20 +93,13 @@ def reduce_scatter(block: int, rank: int, n: int, chunk: int) -> Schedule:
     read: the caller's input stays intact except where OUT aliases it.
     """
     if n == 1:
-        return Schedule((Round(copies=(Copy(Region(IN, 0, block), Region(OUT, 0, block)),)),), algo="ring")
+        return _copy_only(block)
     rounds: list[Round] = []
     c = min(block, chunk) if block else 0
-    tmp = Region(SCRATCH, 0, c)
-    accs = (Region(SCRATCH, c, 2 * c), Region(SCRATCH, 2 * c, 3 * c))
+    tmp, accs = _scratch_layout(c)
     for lo, hi in pieces(block, chunk):
-        w = hi - lo
         segs = [Region(IN, j * block + lo, j * block + hi) for j in range(n)]
-        # the segment received at step t is accumulated in accs[t % 2], the last one in OUT
-        acc_for: list[Region] = [Region(SCRATCH, 0, 0)] * n
-        for t in range(n - 1):
-            s = (rank - 1 - t - 1) % n
-            a = accs[t % 2]
-            acc_for[s] = Region(OUT, lo, hi) if t == n - 2 else Region(SCRATCH, a.start, a.start + w)
+        acc_for = _accumulators(segs, rank, n, accs, final=Region(OUT, lo, hi))
         rounds += _reduce_scatter_rounds(segs, rank, n, acc_for, tmp, shift=-1)
     return Schedule(tuple(rounds), scratch=3 * c, scale=(Region(OUT, 0, block),), algo="ring")
 
@@ -96,23 +116,15 @@ def reduce(count: int, rank: int, n: int, root: int, chunk: int) -> Schedule:
     Non-root ranks accumulate in scratch only: their IN and OUT stay untouched.
     """
     if n == 1:
-        return Schedule((Round(copies=(Copy(Region(IN, 0, count), Region(OUT, 0, count)),)),), algo="ring")
+        return _copy_only(count)
     rounds: list[Round] = []
     c = min(count, chunk) if count else 0
-    tmp = Region(SCRATCH, 0, c)
-    accs = (Region(SCRATCH, c, 2 * c), Region(SCRATCH, 2 * c, 3 * c))
+    tmp, accs = _scratch_layout(c)
     for lo, hi in pieces(count, chunk * n):
         ranges = split(hi - lo, n)
         segs = [Region(IN, lo + a, lo + b) for a, b in ranges]
         outs = [Region(OUT, lo + a, lo + b) for a, b in ranges]
-        acc_for: list[Region] = [Region(SCRATCH, 0, 0)] * n
-        for t in range(n - 1):
-            s = (rank - 1 - t - 1) % n
-            if t == n - 2 and rank == root:
-                acc_for[s] = outs[s]
-            else:
-                a = accs[t % 2]
-                acc_for[s] = Region(SCRATCH, a.start, a.start + segs[s].count)
+        acc_for = _accumulators(segs, rank, n, accs, final=outs[rank] if rank == root else None)
         rounds += _reduce_scatter_rounds(segs, rank, n, acc_for, tmp, shift=-1)
         if rank == root:
             rounds.append(Round(recvs=tuple(Recv(j, outs[j]) for j in range(n) if j != root)))
