@@ -116,7 +116,7 @@ async def main() -> None:
             alg = size / t / 1e9
             cols.append(f"{t * 1e6:>10.1f} {alg:>7.3f} {alg * 2 * (n - 1) / n:>7.3f} {wrong:>6}")
         say(f"  {size:>12} {size // 4:>12} {'float':>8} {cols[0]} {cols[1]}")
-        size *= 8 if size < (1 << 20) else 4
+        size *= 8 if size < (256 << 10) else 4
     say(f"# wrong elements: {total_wrong}; all operations {'correct' if oks.all() else 'NOT correct'}")
     await comm.close()
     if total_wrong or not oks.all():
