@@ -67,12 +67,20 @@ class CollectiveOps:
         inp = ob if (out is None and xb.immutable) else xb
         return self._collective("all_reduce", xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout)
 
-    def broadcast(self, x: Any, root: int = 0, *, timeout: float | None = None) -> Work:
-        """Copy root's ``x`` into every rank's ``x`` (in place; a new array for JAX inputs)."""
+    def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None) -> Work:
+        """Copy root's ``x`` into every rank's ``x``, or into ``out`` where given (a new array for JAX)."""
         root = self._root(root)
         xb = adapt(x, "x")
-        ob = xb if (self.rank == root and not xb.immutable) else self._in_place(xb)
-        return self._collective("broadcast", xb.array.size, root, ob, ob, None, lambda: ob.wrap(ob.array), timeout)
+        if out is not None:
+            ob = self._output_like(xb, out, xb.array.shape)
+            if ob.array is not xb.array and overlaps(ob.array, xb.array):
+                raise InvalidArgument("broadcast: out partially overlaps x")
+        elif self.rank == root and not xb.immutable:
+            ob = xb
+        else:
+            ob = self._in_place(xb)
+        inp = xb if self.rank == root else ob
+        return self._collective("broadcast", xb.array.size, root, inp, ob, None, lambda: ob.wrap(ob.array), timeout)
 
     def reduce(self, x: Any, root: int = 0, op: ReduceOp | str = "sum", out: Any = None, *,
                timeout: float | None = None) -> Work:

@@ -59,6 +59,12 @@ def test_broadcast(algo, n):
             run([plan("broadcast", count, r, n, root, CHUNK, algo) for r in range(n)], bufs, bufs, in_place=True)
             for r in range(n):
                 np.testing.assert_array_equal(bufs[r], data(root, count))
+            ins = [data(root, count) if r == root else poison(count) for r in range(n)]
+            outs = [poison(count) for _ in range(n)]
+            run([plan("broadcast", count, r, n, root, CHUNK, algo) for r in range(n)], ins, outs)
+            for r in range(n):
+                np.testing.assert_array_equal(outs[r], data(root, count))
+            np.testing.assert_array_equal(ins[root], data(root, count))
 
 
 @pytest.mark.parametrize("n", RANKS)

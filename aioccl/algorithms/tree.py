@@ -28,15 +28,16 @@ def _parent(v: int) -> int:
 
 
 def broadcast(count: int, rank: int, n: int, root: int) -> Schedule:
-    """In place on OUT: the root's data reaches everyone in ceil(log2 n) steps."""
+    """Root's IN reaches every OUT (root's too) in ceil(log2 n) steps; IN may be OUT."""
     v = (rank - root) % n
     whole = Region(OUT, 0, count)
     rounds: list[Round] = []
     if v:
         rounds.append(Round(recvs=(Recv(_real(_parent(v), root, n), whole),)))
     kids = _children(v, n)
-    if kids:
-        rounds.append(Round(sends=tuple(Send(_real(c, root, n), whole) for c in kids)))
+    src = whole if v else Region(IN, 0, count)
+    copies = () if v else (Copy(src, whole),)
+    rounds.append(Round(copies=copies, sends=tuple(Send(_real(c, root, n), src) for c in kids)))
     return Schedule(tuple(rounds), algo="tree")
 
 
@@ -45,12 +46,13 @@ def broadcast_chain(count: int, rank: int, n: int, root: int, chunk: int) -> Sch
     v = (rank - root) % n
     prev, nxt = _real(v - 1, root, n), _real(v + 1, root, n)
     chunks = pieces(count, chunk)
-    rounds: list[Round] = []
+    rounds: list[Round] = [] if v else [Round(copies=(Copy(Region(IN, 0, count), Region(OUT, 0, count)),))]
+    src = OUT if v else IN
     for t in range(len(chunks) + n - 2):
         sends, recvs = (), ()
         i_send, i_recv = t - v, t - (v - 1)
         if v < n - 1 and 0 <= i_send < len(chunks):
-            sends = (Send(nxt, Region(OUT, *chunks[i_send])),)
+            sends = (Send(nxt, Region(src, *chunks[i_send])),)
         if v > 0 and 0 <= i_recv < len(chunks):
             recvs = (Recv(prev, Region(OUT, *chunks[i_recv])),)
         if sends or recvs:

@@ -69,6 +69,13 @@ async def matrix(comm: aioccl.Communicator, ck: Checker, dtypes: list[type], siz
                 got = await comm.broadcast(b, root=root)
                 ck.same(f"broadcast root={root} {tag}", b, data(root, count, dt))
                 ck.true(f"broadcast root={root} {tag} in place", got is b)
+                src = data(root, count, dt) if r == root else poison(count, dt)
+                out = poison(count, dt)
+                got = await comm.broadcast(src, root=root, out=out)
+                ck.same(f"broadcast root={root} {tag} out-of-place", out, data(root, count, dt))
+                ck.true(f"broadcast root={root} {tag} returns out", got is out)
+                if r == root:
+                    ck.same(f"broadcast root={root} {tag} input intact", src, data(root, count, dt))
                 out = poison(n * count, dt)
                 got = await comm.gather(data(r, count, dt), root=root, out=out if r == root else None)
                 if r == root:
