@@ -1,0 +1,176 @@
+"""What ``aioccl-perf`` measures for each op, following nccl-tests.
+
+For a requested size in bytes, each case builds its buffers once, returns
+the nccl-tests ``count`` and bus-bandwidth factor, a coroutine function that
+runs one op (timed iterations reuse the same buffers; their values are
+neutral so in-place repetition never overflows), and a check that runs one op
+on fresh exact data and counts wrong elements on this rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..communicator import Communicator
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv")
+ROOTED = ("broadcast", "reduce")
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests' factors (doc/PERFORMANCE.md): the bytes a link must carry per byte of algbw."""
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass
+class Case:
+    count: int  # nccl-tests' count column: elements of the whole buffer
+    run: Callable[[], Awaitable[object]]
+    check: Callable[[], Awaitable[int]]
+
+
+def values(rank: int, count: int, dt: np.dtype, redop: str) -> np.ndarray:
+    i = np.arange(count)
+    v = 1 + (i + rank) % 2 if redop == "prod" else 1 + (i * 3 + rank * 5) % 7
+    return v.astype(dt)
+
+
+def reduced(n: int, count: int, dt: np.dtype, redop: str) -> np.ndarray:
+    stack = np.stack([values(r, count, np.dtype(np.int64), redop) for r in range(n)])
+    red = {"sum": np.sum, "avg": np.sum, "prod": np.prod, "min": np.min, "max": np.max}[redop](stack, axis=0)
+    out = red.astype(dt)
+    if redop == "avg":
+        np.divide(out, n, out=out, casting="unsafe")
+    return out
+
+
+def poison(count: int, dt: np.dtype) -> np.ndarray:
+    if dt.kind == "f" or dt.name == "bfloat16":
+        return np.full(count, np.nan, dt)
+    return np.full(count, np.iinfo(dt).max if dt.kind == "u" else -1, dt)
+
+
+def wrong(got: np.ndarray, want: np.ndarray) -> int:
+    """Elements that differ bit for bit (NaN poison left behind counts as wrong)."""
+    if got.size == 0:
+        return 0
+    g = np.ascontiguousarray(got).reshape(-1).view(np.uint8).reshape(got.size, -1)
+    w = np.ascontiguousarray(want).reshape(-1).view(np.uint8).reshape(want.size, -1)
+    return int(np.any(g != w, axis=1).sum())
+
+
+def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, root: int,
+         in_place: bool) -> Case | None:
+    """None where the size gives an empty buffer for this op (nccl-tests skips those too)."""
+    n, r = comm.world_size, comm.rank
+    total = nbytes // dt.itemsize
+    neutral = 1 if redop == "prod" else 0
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        block = total // n
+        if block == 0:
+            return None
+        total = block * n
+    elif total == 0:
+        return None
+
+    if op == "all_reduce":
+        x, out = np.full(total, neutral, dt), np.empty(total, dt)
+        dst = None if in_place else out
+
+        async def check() -> int:
+            x[...] = values(r, total, dt, redop)
+            if not in_place:
+                out[...] = poison(total, dt)
+            res = await comm.all_reduce(x, op=redop, out=dst)
+            e = wrong(res, reduced(n, total, dt, redop))
+            x[...] = neutral
+            return e
+
+        return Case(total, lambda: comm.all_reduce(x, op=redop, out=dst), check)
+
+    if op == "broadcast" or op == "reduce":
+        x, out = np.full(total, neutral, dt), np.empty(total, dt)
+        dst = None if in_place else out
+
+        async def check() -> int:
+            if op == "broadcast":
+                x[...] = values(root, total, dt, redop) if r == root else poison(total, dt)
+                res = await comm.broadcast(x, root=root, out=dst)
+                e = wrong(res, values(root, total, dt, redop))
+            else:
+                x[...] = values(r, total, dt, redop)
+                res = await comm.reduce(x, root=root, op=redop, out=dst)
+                e = wrong(res, reduced(n, total, dt, redop)) if r == root else 0
+            x[...] = neutral
+            return e
+
+        if op == "broadcast":
+            return Case(total, lambda: comm.broadcast(x, root=root, out=dst), check)
+        return Case(total, lambda: comm.reduce(x, root=root, op=redop, out=dst), check)
+
+    if op == "all_gather":
+        out = np.zeros(total, dt)
+        x = out[r * block:(r + 1) * block] if in_place else np.zeros(block, dt)
+
+        async def check() -> int:
+            out[...] = poison(total, dt)
+            x[...] = values(r, block, dt, redop)
+            res = await comm.all_gather(x, out=out)
+            return wrong(res, np.concatenate([values(j, block, dt, redop) for j in range(n)]))
+
+        return Case(total, lambda: comm.all_gather(x, out=out), check)
+
+    if op == "reduce_scatter":
+        x, out = np.full(total, neutral, dt), np.empty(block, dt)
+        dst = None if in_place else out
+
+        async def check() -> int:
+            x[...] = values(r, total, dt, redop)
+            res = await comm.reduce_scatter(x, op=redop, out=dst)
+            e = wrong(res, reduced(n, total, dt, redop)[r * block:(r + 1) * block])
+            x[...] = neutral
+            return e
+
+        return Case(total, lambda: comm.reduce_scatter(x, op=redop, out=dst), check)
+
+    if op == "all_to_all":
+        x, out = np.zeros(total, dt), np.empty(total, dt)
+        dst = None if in_place else out
+
+        async def check() -> int:
+            x[...] = (np.arange(total) + 10 * r).astype(np.int64) % 100
+            res = await comm.all_to_all(x, out=dst)
+            want = np.concatenate([((np.arange(total) + 10 * j) % 100)[r * block:(r + 1) * block]
+                                   for j in range(n)]).astype(dt)
+            return wrong(res, want)
+
+        return Case(total, lambda: comm.all_to_all(x, out=dst), check)
+
+    if op == "sendrecv":
+        if in_place:
+            return None  # receiving into the buffer being sent is a race; nccl-tests' column is meaningless
+        x, out = np.zeros(total, dt), np.empty(total, dt)
+        right, left = (r + 1) % n, (r - 1) % n
+
+        async def one() -> None:
+            recv = comm.irecv(out, left, tag=1)
+            await comm.isend(x, right, tag=1)
+            await recv
+
+        async def check() -> int:
+            x[...] = values(r, total, dt, redop)
+            out[...] = poison(total, dt)
+            await one()
+            e = wrong(out, values(left, total, dt, redop))
+            x[...] = 0
+            return e
+
+        return Case(total, one, check)
+    raise ValueError(f"unknown op {op!r}")
