@@ -208,8 +208,7 @@ class Communicator(CollectiveOps, PointToPointOps):
                     result: Callable[[], Any], timeout: float | None, in_place: bool = False) -> Work:
         t = self._op_timeout(timeout)
         dt = out.array.dtype
-        nbytes = count * dt.itemsize
-        algo, chunk = self._tuning.choose(name, nbytes, dt.itemsize)
+        algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size)
         with self._lock:
             self._usable()
             seq = self._seq

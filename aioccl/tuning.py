@@ -1,31 +1,58 @@
 """Which algorithm, and how big a chunk, for one call.
 
-A deliberately small rule set for the TCP transport: latency algorithms
-(recursive doubling, binomial tree) below ``SMALL`` bytes, where the number of
-steps dominates; bandwidth algorithms (ring, chain) above, where bytes per
-link dominate. ``AIOCCL_ALGO`` overrides (``ring``, ``rd``, ``tree``,
-``chain``, or per collective: ``all_reduce:ring,broadcast:tree``);
-``AIOCCL_BUFFSIZE`` sets the chunk in bytes. Both are read once per
-communicator, so one process can hold communicators with different settings.
+The tuner asks the cost model (:mod:`aioccl.algorithms.cost`) to run each
+candidate's schedules for the size bucket of the call (the count rounded up
+to a quarter octave), on the link model of the transport in use, and takes the
+fastest; the answer is cached per (collective, bucket, ranks). This is the
+same simulation ``aioccl-sim`` prints, and a test checks that the choice is
+within 10% of the best simulated algorithm over a grid of sizes and ranks.
+
+Overrides: ``AIOCCL_ALGO`` (``ring``, ``rd``, ``tree``, ``chain``, or per
+collective ``all_reduce:ring,broadcast:tree``), ``AIOCCL_BUFFSIZE`` (chunk in
+bytes), ``AIOCCL_TUNE_LINK`` (the link model; default ``tcp``). All are read
+once per communicator.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .algorithms import ALGORITHMS
+from .algorithms.cost import LINKS, Link, predict
 from .errors import InvalidArgument
 
-SMALL = 64 * 1024
 DEFAULT_BUFFSIZE = 4 * 1024 * 1024
 _ALIASES = {"tree": {"all_reduce": "rd"}, "rd": {"reduce": "tree", "broadcast": "tree"}}
+
+
+def bucket(count: int) -> int:
+    """Round up to a quarter of an octave (1, 1.19, 1.41, 1.68 x a power of two): choices are
+    cached per bucket, and a bucket is narrow enough to sit close to any crossover."""
+    if count <= 8:
+        return count
+    high = count.bit_length() - 1  # 2**high <= count < 2**(high+1)
+    for quarter in range(5):
+        edge = int(2 ** (high + quarter / 4))
+        if count <= edge:
+            return edge
+    return 1 << (high + 1)
+
+
+@lru_cache(maxsize=4096)
+def best(coll: str, count: int, n: int, link: Link, itemsize: int, chunk: int) -> str:
+    choices = ALGORITHMS[coll]
+    if len(choices) == 1 or n == 1:
+        return choices[0]
+    return min(choices, key=lambda a: predict(coll, a, count, n, link, itemsize, chunk))
 
 
 @dataclass(frozen=True)
 class Tuning:
     buffsize: int = DEFAULT_BUFFSIZE
     forced: tuple[tuple[str, str], ...] = ()  # (collective or "*", algorithm)
+    link: Link = field(default=LINKS["tcp"])
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Tuning:
@@ -41,15 +68,22 @@ class Tuning:
         for item in filter(None, (s.strip() for s in env.get("AIOCCL_ALGO", "").split(","))):
             coll, _, algo = item.rpartition(":")
             forced.append((coll or "*", algo.lower()))
-        return cls(buffsize, tuple(forced))
+        name = env.get("AIOCCL_TUNE_LINK", "tcp")
+        if name not in LINKS:
+            raise InvalidArgument(f"AIOCCL_TUNE_LINK={name!r}; one of {', '.join(LINKS)}")
+        return cls(buffsize, tuple(forced), LINKS[name])
 
-    def choose(self, coll: str, nbytes: int, itemsize: int) -> tuple[str, int]:
-        """(algorithm, chunk in elements) for one call."""
+    def chunk(self, itemsize: int) -> int:
+        return max(1, self.buffsize // max(1, itemsize))
+
+    def choose(self, coll: str, count: int, itemsize: int, n: int) -> tuple[str, int]:
+        """(algorithm, chunk in elements) for one call of ``count`` elements on ``n`` ranks."""
+        chunk = self.chunk(itemsize)
+        algo = best(coll, bucket(count), n, self.link, itemsize, chunk)
         choices = ALGORITHMS[coll]
-        algo = choices[-1] if nbytes <= SMALL else choices[0]
         for which, want in self.forced:
             if which in ("*", coll):
                 want = _ALIASES.get(want, {}).get(coll, want)
                 if want in choices:
                     algo = want
-        return algo, max(1, self.buffsize // max(1, itemsize))
+        return algo, chunk

@@ -94,13 +94,14 @@ def test_frame_header_round_trip():
 
 def test_tuning_by_size_and_override():
     t = Tuning.from_env({})
-    assert t.choose("all_reduce", 8, 4)[0] == "rd" and t.choose("all_reduce", 1 << 24, 4)[0] == "ring"
-    assert t.choose("broadcast", 8, 4)[0] == "tree" and t.choose("broadcast", 1 << 24, 4)[0] == "chain"
+    assert t.choose("all_reduce", 2, 4, 4)[0] == "rd" and t.choose("all_reduce", 1 << 24, 4, 4)[0] == "ring"
+    assert t.choose("broadcast", 2, 4, 8)[0] == "tree" and t.choose("broadcast", 1 << 26, 4, 8)[0] == "chain"
     t = Tuning.from_env({"AIOCCL_ALGO": "all_reduce:ring", "AIOCCL_BUFFSIZE": "1024"})
-    assert t.choose("all_reduce", 8, 4) == ("ring", 256) and t.choose("reduce", 8, 4)[0] == "tree"
-    assert Tuning.from_env({"AIOCCL_ALGO": "tree"}).choose("all_reduce", 1 << 24, 4)[0] == "rd"
-    with pytest.raises(aioccl.InvalidArgument):
-        Tuning.from_env({"AIOCCL_BUFFSIZE": "lots"})
+    assert t.choose("all_reduce", 2, 4, 4) == ("ring", 256) and t.choose("reduce", 2, 4, 4)[0] == "tree"
+    assert Tuning.from_env({"AIOCCL_ALGO": "tree"}).choose("all_reduce", 1 << 24, 4, 4)[0] == "rd"
+    for bad in ({"AIOCCL_BUFFSIZE": "lots"}, {"AIOCCL_TUNE_LINK": "carrier-pigeon"}):
+        with pytest.raises(aioccl.InvalidArgument):
+            Tuning.from_env(bad)
 
 
 def test_pool_reuses_buffers():

@@ -1,0 +1,193 @@
+"""An alpha-beta(-gamma) cost model that runs the engine's own schedules.
+
+Each message costs ``alpha`` (latency plus software overhead) and ``beta``
+seconds per byte; each reduced byte costs ``gamma``; each copied byte
+``mem_beta``. A rank's sends in one round share its egress (they serialize at
+``beta``), its receives share its ingress (an incast waits), and a round
+follows the executor's contract: copies, then sends and receives, then the
+reductions once all its transfers are done.
+
+:func:`simulate` is an exact discrete-event run of every rank's schedule
+(for trees and recursive doubling at any size: few rounds per rank);
+:func:`lockstep` runs one rank's schedule as if all ranks moved in step,
+which is exact for rank-symmetric schedules (ring, dissemination, recursive
+doubling on powers of two; the tests prove it against :func:`simulate`) and
+lets the model reach thousands of ranks; the pipelined chain has an exact
+recurrence; ring reduce beyond 64 ranks an upper bound.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from functools import lru_cache
+
+from . import plan
+from .schedule import RecvReduce, Schedule
+
+DES_MAX_RANKS = 16  # beyond: lockstep for symmetric schedules
+DES_MAX_RANKS_REDUCE = 64  # ring reduce: n^2 rounds to simulate; beyond, an upper bound
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    alpha: float  # seconds per message
+    beta: float  # seconds per byte on the wire
+    gamma: float = 1 / 8e9  # seconds per byte reduced
+    mem_beta: float = 1 / 10e9  # seconds per byte copied locally
+    description: str = ""
+
+
+LINKS = {
+    "same-host": Link("same-host", 2e-6, 1 / 10e9, description="shared memory between processes of one host"),
+    "tcp": Link("tcp", 100e-6, 1 / 2.5e9, description="aioccl over TCP loopback today (fit to make demo)"),
+    "100g": Link("100g", 5e-6, 1 / 12.5e9, description="100 Gb/s network"),
+    "200g": Link("200g", 4e-6, 1 / 25e9, description="200 Gb/s network"),
+    "400g": Link("400g", 3e-6, 1 / 50e9, description="400 Gb/s network"),
+}
+
+
+def simulate(schedules: list[Schedule], link: Link, itemsize: int) -> float:
+    """Completion time of the slowest rank, every rank's schedule run event by event."""
+    n = len(schedules)
+    pos = [0] * n
+    start = [0.0] * n  # when the current round began
+    posted = [False] * n
+    sends_done = [0.0] * n
+    egress = [0.0] * n
+    ingress = [0.0] * n
+    wires: dict[tuple[int, int], deque[tuple[float, int]]] = {}
+    work = deque(range(n))
+    queued = [True] * n
+    while work:
+        r = work.popleft()
+        queued[r] = False
+        rounds = schedules[r].rounds
+        while pos[r] < len(rounds):
+            rnd = rounds[pos[r]]
+            if not posted[r]:
+                t0 = start[r] + sum(c.src.count for c in rnd.copies) * itemsize * link.mem_beta
+                start[r] = t0
+                tx = max(t0, egress[r])
+                for s in rnd.sends:
+                    tx += s.src.count * itemsize * link.beta
+                    wires.setdefault((r, s.peer), deque()).append((tx + link.alpha, s.src.count * itemsize))
+                    if not queued[s.peer]:
+                        queued[s.peer] = True
+                        work.append(s.peer)
+                egress[r] = tx
+                sends_done[r] = tx if rnd.sends else t0
+                posted[r] = True
+            need: dict[int, int] = {}
+            for t in rnd.recvs:
+                need[t.peer] = need.get(t.peer, 0) + 1
+            if any(len(wires.get((p, r), ())) < k for p, k in need.items()):
+                break
+            end = max(start[r], sends_done[r])
+            reduced = 0
+            for t in rnd.recvs:
+                arrive, nbytes = wires[(t.peer, r)].popleft()
+                ingress[r] = max(arrive, ingress[r] + nbytes * link.beta)
+                end = max(end, ingress[r])
+                if isinstance(t, RecvReduce):
+                    reduced += t.tmp.count * itemsize
+            start[r] = end + reduced * link.gamma
+            posted[r] = False
+            pos[r] += 1
+    if any(pos[r] < len(schedules[r].rounds) for r in range(n)):
+        raise ValueError("the schedules deadlock")
+    return max(start)
+
+
+def lockstep(schedule: Schedule, link: Link, itemsize: int) -> float:
+    """One rank's schedule with every peer in step: exact for rank-symmetric schedules.
+
+    Ring segments differ by one element when the count does not divide by n;
+    then the ranks' steps differ by that element and this is within a hair.
+    """
+    t = 0.0
+    for rnd in schedule.rounds:
+        t += sum(c.src.count for c in rnd.copies) * itemsize * link.mem_beta
+        tx = sum(s.src.count for s in rnd.sends) * itemsize * link.beta
+        rx = sum(r.tmp.count if isinstance(r, RecvReduce) else r.dst.count for r in rnd.recvs) * itemsize * link.beta
+        moved = max(tx + link.alpha if rnd.sends else 0.0, rx + link.alpha if rnd.recvs else 0.0)
+        t += moved + sum(r.tmp.count for r in rnd.recvs if isinstance(r, RecvReduce)) * itemsize * link.gamma
+    return t
+
+
+def chain_time(count: int, n: int, chunk: int, link: Link, itemsize: int) -> float:
+    """The pipelined chain broadcast, rank after rank: the same recurrence :func:`simulate` runs
+    (the tests check they agree), in O(ranks x chunks) instead of building every schedule."""
+    from .schedule import pieces
+
+    sizes = [(b - a) * itemsize for a, b in pieces(count, chunk)]
+    t = count * itemsize * link.mem_beta  # the root's copy into OUT
+    egress, arrivals = 0.0, []
+    for b in sizes:  # the root only sends: each round ends when its send has left
+        t = max(t, egress) + b * link.beta
+        egress = t
+        arrivals.append(t + link.alpha)
+    end = t
+    for v in range(1, n):
+        last = v == n - 1
+        t = egress = ingress = 0.0
+        forwarded = []
+        for j in range(-1, len(sizes)):  # round: send chunk j (if any), receive chunk j+1 (if any)
+            sends = j >= 0 and not last
+            recvs = j + 1 < len(sizes)
+            if not (sends or recvs):
+                continue
+            done = t
+            if sends:
+                egress = max(t, egress) + sizes[j] * link.beta
+                forwarded.append(egress + link.alpha)
+                done = egress
+            if recvs:
+                ingress = max(arrivals[j + 1], ingress + sizes[j + 1] * link.beta)
+                done = max(done, ingress)
+            t = done
+        end = max(end, t)
+        arrivals = forwarded
+    return end
+
+
+def ring_reduce_time(count: int, n: int, chunk: int, link: Link, itemsize: int) -> float:
+    """Ring reduce = a symmetric reduce-scatter (lockstep of a non-root rank) + the root's incast.
+
+    Each piece ends with n-1 segments converging on the root; its ingress
+    serializes them, which a non-root rank's own schedule does not show.
+    Exact for one piece; with several, the incast overlaps the next pieces'
+    steps and this is an upper bound (by up to about a third; see the tests).
+    """
+    from .schedule import pieces, split
+
+    t = lockstep(plan("reduce", count, 1, n, 0, chunk, "ring"), link, itemsize)
+    for lo, hi in pieces(count, chunk * n):
+        seg = max(b - a for a, b in split(hi - lo, n))
+        t += (n - 2) * seg * itemsize * link.beta
+    return t
+
+
+# schedules in which every rank does the same thing (recursive doubling too, when n is a power of two)
+SYMMETRIC = {("all_reduce", "ring"), ("reduce_scatter", "ring"), ("all_gather", "ring"), ("barrier", "dissemination")}
+
+
+@lru_cache(maxsize=8192)
+def predict(coll: str, algo: str, count: int, n: int, link: Link, itemsize: int, chunk: int) -> float:
+    """Predicted seconds for one call; ``count`` as in :func:`aioccl.algorithms.plan`.
+
+    Exact (the event simulation, or a form proven equal to it) everywhere
+    except ring reduce beyond :data:`DES_MAX_RANKS_REDUCE` ranks, where
+    :func:`ring_reduce_time` is an upper bound.
+    """
+    if n == 1:
+        return count * itemsize * link.mem_beta
+    symmetric = (coll, algo) in SYMMETRIC or ((coll, algo) == ("all_reduce", "rd") and n & (n - 1) == 0)
+    if symmetric and n > DES_MAX_RANKS:
+        return lockstep(plan(coll, count, 0, n, 0, chunk, algo), link, itemsize)
+    if (coll, algo) == ("broadcast", "chain"):
+        return chain_time(count, n, chunk, link, itemsize)
+    if (coll, algo) == ("reduce", "ring") and n > DES_MAX_RANKS_REDUCE:
+        return ring_reduce_time(count, n, chunk, link, itemsize)
+    return simulate([plan(coll, count, r, n, 0, chunk, algo) for r in range(n)], link, itemsize)

@@ -1,0 +1,100 @@
+"""``aioccl-sim``: predicted time and bus bandwidth of every algorithm, up to thousands of ranks.
+
+    aioccl-sim all_reduce --link 100g --ranks 8,64,512,4096 --sizes 8,64K,1M,64M,1G [--json F] [--plot F.png]
+
+It runs the very schedules the engine runs (``aioccl.algorithms.plan``)
+under the alpha-beta model of :mod:`aioccl.algorithms.cost`, and marks with
+``*`` the algorithm the tuner picks. ``--links`` lists the link models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..algorithms import ALGORITHMS
+from ..algorithms.cost import LINKS, predict
+from ..tuning import Tuning
+from .perf import DTYPES, parse_size
+from .perf_cases import busbw_factor
+
+SIM_COLLS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all")
+BLOCKWISE = ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="aioccl-sim", description=__doc__.split("\n\n")[0])
+    p.add_argument("coll", nargs="?", default="all_reduce", choices=SIM_COLLS)
+    p.add_argument("--link", default="100g", choices=list(LINKS))
+    p.add_argument("--ranks", default="2,8,64,512,4096")
+    p.add_argument("--sizes", default="8,1K,64K,1M,16M,256M,1G", help="bytes of the whole buffer, as nccl-tests")
+    p.add_argument("-d", "--datatype", default="float32", choices=list(DTYPES))
+    p.add_argument("--buffsize", type=parse_size, default=parse_size("4M"), help="chunk in bytes (AIOCCL_BUFFSIZE)")
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--plot", metavar="FILE.png")
+    p.add_argument("--links", action="store_true", help="list the link models and exit")
+    ns = p.parse_args(argv)
+    try:
+        ns.rank_list = [int(x) for x in ns.ranks.split(",")]
+        ns.size_list = [parse_size(x) for x in ns.sizes.split(",")]
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        p.error(str(e))
+    if min(ns.rank_list) < 1 or max(ns.rank_list) > 8192:
+        p.error("ranks must be in 1..8192")
+    return ns
+
+
+def points(ns: argparse.Namespace) -> list[dict[str, Any]]:
+    link, item = LINKS[ns.link], DTYPES[ns.datatype].itemsize
+    tuning = Tuning(buffsize=ns.buffsize, link=link)
+    chunk = tuning.chunk(item)
+    out = []
+    for n in ns.rank_list:
+        for size in ns.size_list:
+            count = size // item
+            if ns.coll in BLOCKWISE:
+                count //= n  # plan() takes the per-rank block for these
+            if count == 0:
+                continue
+            nbytes = count * item * (n if ns.coll in BLOCKWISE else 1)
+            algos = {}
+            for algo in ALGORITHMS[ns.coll]:
+                t = predict(ns.coll, algo, count, n, link, item, chunk)
+                algos[algo] = {"time_us": t * 1e6, "busbw": nbytes / t / 1e9 * busbw_factor(ns.coll, n) if t else 0}
+            chosen = tuning.choose(ns.coll, count, item, n)[0]
+            out.append({"ranks": n, "bytes": nbytes, "algos": algos, "tuner": chosen})
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ns = parse_args(sys.argv[1:] if argv is None else argv)
+    if ns.links:
+        for link in LINKS.values():
+            print(f"{link.name:>10}  alpha {link.alpha * 1e6:6.1f} us  {1 / link.beta / 1e9:6.2f} GB/s  "
+                  f"reduce {1 / link.gamma / 1e9:5.1f} GB/s  {link.description}")
+        return
+    algos = ALGORITHMS[ns.coll]
+    link = LINKS[ns.link]
+    print(f"# aioccl-sim {ns.coll} {ns.datatype} on '{link.name}' (alpha {link.alpha * 1e6:g} us, "
+          f"{1 / link.beta / 1e9:g} GB/s); * = the tuner's choice")
+    print(f"# {'ranks':>6} {'size(B)':>12}" + "".join(f" {a + ' time(us)':>18} {'busbw':>8}" for a in algos))
+    rows = points(ns)
+    for row in rows:
+        cells = "".join(f" {('*' if a == row['tuner'] else '') + format(row['algos'][a]['time_us'], '.1f'):>18}"
+                        f" {row['algos'][a]['busbw']:>8.2f}" for a in algos)
+        print(f"  {row['ranks']:>6} {row['bytes']:>12}{cells}")
+    report = {"tool": "aioccl-sim", "coll": ns.coll, "dtype": ns.datatype, "link": link.__dict__,
+              "buffsize": ns.buffsize, "rows": rows}
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if ns.plot:
+        from .sim_plot import plot
+
+        plot(report, ns.plot)
+
+
+if __name__ == "__main__":
+    main()
