@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean bench
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,19 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks
 	$(PY) -m pytest -q tests
+
+# Side-by-side benchmarks (by hand, not CI): aioccl vs torch.distributed/Gloo vs Open MPI.
+# Needs root for Open MPI from Debian; uses a local CPU torch wheel when there is one.
+BENCH := .venv-bench
+$(BENCH)/.installed: pyproject.toml
+	test -x $(BENCH)/bin/python || $(PYTHON) -m venv $(BENCH)
+	command -v mpirun >/dev/null || (apt-get update && apt-get install -y openmpi-bin libopenmpi-dev)
+	T=$$(ls /opt/wheels/torch-*+cpu-*.whl 2>/dev/null | head -n 1); \
+	$(BENCH)/bin/python -m pip install --quiet -e '.[perf]' mpi4py "$${T:-torch}"
+	touch $@
+
+bench: $(BENCH)/.installed
+	$(BENCH)/bin/python benchmarks/compare.py --out docs/bench
 
 lint: $(STAMP)
 	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks

@@ -30,6 +30,7 @@ def rows(out: str) -> list[list[str]]:
 def test_sizes_like_nccl_tests():
     assert perf.sizes(perf.parse_args(["all_reduce", "-b", "8", "-e", "64", "-f", "2"])) == [8, 16, 32, 64]
     assert perf.sizes(perf.parse_args(["all_reduce", "-b", "1K", "-e", "4K", "-i", "1K"])) == [1024, 2048, 3072, 4096]
+    assert perf.sizes(perf.parse_args(["all_reduce", "--sizes", "8,1M,64M"])) == [8, 1 << 20, 64 << 20]
     assert perf.parse_size("64M") == 64 << 20 and perf.parse_size("1.5K") == 1536
     assert perf.parse_args(["all_reduce", "-d", "half"]).dtype == np.dtype(np.float16)
 

@@ -50,6 +50,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
     p.add_argument("-f", "--stepfactor", type=float, default=2.0)
     p.add_argument("-i", "--stepbytes", type=parse_size, default=0, help="fixed increment (instead of -f)")
+    p.add_argument("--sizes", default=None, help="explicit comma-separated sizes (instead of -b/-e/-f)")
     p.add_argument("-n", "--iters", type=int, default=20)
     p.add_argument("-w", "--warmup_iters", type=int, default=5)
     p.add_argument("-c", "--check", type=int, default=1, help="check results (1) or not (0)")
@@ -78,6 +79,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def sizes(ns: argparse.Namespace) -> list[int]:
+    if ns.sizes:
+        return [parse_size(x) for x in ns.sizes.split(",") if x.strip()]
     out, s = [], ns.minbytes
     while s <= ns.maxbytes:
         out.append(s)

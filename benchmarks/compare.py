@@ -1,0 +1,180 @@
+"""aioccl, torch.distributed/Gloo and Open MPI side by side: same sizes, ranks, data and method, one session.
+
+    make bench            # sets up .venv-bench (torch CPU, mpi4py, Open MPI) and runs this
+    python benchmarks/compare.py --ranks 2,4 --ops all_reduce,all_gather,reduce_scatter,broadcast \\
+        --sizes 8,1K,64K,1M,16M,64M --repeats 3 --out docs/bench
+
+For each repeat, rank count and op, the three libraries run back to back
+(in rotating order) in fresh processes. The reported time is the median
+over repeats of each run's median per-iteration time of the slowest rank;
+all_reduce and broadcast are in place, all_gather and reduce_scatter out of
+place (each library's native form). Writes compare.json, compare.md (tables
+with ratios) and one busbw plot per op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+LIBS = ("aioccl", "gloo", "mpi")
+
+
+def run_aioccl(op: str, n: int, sizes: list[int]) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIOCCL_") or k == "AIOCCL_ALGO"}
+        subprocess.run([sys.executable, "-m", "aioccl.tools.perf", op, "--sizes", ",".join(map(str, sizes)),
+                        "-n", "20", "-w", "3", "--np", str(n), "--json", str(out)], check=True, env=env,
+                       stdout=subprocess.DEVNULL, timeout=1800)
+        report = json.loads(out.read_text())
+    key = "in_place" if op in ("all_reduce", "broadcast") else "out_of_place"
+    return [{"lib": "aioccl", "op": op, "ranks": n, "bytes": row["bytes"], "median_us": row[key]["median_us"],
+             "mean_us": row[key]["time_us"], "wrong": row[key]["wrong"],
+             "busbw": row["bytes"] / (row[key]["median_us"] * 1e-6) / 1e9 * report["busbw_factor"]}
+            for row in report["rows"]]
+
+
+def run_peer(lib: str, op: str, n: int, sizes: list[int]) -> list[dict]:
+    args = ["--op", op, "--sizes", ",".join(map(str, sizes))]
+    if lib == "gloo":
+        cmd = [sys.executable, str(HERE / "peer_gloo.py"), "--np", str(n), *args]
+    else:
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), sys.executable,
+               str(HERE / "peer_mpi.py"), *args]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def versions() -> dict[str, str]:
+    v = {"python": platform.python_version(), "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                             time.gmtime())}
+    for mod in ("numpy", "torch", "mpi4py"):
+        try:
+            v[mod] = __import__(mod).__version__
+        except ImportError:
+            v[mod] = "missing"
+    try:
+        from mpi4py import MPI
+
+        v["mpi_library"] = MPI.Get_library_version().splitlines()[0]
+    except ImportError:
+        pass
+    v["aioccl_commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                        capture_output=True, text=True).stdout.strip()
+    return v
+
+
+def table(results: list[dict], ops: list[str], ranks: list[int]) -> str:
+    lines = []
+    for op in ops:
+        for n in ranks:
+            lines += [f"\n### {op}, {n} ranks\n",
+                      "| size | aioccl us | gloo us | mpi us | aioccl busbw | gloo busbw | mpi busbw "
+                      "| gloo/aioccl | mpi/aioccl |", "|---|---|---|---|---|---|---|---|---|"]
+            by = {}
+            for r in results:
+                if r["op"] == op and r["ranks"] == n:
+                    by.setdefault(r["bytes"], {})[r["lib"]] = r
+            for size in sorted(by):
+                row = by[size]
+                t = {lib: row[lib]["median_us"] for lib in LIBS if lib in row}
+                b = {lib: row[lib]["busbw"] for lib in LIBS if lib in row}
+
+                def f(d: dict, lib: str, fmt: str) -> str:
+                    return format(d[lib], fmt) if lib in d else "-"
+
+                ratio = {lib: (f"{t[lib] / t['aioccl']:.2f}x" if lib in t and "aioccl" in t else "-")
+                         for lib in ("gloo", "mpi")}
+                lines.append(f"| {size} | {f(t, 'aioccl', '.1f')} | {f(t, 'gloo', '.1f')} | {f(t, 'mpi', '.1f')} "
+                             f"| {f(b, 'aioccl', '.3f')} | {f(b, 'gloo', '.3f')} | {f(b, 'mpi', '.3f')} "
+                             f"| {ratio['gloo']} | {ratio['mpi']} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], ops: list[str], ranks: list[int], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for op in ops:
+        fig, axes = plt.subplots(1, len(ranks), figsize=(5 * len(ranks), 3.8), squeeze=False, sharey=True)
+        for ax, n in zip(axes[0], ranks, strict=True):
+            for lib in LIBS:
+                pts = sorted((r["bytes"], r["busbw"]) for r in results if (r["op"], r["ranks"], r["lib"]) ==
+                             (op, n, lib))
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=lib)
+            ax.set(xscale="log", yscale="log", title=f"{op}, {n} ranks", xlabel="size (bytes)")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][0].set_ylabel("busbw (GB/s), median of repeats")
+        axes[0][-1].legend()
+        fig.tight_layout()
+        fig.savefig(out / f"compare_{op}.png", dpi=100)
+        plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", default="2,4")
+    p.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter,broadcast")
+    p.add_argument("--sizes", default="8,1K,64K,1M,16M,64M")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--libs", default=",".join(LIBS))
+    p.add_argument("--out", default="docs/bench")
+    a = p.parse_args()
+    from aioccl.tools.perf import parse_size
+
+    ranks = [int(x) for x in a.ranks.split(",")]
+    ops = a.ops.split(",")
+    sizes = [parse_size(x) for x in a.sizes.split(",")]
+    libs = a.libs.split(",")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    raw: list[dict] = []
+    for rep in range(a.repeats):
+        for n in ranks:
+            for i, op in enumerate(ops):
+                order = libs[(rep + i) % len(libs):] + libs[:(rep + i) % len(libs)]
+                for lib in order:
+                    t0 = time.time()
+                    rows = run_aioccl(op, n, sizes) if lib == "aioccl" else run_peer(lib, op, n, sizes)
+                    for r in rows:
+                        r["repeat"] = rep
+                        if r["wrong"]:
+                            print(f"WRONG RESULTS: {r}", file=sys.stderr)
+                    raw += rows
+                    print(f"repeat {rep + 1}/{a.repeats} {n} ranks {op:<15} {lib:<6} {time.time() - t0:5.1f}s",
+                          flush=True)
+    merged = {}
+    for r in raw:
+        merged.setdefault((r["lib"], r["op"], r["ranks"], r["bytes"]), []).append(r)
+    results = []
+    for (lib, op, n, size), rs in sorted(merged.items()):
+        med = statistics.median(x["median_us"] for x in rs)
+        results.append({"lib": lib, "op": op, "ranks": n, "bytes": size, "median_us": med,
+                        "runs_us": [x["median_us"] for x in rs], "wrong": sum(x["wrong"] for x in rs),
+                        "busbw": statistics.median(x["busbw"] for x in rs)})
+    meta = {"versions": versions(), "command": " ".join(sys.argv), "ranks": ranks, "ops": ops, "sizes": sizes,
+            "repeats": a.repeats}
+    (out / "compare.json").write_text(json.dumps({"meta": meta, "results": results, "raw": raw}, indent=1))
+    md = (f"Command: `{meta['command']}`\n\nVersions: "
+          + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + "\n" + table(results, ops, ranks))
+    (out / "compare.md").write_text(md + "\n")
+    plot(results, ops, ranks, out)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
