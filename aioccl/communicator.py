@@ -238,6 +238,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         mine = np.array([-1 if color is None else color, self.rank if key is None else key], dtype=np.int64)
         gathered = self.all_gather(mine, timeout=timeout)
         result = Work("split", gathered.seq)
+        result._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
 
         def finish(w: Work) -> None:
             exc = w.exception()

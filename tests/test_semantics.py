@@ -92,6 +92,9 @@ async def test_group_launches_together_and_awaits_all(comms3):
 async def test_split_forms_independent_communicators():
     comms = await make_comms(4)
     try:
+        with pytest.raises(RuntimeError, match="would block"):
+            comms[0].split(0).wait()  # inline engine: waiting on its own loop must fail loudly, not hang
+        await asyncio.gather(*(c.split(0) for c in comms[1:]))
         subs = await asyncio.gather(*(c.split(c.rank % 2 if c.rank != 3 else None, key=-c.rank) for c in comms))
         assert subs[3] is None
         evens = [subs[0], subs[2]]
