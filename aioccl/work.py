@@ -147,7 +147,8 @@ class Work:
                     loop.call_soon_threadsafe(_set_if_pending, fut)
 
             self.add_done_callback(wake)
-            yield from asyncio.shield(fut).__await__()
+            # no shield needed: cancelling the awaiting task cancels only this private future
+            yield from fut.__await__()
         return self.result()
 
 

@@ -164,3 +164,17 @@ async def test_async_with_closes():
     await asyncio.gather(*(use(c) for c in comms))
     with pytest.raises(aioccl.CommAborted, match="closed"):
         comms[0].barrier()
+
+
+async def test_cancelling_the_awaiter_does_not_cancel_the_op():
+    comms = await make_comms(2)
+    try:
+        x0, x1 = np.ones(4), np.full(4, 2.0)
+        w = comms[0].all_reduce(x0)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(w, 0.05)  # rank 1 has not joined yet: the awaiter gives up
+        assert not w.done()
+        await comms[1].all_reduce(x1)  # the op was never cancelled: it completes now
+        assert await w is x0 and (x0 == 3).all() and (x1 == 3).all()
+    finally:
+        await close_all(comms)

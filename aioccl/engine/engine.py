@@ -85,7 +85,13 @@ class Engine:
 
     # -- launching (any thread) ------------------------------------------
     def launch(self, coro_fn: Callable[[], Any]) -> None:
-        self.placement.call(self._spawn, coro_fn)
+        """Start an op. On the loop's own thread the task is created at once (one loop
+        iteration sooner); from other threads it is handed over thread-safely. Either
+        way ops from one thread start in the order they were issued."""
+        if self.placement.on_loop_thread():
+            self._spawn(coro_fn)
+        else:
+            self.placement.call(self._spawn, coro_fn)
 
     def _spawn(self, coro_fn: Callable[[], Any]) -> None:
         task = self.loop.create_task(coro_fn())
