@@ -63,3 +63,20 @@ def set_ranks(n: int) -> None:
 
 def values(rank: int, count: int) -> np.ndarray:
     return (1 + (np.arange(count) * 3 + rank * 5) % 7).astype(np.float32)
+
+
+def sweep(lib: str, op: str, n: int, sizes: list[int], setup: Callable[[int, int, int], tuple],
+          barrier: Callable[[], None], reduce_stats: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+          ) -> list[dict]:
+    """Every size: ``setup(elements in, elements of the whole buffer, block)`` -> (run, check), then
+    :func:`measure`. Returns the points (identical on every rank; rank 0 reports them)."""
+    points = []
+    for nbytes in sizes:
+        inp, total = counts(op, nbytes, n)
+        if inp == 0:
+            continue
+        run, check = setup(inp, total, total // n)
+        res = measure(run, check, barrier, reduce_stats, total * 4)
+        points.append({"lib": lib, "op": op, "ranks": n, "bytes": total * 4, **res,
+                       "busbw": total * 4 / (res["median_us"] * 1e-6) / 1e9 * busbw_factor(op, n)})
+    return points

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _sweep import busbw_factor, counts, measure, set_ranks, values  # noqa: E402
+from _sweep import set_ranks, sweep, values  # noqa: E402
 
 
 def worker(rank: int, n: int, port: int, op: str, sizes: list[int], q) -> None:  # noqa: ANN001
@@ -82,16 +82,9 @@ def worker(rank: int, n: int, port: int, op: str, sizes: list[int], q) -> None: 
                 return int((out.numpy() != want).sum())
             return run, check
 
-    for nbytes in sizes:
-        inp, total = counts(op, nbytes, n)
-        if inp == 0:
-            continue
-        block = total // n
-        run, check = setup(inp, total, block)
-        res = measure(run, check, dist.barrier, stats, total * 4)
+    for point in sweep("gloo", op, n, sizes, setup, dist.barrier, stats):
         if rank == 0:
-            q.put({"lib": "gloo", "op": op, "ranks": n, "bytes": total * 4, **res,
-                   "busbw": total * 4 / (res["median_us"] * 1e-6) / 1e9 * busbw_factor(op, n)})
+            q.put(point)
     dist.destroy_process_group()
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _sweep import busbw_factor, counts, measure, set_ranks, values  # noqa: E402
+from _sweep import set_ranks, sweep, values  # noqa: E402
 
 
 def main() -> None:
@@ -83,18 +83,10 @@ def main() -> None:
                 return int((out != want).sum())
             return run, check
 
-    for nbytes in (int(s) for s in a.sizes.split(",")):
-        inp, total = counts(op, nbytes, n)
-        if inp == 0:
-            continue
-        block = total // n
-        run, check = setup(inp, total, block)
-        res = measure(run, check, comm.Barrier, stats, total * 4)
+    sizes = [int(s) for s in a.sizes.split(",")]
+    for point in sweep("mpi", op, n, sizes, setup, comm.Barrier, stats):
         if rank == 0:
-            print(json.dumps({"lib": "mpi", "op": op, "ranks": n, "bytes": total * 4, **res,
-                              "busbw": total * 4 / (res["median_us"] * 1e-6) / 1e9 * busbw_factor(op, n)}),
-                  flush=True)
-
+            print(json.dumps(point), flush=True)
 
 if __name__ == "__main__":
     main()
