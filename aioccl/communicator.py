@@ -270,6 +270,7 @@ class Communicator(CollectiveOps, PointToPointOps):
             self._closed = CommAborted(f"{self!r} is closed")
         pending = list(self._inflight)
         work = Work("close", -1)
+        work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
         owns = self._parent is None
         eng = self._engine
 

@@ -35,7 +35,8 @@ def iterations(nbytes: int) -> tuple[int, int]:
 
 
 def measure(run: Callable[[], None], check: Callable[[], int], barrier: Callable[[], None],
-            reduce_stats: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], nbytes: int) -> dict[str, float]:
+            reduce_stats: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], nbytes: int,
+            n: int) -> dict[str, float]:
     """``reduce_stats(v)`` -> (sum over ranks, max over ranks) of the vector v."""
     wrong = check()
     iters, warm = iterations(nbytes)
@@ -50,15 +51,8 @@ def measure(run: Callable[[], None], check: Callable[[], int], barrier: Callable
         per.append(time.perf_counter() - t0)
     loop = (time.perf_counter() - t_loop) / iters
     total, worst = reduce_stats(np.array([loop, float(np.median(per)), wrong], np.float64))
-    return {"mean_us": total[0] / max(1, _ranks[0]) * 1e6, "median_us": worst[1] * 1e6, "wrong": int(total[2]),
+    return {"mean_us": total[0] / n * 1e6, "median_us": worst[1] * 1e6, "wrong": int(total[2]),
             "iters": iters}
-
-
-_ranks = [1]
-
-
-def set_ranks(n: int) -> None:
-    _ranks[0] = n
 
 
 def values(rank: int, count: int) -> np.ndarray:
@@ -76,7 +70,7 @@ def sweep(lib: str, op: str, n: int, sizes: list[int], setup: Callable[[int, int
         if inp == 0:
             continue
         run, check = setup(inp, total, total // n)
-        res = measure(run, check, barrier, reduce_stats, total * 4)
+        res = measure(run, check, barrier, reduce_stats, total * 4, n)
         points.append({"lib": lib, "op": op, "ranks": n, "bytes": total * 4, **res,
                        "busbw": total * 4 / (res["median_us"] * 1e-6) / 1e9 * busbw_factor(op, n)})
     return points

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _sweep import set_ranks, sweep, values  # noqa: E402
+from _sweep import sweep, values  # noqa: E402
 
 
 def worker(rank: int, n: int, port: int, op: str, sizes: list[int], q) -> None:  # noqa: ANN001
@@ -24,7 +24,6 @@ def worker(rank: int, n: int, port: int, op: str, sizes: list[int], q) -> None: 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=n)
-    set_ranks(n)
 
     def stats(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s, m = torch.from_numpy(v.copy()), torch.from_numpy(v.copy())

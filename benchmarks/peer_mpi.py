@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _sweep import set_ranks, sweep, values  # noqa: E402
+from _sweep import sweep, values  # noqa: E402
 
 
 def main() -> None:
@@ -25,7 +25,6 @@ def main() -> None:
     a = p.parse_args()
     comm = MPI.COMM_WORLD
     rank, n, op = comm.Get_rank(), comm.Get_size(), a.op
-    set_ranks(n)
 
     def stats(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s, m = np.empty_like(v), np.empty_like(v)

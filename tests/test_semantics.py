@@ -164,6 +164,10 @@ async def test_async_with_closes():
     await asyncio.gather(*(use(c) for c in comms))
     with pytest.raises(aioccl.CommAborted, match="closed"):
         comms[0].barrier()
+    more = await make_comms(1)
+    with pytest.raises(RuntimeError, match="would block"):
+        more[0].close().wait()  # close() on the inline engine's own loop: await it, never wait()
+    await more[0].close()
 
 
 async def test_cancelling_the_awaiter_does_not_cancel_the_op():

@@ -9,7 +9,6 @@ completes its :class:`~aioccl.work.Work` with a result or a precise error.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -111,7 +110,6 @@ class Engine:
     async def run_collective(self, comm: CommView, spec: CollSpec, work: Work) -> None:
         if not work._start():
             return
-        work._engine_thread = self.placement.thread_id
         what = f"{spec.name} (seq {spec.seq}, comm {comm.ctx:x})"
         if self.aborted is not None:
             work._set_exception(self.aborted)
@@ -149,7 +147,6 @@ class Engine:
                        timeout: float, work: Work, result: Any) -> None:
         if not work._start():
             return
-        work._engine_thread = self.placement.thread_id
         try:
             if self.aborted is not None:
                 raise self.aborted
@@ -164,7 +161,6 @@ class Engine:
 
     async def run_recv(self, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
                        timeout: float, work: Work, result: Any) -> None:
-        work._engine_thread = self.placement.thread_id
         what = f"recv(peer={peer}, tag={tag})"
         if self.aborted is not None:
             if work._start():
@@ -199,6 +195,3 @@ class Engine:
         for t in list(self.tasks):
             t.cancel()
 
-
-def deadline_left(deadline: float) -> float:
-    return max(0.0, deadline - time.monotonic())

@@ -101,17 +101,16 @@ async def _measure(comm: Any, case: Any, ns: argparse.Namespace) -> tuple[float,
         await case.run()
         per_iter.append(time.perf_counter() - t0)
     loop = (time.perf_counter() - t_loop) / ns.iters
-    stats = np.array([loop, loop, loop, float(np.median(per_iter)), wrong], np.float64)
-    mins = stats.copy()
-    maxs = stats.copy()
-    await comm.all_reduce(stats)
+    sums = np.array([loop, wrong], np.float64)  # -> average time, total #wrong
+    mins = np.array([loop])
+    maxs = np.array([loop, float(np.median(per_iter))])  # -> slowest loop, slowest rank's median
+    first = np.array([loop])
+    await comm.all_reduce(sums)
     await comm.all_reduce(mins, op="min")
     await comm.all_reduce(maxs, op="max")
-    first = np.array([loop])
     await comm.broadcast(first, root=0)
-    n = comm.world_size
-    combined = {0: first[0], 1: stats[0] / n, 2: mins[0], 3: maxs[0]}[ns.average]
-    return combined, maxs[3], int(stats[4])
+    combined = {0: first[0], 1: sums[0] / comm.world_size, 2: mins[0], 3: maxs[0]}[ns.average]
+    return combined, maxs[1], int(sums[1])
 
 
 def _cols(t: float | None, nbytes: int, factor: float, wrong: int | None) -> tuple[str, dict[str, Any]]:
