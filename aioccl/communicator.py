@@ -23,12 +23,15 @@ import numpy as np
 
 from . import log
 from .algorithms import plan
+from .algorithms.shm import shm_plan
 from .bootstrap.unique_id import UniqueId
 from .buffers import Buf
 from .collectives import CollectiveOps
 from .dtypes import ReduceOp, dtype_code
 from .engine.engine import CollSpec, CommView, Engine
 from .engine.placement import Placement
+from .engine.shm_channel import ShmChannel
+from .engine.shm_executor import ShmOp
 from .errors import CommAborted, InvalidArgument
 from .group import Group, current_group
 from .p2p import PointToPointOps
@@ -74,6 +77,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         same = [r for r in range(view.size) if hosts[r] == mine]
         self._local = (same.index(view.rank), len(same))
         self._hosts = hosts
+        self._shm: ShmChannel | None = engine.shm if parent is None else None
 
     # -- creation ------------------------------------------------------------
     @classmethod
@@ -166,6 +170,31 @@ class Communicator(CollectiveOps, PointToPointOps):
     def engine_placement(self) -> str:
         return self._engine.placement.kind
 
+    @property
+    def transport(self) -> str:
+        """``"shm"`` when the collectives run over shared memory, else ``"tcp"``."""
+        return "shm" if self._shm is not None else "tcp"
+
+    def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A zeroed array in this rank's registered shared memory (like ``ncclMemAlloc``).
+
+        Same-host peers read it where it lies, so collectives on it skip the
+        staging copy. Without shared memory (other hosts, ``AIOCCL_SHM_DISABLE``)
+        it is an ordinary array and everything still works. Freed when the last
+        view of it is gone; ``MemoryError`` names ``AIOCCL_SHM_HEAP`` when full.
+        """
+        shape_t = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape_t):
+            raise InvalidArgument(f"alloc: shape must be non-negative ints, got {shape!r}")
+        dt = np.dtype(dtype)
+        dtype_code(dt)
+        self._usable()
+        if self._shm is None:
+            return np.zeros(shape_t, dtype=dt)
+        arr = self._shm.alloc(tuple(int(d) for d in shape_t), dt)
+        arr[...] = 0
+        return arr
+
     def __repr__(self) -> str:
         return f"<aioccl.Communicator rank {self.rank}/{self.world_size} ctx {self._view.ctx:x}>"
 
@@ -208,17 +237,28 @@ class Communicator(CollectiveOps, PointToPointOps):
                     result: Callable[[], Any], timeout: float | None, in_place: bool = False) -> Work:
         t = self._op_timeout(timeout)
         dt = out.array.dtype
-        algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size)
+        shm = self._shm
+        shm_algo = self._tuning.choose_shm(name, count, dt.itemsize, self.world_size) if shm is not None else None
         with self._lock:
             self._usable()
             seq = self._seq
             self._seq += 1
+        if shm is not None and shm_algo is not None:
+            cap = max(1, shm.cap_bytes // dt.itemsize)
+            same = in_place or inp.array is out.array  # peers must not read a buffer this rank overwrites
+            ssched = shm_plan(name, count, self.rank, self.world_size, root, cap, shm_algo, same)
+            work = Work(name, seq)
+            sop = ShmOp(name, CODES[name], seq, ssched, inp.flat, out.flat,
+                        dtype_code(dt) if name != "barrier" else 0, op, count, root, t, work, result)
+            _log.debug("%s seq %d: %d x %s over shared memory, algo %s", name, seq, count, dt, shm_algo)
+            return self._track(work, lambda: shm.submit(sop))
+        algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size)
         sched = plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place)
         spec = CollSpec(name, CODES[name], seq, sched, inp.flat, out.flat,
                         dtype_code(dt) if name != "barrier" else 0, op, t, result)
         work = Work(name, seq)
         view, eng = self._view, self._engine
-        _log.debug("%s seq %d: %d x %s, algo %s, chunk %d", name, seq, count, dt.name, algo, chunk)
+        _log.debug("%s seq %d: %d x %s, algo %s, chunk %d", name, seq, count, dt, algo, chunk)
         return self._track(work, lambda: eng.run_collective(view, spec, work))
 
     # -- groups, split, lifetime -------------------------------------------

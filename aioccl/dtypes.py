@@ -61,10 +61,9 @@ class ReduceOp(enum.Enum):
         if isinstance(op, ReduceOp):
             return op
         if isinstance(op, str):
-            try:
-                return cls(op.lower())
-            except ValueError:
-                pass
+            found = _BY_NAME.get(op) or _BY_NAME.get(op.lower())
+            if found is not None:
+                return found
         names = ", ".join(repr(o.value) for o in cls)
         raise InvalidArgument(f"unknown reduction op {op!r}; expected one of {names}")
 
@@ -74,6 +73,7 @@ class ReduceOp(enum.Enum):
 
 
 _OP_CODES = {op: i + 1 for i, op in enumerate(ReduceOp)}
+_BY_NAME = {op.value: op for op in ReduceOp}
 
 
 def check_op_dtype(op: ReduceOp, dt: np.dtype) -> None:

@@ -20,10 +20,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .algorithms import ALGORITHMS
+from .algorithms.shm import SHM_ALGORITHMS
 from .algorithms.cost import LINKS, Link, predict
 from .errors import InvalidArgument
 
 DEFAULT_BUFFSIZE = 4 * 1024 * 1024
+# shared memory: below this many bytes every rank reduces the whole buffer itself ("flat", one
+# synchronisation); above, the "direct" reduce-scatter + all-gather reads each byte once
+SHM_FLAT_MAX = 16 * 1024
 _ALIASES = {"tree": {"all_reduce": "rd"}, "rd": {"reduce": "tree", "broadcast": "tree"}}
 
 
@@ -72,6 +76,21 @@ class Tuning:
         if name not in LINKS:
             raise InvalidArgument(f"AIOCCL_TUNE_LINK={name!r}; one of {', '.join(LINKS)}")
         return cls(buffsize, tuple(forced), LINKS[name])
+
+    def choose_shm(self, coll: str, count: int, itemsize: int, n: int) -> str | None:
+        """The shared-memory algorithm for one call, or None when ``AIOCCL_ALGO`` forces a
+        socket algorithm for this collective (useful to compare transports)."""
+        choices = SHM_ALGORITHMS[coll]
+        algo = choices[0]
+        if len(choices) > 1:
+            algo = "flat" if count * itemsize <= SHM_FLAT_MAX else "direct"
+        for which, want in self.forced:
+            if which in ("*", coll):
+                if want in choices:
+                    algo = want
+                elif _ALIASES.get(want, {}).get(coll, want) in ALGORITHMS[coll]:
+                    return None
+        return algo
 
     def chunk(self, itemsize: int) -> int:
         return max(1, self.buffsize // max(1, itemsize))

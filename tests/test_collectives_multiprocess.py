@@ -7,14 +7,24 @@ import pytest
 from conftest import launch
 
 
+SETTINGS = {
+    # sockets only: 64 float32 per chunk, so large sizes run many pipelined pieces
+    "tcp-latency": {"AIOCCL_SHM_DISABLE": "1", "AIOCCL_BUFFSIZE": "256", "AIOCCL_ALGO": "rd,tree"},
+    "tcp-bandwidth": {"AIOCCL_SHM_DISABLE": "1", "AIOCCL_BUFFSIZE": "256", "AIOCCL_ALGO": "ring,chain"},
+    # shared memory with 4 KiB slot halves, so 1000 doubles and every block-wise op run in chunks
+    "shm-flat": {"AIOCCL_SHM_BUFFSIZE": "4096", "AIOCCL_ALGO": "flat", "EXPECT_TRANSPORT": "shm"},
+    "shm-direct": {"AIOCCL_SHM_BUFFSIZE": "4096", "AIOCCL_ALGO": "direct", "EXPECT_TRANSPORT": "shm"},
+}
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
-@pytest.mark.parametrize("algo", ["latency", "bandwidth"])
-def test_matrix(n, algo):
-    env = {"AIOCCL_BUFFSIZE": "256"}  # 64 float32 per chunk: large sizes run many pipelined pieces
-    if algo == "bandwidth":
-        env["AIOCCL_ALGO"] = "ring,chain"
-    else:
-        env["AIOCCL_ALGO"] = "rd,tree"
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_matrix(n, setting):
+    if n == 1 and setting.startswith("shm"):
+        pytest.skip("one rank has no peers to share memory with (it runs the socket path's n=1 shortcuts)")
+    env = dict(SETTINGS[setting])
+    if setting.startswith("tcp"):
+        env["EXPECT_TRANSPORT"] = "tcp"
     proc = launch(n, "collectives.py", env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if " checks, " in ln]

@@ -29,6 +29,7 @@ from .executor import Progress, execute
 from .mailbox import Mailbox
 from .placement import Placement
 from .pool import BufferPool
+from .shm_channel import ShmChannel
 
 _log = log.get("PROXY")
 
@@ -69,6 +70,7 @@ class Engine:
         self.table: Table | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.aborted: BaseException | None = None
+        self.shm: ShmChannel | None = None  # the world communicator's, when all ranks share this host
 
     @classmethod
     async def create(cls, placement: Placement, uid: UniqueId, rank: int, size: int, timeout: float) -> Engine:
@@ -80,6 +82,16 @@ class Engine:
             conn.start()
             self.conns[peer] = conn
         self.conns[rank] = SelfConnection(rank, self.mailbox)
+        from .shm_setup import setup  # a cycle: setup runs the socket executor of this engine
+
+        try:
+            self.shm = await setup(self, self.table.comm_id, self.table.peers, timeout)
+        except BaseException:
+            for c in self.conns.values():
+                c.abort()
+            raise
+        if self.shm is not None:
+            self.mailbox.lost_listeners.append(self.shm.on_peer_lost)
         return self
 
     # -- launching (any thread) ------------------------------------------
@@ -93,7 +105,10 @@ class Engine:
             self.placement.call(self._spawn, coro_fn)
 
     def _spawn(self, coro_fn: Callable[[], Any]) -> None:
-        task = self.loop.create_task(coro_fn())
+        coro = coro_fn()
+        if coro is None:  # a synchronous start (shared-memory ops): it has run already
+            return
+        task = self.loop.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -183,12 +198,17 @@ class Engine:
     # -- teardown ------------------------------------------------------------
     async def shutdown(self) -> None:
         """Graceful: say goodbye on every connection and stop the loop thread."""
+        if self.shm is not None:
+            self.shm.close()
         await asyncio.gather(*(c.close(graceful=True) for c in self.conns.values()))
         for t in list(self.tasks):
             t.cancel()
 
     def abort_on_loop(self, exc: BaseException) -> None:
         self.aborted = exc
+        if self.shm is not None:
+            self.shm.fail_all(exc)
+            self.shm.close()
         for c in self.conns.values():
             c.abort()
         self.mailbox.fail_all(exc)

@@ -93,6 +93,7 @@ class Mailbox:
         self.p2p_posted: dict[tuple[int, int, int], deque[Posted]] = {}
         self.p2p_early: dict[tuple[int, int, int], deque[Early]] = {}
         self.lost: dict[int, PeerLost] = {}
+        self.lost_listeners: list[Callable[[int, PeerLost], None]] = []  # e.g. the shared-memory channel
         self._partial: dict[int, list[Posted]] = {}  # receives waiting on a frame still arriving
         self._dead: set[tuple[int, int]] = set()
         self._dead_order: deque[tuple[int, int]] = deque()
@@ -146,6 +147,8 @@ class Mailbox:
             self.p2p_early[key] = deque(e for e in self.p2p_early[key] if e.done)
         for p in self._partial.pop(peer, ()):
             p.fail(lost)
+        for listener in self.lost_listeners:
+            listener(peer, lost)
 
     # -- from ops ----------------------------------------------------------
     def post(self, peer: int, ctx: int, seq: int, k: int, target: memoryview, op: int, dtype: int,

@@ -1,5 +1,5 @@
 """Reductions, one function per operator: numpy ufuncs on CPU (cupy kernels come with GPU support)."""
 
-from .cpu import combine, scale
+from .cpu import UFUNCS, combine, scale
 
-__all__ = ["combine", "scale"]
+__all__ = ["UFUNCS", "combine", "scale"]

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..dtypes import ReduceOp
 
-_UFUNC = {
+UFUNCS = {
     ReduceOp.SUM: np.add,
     ReduceOp.AVG: np.add,  # summed like SUM, divided once at the end (see scale)
     ReduceOp.PROD: np.multiply,
@@ -17,7 +17,7 @@ _UFUNC = {
 
 def combine(op: ReduceOp, dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     """``dst = op(a, b)`` elementwise; ``dst`` may alias ``a``."""
-    _UFUNC[op](a, b, out=dst)
+    UFUNCS[op](a, b, out=dst)
 
 
 def scale(op: ReduceOp, buf: np.ndarray, nranks: int) -> None:

@@ -109,9 +109,64 @@ async def matrix(comm: aioccl.Communicator, ck: Checker, dtypes: list[type], siz
     await comm.barrier()
 
 
+async def registered(comm: aioccl.Communicator, ck: Checker) -> None:
+    """Collectives on ``comm.alloc`` arrays (zero-copy on shared memory); odd ranks mix in plain arrays."""
+    n, r = comm.world_size, comm.rank
+    mine = r % 2 == 0
+
+    def buf(count: int, dt: type) -> np.ndarray:
+        return comm.alloc(count, dt) if mine else np.empty(count, dt)
+
+    for dt in (np.float32, np.int64):
+        for count in (1, 1000, 5000):
+            tag = f"registered {np.dtype(dt).name} count={count}"
+            want = reduced(n, count, dt, "sum")
+            x = buf(count, dt)
+            x[...] = data(r, count, dt, "sum")
+            out = buf(count, dt)
+            out[...] = poison(count, dt)
+            await comm.all_reduce(x, out=out)
+            ck.same(f"all_reduce {tag}", out, want)
+            ck.same(f"all_reduce {tag} input intact", x, data(r, count, dt, "sum"))
+            await comm.all_reduce(x)
+            ck.same(f"all_reduce {tag} in place", x, want)
+            x[...] = data(r, count, dt, "sum")
+            out[...] = poison(count, dt)
+            await comm.reduce(x, root=n - 1, out=out)
+            if r == n - 1:
+                ck.same(f"reduce {tag}", out, want)
+            b = buf(count, dt)
+            b[...] = data(0, count, dt) if r == 0 else poison(count, dt)
+            await comm.broadcast(b, root=0)
+            ck.same(f"broadcast {tag}", b, data(0, count, dt))
+            g = buf(n * count, dt)
+            g[...] = poison(n * count, dt)
+            g[r * count:(r + 1) * count] = data(r, count, dt)
+            await comm.all_gather(g[r * count:(r + 1) * count], out=g)
+            ck.same(f"all_gather in place {tag}", g, np.concatenate([data(j, count, dt) for j in range(n)]))
+            full = reduced(n, n * count, dt, "sum")
+            x = buf(n * count, dt)
+            x[...] = data(r, n * count, dt, "sum")
+            got = await comm.reduce_scatter(x)
+            ck.same(f"reduce_scatter in place {tag}", got, full[r * count:(r + 1) * count])
+            a2a = buf(n * count, dt)
+            a2a[...] = (np.arange(n * count) + 10 * r) % 100
+            want_a2a = np.concatenate([((np.arange(n * count) + 10 * j) % 100)[r * count:(r + 1) * count]
+                                       for j in range(n)]).astype(dt)
+            out = buf(n * count, dt)
+            await comm.all_to_all(a2a, out=out)
+            ck.same(f"all_to_all {tag}", out, want_a2a)
+            await comm.all_to_all(a2a)
+            ck.same(f"all_to_all in place {tag}", a2a, want_a2a)
+
+
 async def main() -> None:
     comm = await aioccl.init(timeout=60)
     ck = Checker(comm.rank)
+    expect = os.environ.get("EXPECT_TRANSPORT")
+    if expect:
+        ck.true(f"transport is {expect} (got {comm.transport})", comm.transport == expect)
+    await registered(comm, ck)
     ck.true("rank and size", comm.world_size == int(os.environ["AIOCCL_WORLD_SIZE"]))
     ck.true("local rank", comm.local_rank == comm.rank and comm.local_world_size == comm.world_size)
     await matrix(comm, ck, DTYPES, SIZES)

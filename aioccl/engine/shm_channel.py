@@ -1,0 +1,310 @@
+"""The shared-memory channel of a communicator whose ranks all share one host.
+
+It owns the mapped segments (mine and my peers'), my step counter, and a
+FIFO of collectives, run one at a time in issue order (the slots are shared,
+so ops on one communicator are serialised, as on an NCCL stream).
+
+Waiting, the part that decides latency:
+
+1. *spin*: re-read the peers' counters for up to ``AIOCCL_SHM_SPIN_US``
+   (yielding the CPU between reads when there are more ranks than cores);
+   a small op usually completes here, synchronously, inside the call that
+   issued it (the engine runs it at once when launched on its own loop);
+2. *park*: set my sleeping flag, fence, check once more, and return to the
+   event loop; the peer that publishes the step I need sees the flag and
+   rings my doorbell. A fence (a lock round trip: an atomic instruction) on
+   both sides orders flag and counter, so a wake-up cannot be lost; a slow
+   re-check timer backs it up regardless, and ``stats`` counts how often it
+   was needed (it should stay 0).
+
+Failure: an op past its deadline raises :class:`CollectiveTimeout` naming
+the ranks that have not published the step it waits for. A timeout or a
+lost peer leaves the ranks out of step, so the channel is then *broken*:
+later collectives on it fail at once (abort and re-create the communicator,
+as with NCCL). An :class:`OpMismatch` does not break it (see the executor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import log
+from ..errors import AiocclError, CollectiveTimeout, CommAborted, OpMismatch
+from ..transport.shm import CONTROL_BYTES, CTR, DESC, DESC_LEN, HALF, HEAP, HEAP_OFF, SLEEP, Doorbell, Segment
+from ..transport.shm_heap import Heap
+from .pool import BufferPool
+from .shm_executor import ShmOp, Wait, execute
+
+_log = log.get("SHM")
+_DESC = struct.Struct("<6q")
+RECHECK_S = 0.005  # backup re-check while parked; wake-ups come from the doorbell
+_fence_lock = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier: acquiring a lock is an atomic read-modify-write."""
+    _fence_lock.acquire()
+    _fence_lock.release()
+
+
+class ShmChannel:
+    def __init__(self, loop: asyncio.AbstractEventLoop, rank: int, segments: Sequence[Segment], bell: Doorbell,
+                 pool: BufferPool, spin_s: float, yield_cpu: bool) -> None:
+        self.loop = loop
+        self.rank = rank
+        self.size = len(segments)
+        self.others = tuple(j for j in range(self.size) if j != rank)
+        self.segments = list(segments)
+        self.bell = bell
+        self.pool = pool
+        self.spin_s = spin_s
+        self.yield_cpu = yield_cpu
+        self.ctl = [memoryview(s.mm)[:CONTROL_BYTES].cast("q") for s in segments]
+        self.u8 = [np.frombuffer(s.mm, dtype=np.uint8) for s in segments]
+        self.slot_base = [(CONTROL_BYTES, CONTROL_BYTES + c[HALF]) for c in self.ctl]
+        self.cap_bytes = min(c[HALF] for c in self.ctl)  # every rank chunks by the same amount
+        me = self.ctl[rank]
+        self.heap = Heap(me[HEAP_OFF], me[HEAP])
+        self._seg_addr = self.u8[rank].__array_interface__["data"][0]
+        self.step = me[CTR]
+        self.all_reached = self.step
+        self.queue: deque[ShmOp] = deque()
+        self.broken: BaseException | None = None
+        self.lost: dict[int, BaseException] = {}
+        self._pumping = False
+        self._parked = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._spill: np.ndarray | None = None
+        self._typed: dict[tuple[int, np.dtype[Any]], np.ndarray] = {}
+        self.stats = {"ops": 0, "spin_hits": 0, "parks": 0, "bells_rung": 0, "recheck_hits": 0}
+        loop.add_reader(bell.fileno(), self._on_bell)
+
+    # -- the shared words -------------------------------------------------
+    def publish(self, s: int) -> None:
+        ctl = self.ctl
+        ctl[self.rank][CTR] = s
+        self.step = s
+        fence()
+        for j in self.others:
+            if ctl[j][SLEEP]:
+                self.bell.ring(j)
+                self.stats["bells_rung"] += 1
+
+    def write_descriptor(self, half: int, desc: tuple[int, ...]) -> None:
+        _DESC.pack_into(self.segments[self.rank].mm, (DESC + half * DESC_LEN) * 8, *desc)
+
+    def read_descriptors(self, half: int, mine: tuple[int, ...]) -> list[tuple[int, ...]]:
+        off = (DESC + half * DESC_LEN) * 8
+        unpack, me = _DESC.unpack_from, self.rank
+        return [unpack(seg.mm, off) if j != me else mine for j, seg in enumerate(self.segments)]
+
+    def missing(self, ranks: tuple[int, ...], s: int) -> list[int]:
+        ctl = self.ctl
+        return [j for j in ranks if ctl[j][CTR] < s]
+
+    def _reached(self, wait: Wait) -> bool:
+        ranks, s = wait
+        ctl = self.ctl
+        for j in ranks:
+            if ctl[j][CTR] < s:
+                return False
+        if len(ranks) == len(self.others) and s > self.all_reached:
+            self.all_reached = s
+        return True
+
+    # -- registered buffers ---------------------------------------------------
+    def heap_offset(self, arr: np.ndarray) -> int:
+        """Byte offset of ``arr`` in my segment when it lies in my heap, else -1."""
+        if not arr.size or not self.heap.used_blocks():
+            return -1
+        off = arr.__array_interface__["data"][0] - self._seg_addr
+        heap = self.heap
+        return off if heap.offset <= off and off + arr.nbytes <= heap.offset + heap.size else -1
+
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        import ctypes
+
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        off = self.heap.alloc(nbytes)
+        owner = (ctypes.c_char * max(1, nbytes)).from_buffer(self.segments[self.rank].mm, off)
+        weakref.finalize(owner, self.heap.free, off)
+        return np.frombuffer(owner, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+
+    def typed(self, j: int, dtype: np.dtype[Any]) -> np.ndarray:
+        """Rank ``j``'s whole segment as an array of ``dtype`` (cached: slicing it is one numpy call)."""
+        arr = self._typed.get((j, dtype))
+        if arr is None:
+            u8 = self.u8[j]
+            arr = self._typed[(j, dtype)] = u8[:u8.size // dtype.itemsize * dtype.itemsize].view(dtype)
+        return arr
+
+    def spill(self, nbytes: int) -> np.ndarray:
+        if self._spill is None or self._spill.nbytes < nbytes:
+            self._spill = np.empty(max(nbytes, self.cap_bytes), dtype=np.uint8)
+        return self._spill
+
+    # -- running ops ------------------------------------------------------------
+    def submit(self, op: ShmOp) -> None:
+        """Queue an op (on the engine loop); runs it at once when the channel is idle."""
+        self.queue.append(op)
+        if not self._pumping and len(self.queue) == 1:
+            self._pump()
+
+    def _pump(self) -> None:
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            while self.queue:
+                if not self._advance(self.queue[0]):
+                    return
+                self.queue.popleft()
+        finally:
+            self._pumping = False
+
+    def _advance(self, op: ShmOp) -> bool:
+        """Run ``op`` until it finishes (True) or has to sleep (False)."""
+        try:
+            if op.gen is None:
+                if not op.work._start():
+                    return True  # failed already (abort)
+                if self.broken is not None:
+                    raise self.broken
+                op.deadline = time.perf_counter() + op.timeout
+                if op.sched.scratch:
+                    op.scratch_raw = self.pool.acquire(op.sched.scratch * op.out.itemsize)
+                    scratch = op.scratch_raw[:op.sched.scratch * op.out.itemsize].view(op.out.dtype)
+                else:
+                    scratch = op.out[:0]
+                op.gen = execute(self, op, scratch)
+                op.waiting = next(op.gen)
+            while True:
+                if op.waiting is not None and not self._wait(op, op.waiting):
+                    return False
+                op.waiting = op.gen.send(None)
+        except StopIteration:
+            self._release(op)
+            self.stats["ops"] += 1
+            op.work._set_result(op.result())
+        except OpMismatch as e:
+            op.gen = None
+            self._release(op)
+            op.work._set_exception(e)
+        except AiocclError as e:
+            self._break(e)
+            op.work._set_exception(e)
+        except Exception as e:  # a bug: never leave the Work hanging
+            _log.exception("internal error in %s seq %d", op.name, op.seq)
+            err = AiocclError(f"internal error in {op.name} (seq {op.seq}) over shared memory: {e!r}")
+            self._break(err)
+            op.work._set_exception(err)
+        return True
+
+    def _release(self, op: ShmOp) -> None:
+        if op.scratch_raw is not None:
+            self.pool.release(op.scratch_raw)
+            op.scratch_raw = None
+
+    def _wait(self, op: ShmOp, wait: Wait) -> bool:
+        if self._reached(wait):
+            if self._parked:
+                self._unpark()
+            return True
+        now = time.perf_counter()
+        end = now + self.spin_s
+        while now < end:
+            if self.yield_cpu:
+                os.sched_yield()
+            if self._reached(wait):
+                self.stats["spin_hits"] += 1
+                return True
+            now = time.perf_counter()
+        if now >= op.deadline:
+            ranks, s = wait
+            raise CollectiveTimeout(op.name, op.seq, self.missing(ranks, s), op.timeout,
+                                    f"shared memory, algorithm {op.sched.algo}, step {s}")
+        lost = [j for j in self.missing(*wait) if j in self.lost]
+        if lost:
+            raise self.lost[lost[0]]
+        me = self.ctl[self.rank]
+        me[SLEEP] = 1
+        fence()
+        if self._reached(wait):
+            me[SLEEP] = 0
+            return True
+        if not self._parked:
+            self._parked = True
+            self.stats["parks"] += 1
+        self._timer = self.loop.call_later(min(RECHECK_S, max(0.0, op.deadline - now)), self._on_timer)
+        return False
+
+    def _unpark(self) -> None:
+        self._parked = False
+        self.ctl[self.rank][SLEEP] = 0
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_bell(self) -> None:
+        self.bell.drain()
+        if self._parked:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._pump()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.queue and self.queue[0].waiting is not None and self._reached(self.queue[0].waiting):
+            self.stats["recheck_hits"] += 1
+        self._pump()
+
+    # -- failure and teardown ---------------------------------------------------
+    def _break(self, exc: BaseException) -> None:
+        if self.broken is None:
+            self.broken = CommAborted(f"the shared-memory channel is out of step after: {exc}; "
+                                      "abort this communicator and create a new one")
+        op = self.queue[0] if self.queue else None
+        if op is not None:
+            op.gen = None
+            if op.scratch_raw is not None:  # a peer may still write nothing here; keep it simple: drop it
+                op.scratch_raw = None
+        if self._parked:
+            self._unpark()
+
+    def on_peer_lost(self, peer: int, exc: BaseException) -> None:
+        """A peer's connection ended: ops that still need it fail (after one last look at the counters)."""
+        self.lost[peer] = exc
+        if self.queue and not self._pumping:
+            self._pump()
+
+    def fail_all(self, exc: BaseException) -> None:
+        self._break(exc)
+        self.broken = exc
+        while self.queue:
+            self.queue.popleft().work._set_exception(exc)
+
+    def close(self) -> None:
+        self.fail_all(CommAborted("the communicator is closed"))
+        try:
+            self.loop.remove_reader(self.bell.fileno())
+        except (ValueError, OSError):
+            pass
+        self.bell.close()
+        for c in self.ctl:
+            c.release()
+        self.u8 = []
+        self._typed.clear()
+        self._spill = None
+        for seg in self.segments:
+            seg.close()

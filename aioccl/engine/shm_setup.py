@@ -1,0 +1,151 @@
+"""Bring up the shared-memory channel, or agree that there is none.
+
+Every rank of a communicator whose ranks all share one host takes part,
+even one that cannot or will not use shared memory, because the decision
+must be unanimous: two tiny all-reduces over the sockets ("did you create
+your segment?", "did you map everyone's?") make it so. After the second the
+segments are unlinked; any failure means sockets for everyone, and a log line
+says why.
+
+Settings (read here, per rank): ``AIOCCL_SHM_DISABLE=1``, the staging size
+``AIOCCL_SHM_BUFFSIZE`` (bytes per slot half; the smallest over the ranks
+wins), the registered heap ``AIOCCL_SHM_HEAP`` (bytes), the spin before
+sleeping ``AIOCCL_SHM_SPIN_US``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import log
+from ..algorithms import plan
+from ..dtypes import ReduceOp, dtype_code
+from ..errors import InvalidArgument
+from ..transport.shm import SHM_DIR, Doorbell, Segment, segment_name, sweep_stale
+from .executor import Progress, execute
+from .shm_channel import ShmChannel
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+_log = log.get("SHM")
+DEFAULT_HALF = 1 << 20
+DEFAULT_HEAP = 256 << 20
+DEFAULT_SPIN_US = 100.0
+SETUP_CTX_SALT = 0x53484D5345545550  # keeps the setup messages apart from any communicator's
+# shared-memory ordering relies on total store order; other architectures keep to sockets for now
+TSO_MACHINES = ("x86_64", "AMD64", "i686", "i386")
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int, low: int) -> int:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"{name}={raw!r} is not an integer") from None
+    if value < low:
+        raise InvalidArgument(f"{name} must be at least {low}")
+    return value
+
+
+def settings(env: Mapping[str, str]) -> dict[str, Any]:
+    spin = env.get("AIOCCL_SHM_SPIN_US")
+    try:
+        spin_us = float(spin) if spin else DEFAULT_SPIN_US
+    except ValueError:
+        raise InvalidArgument(f"AIOCCL_SHM_SPIN_US={spin!r} is not a number") from None
+    return {
+        "disabled": env.get("AIOCCL_SHM_DISABLE", "0").strip().lower() not in ("", "0", "false", "no"),
+        "half": _int_env(env, "AIOCCL_SHM_BUFFSIZE", DEFAULT_HALF, 4096) // 64 * 64,
+        "heap": _int_env(env, "AIOCCL_SHM_HEAP", DEFAULT_HEAP, 0) // 4096 * 4096,
+        "spin_s": max(0.0, spin_us) * 1e-6,
+    }
+
+
+async def _agree(engine: Engine, comm_id: int, step: int, ok: bool, timeout: float) -> bool:
+    """True when every rank says ok (a MIN all-reduce over the sockets)."""
+    from .engine import CommView  # a cycle: the engine imports this module
+
+    n, rank = engine.size, engine.rank
+    view = CommView(comm_id ^ SETUP_CTX_SALT, rank, n, tuple(range(n)))
+    flag = np.array([1 if ok else 0], dtype=np.int32)
+    sched = plan("all_reduce", 1, rank, n, 0, 1024, "rd")
+    scratch = np.zeros(sched.scratch, dtype=np.int32)
+    await execute(engine, view, step, 1, f"shared-memory setup step {step}", sched, (flag, flag, scratch),
+                  dtype_code(flag.dtype), ReduceOp.MIN, Progress())
+    return bool(flag[0])
+
+
+async def setup(engine: Engine, comm_id: int, peers: list[dict[str, Any]], timeout: float,
+                env: Mapping[str, str] = os.environ) -> ShmChannel | None:
+    n, rank = engine.size, engine.rank
+    if n == 1 or len({p["host"] for p in peers}) != 1:
+        return None  # a multi-host communicator: the same on every rank, no agreement needed
+    conf = settings(env)
+    why = ""
+    if conf["disabled"]:
+        why = "AIOCCL_SHM_DISABLE is set"
+    elif platform.machine() not in TSO_MACHINES:
+        why = f"shared memory is only enabled on x86 (this is {platform.machine()})"
+    elif not os.path.isdir(SHM_DIR):
+        why = f"{SHM_DIR} does not exist"
+    mine: Segment | None = None
+    bell: Doorbell | None = None
+    segs: list[Segment | None] = [None] * n
+    if not why:
+        try:
+            sweep_stale()
+            mine = Segment.create(segment_name(comm_id, rank, os.getpid()), conf["half"], conf["heap"])
+            bell = Doorbell(comm_id, rank)
+        except OSError as e:
+            why = f"could not create the segment: {e}"
+    try:
+        if not await _agree(engine, comm_id, 0, not why, timeout):
+            raise _NoShm(why or "another rank could not set up shared memory")
+        segs[rank] = mine
+        try:
+            for j in range(n):
+                if j != rank:
+                    segs[j] = Segment.open(segment_name(comm_id, j, int(peers[j]["pid"])))
+        except OSError as e:
+            why = f"could not map a peer's segment: {e}"
+        if not await _agree(engine, comm_id, 1, not why, timeout):
+            raise _NoShm(why or "another rank could not map every segment")
+    except _NoShm as e:
+        for s in segs:
+            if s is not None:
+                s.close()
+        if mine is not None:
+            mine.close()
+        if bell is not None:
+            bell.close()
+        (_log.info if conf["disabled"] else _log.warning)("rank %d: using sockets, not shared memory: %s", rank, e)
+        return None
+    except BaseException:
+        for s in segs:
+            if s is not None:
+                s.close()
+        if mine is not None:
+            mine.close()
+        if bell is not None:
+            bell.close()
+        raise
+    assert mine is not None and bell is not None
+    mine.unlink()  # everyone has mapped it: from now on it lives exactly as long as its mappings
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    chan = ShmChannel(engine.loop, rank, [s for s in segs if s is not None], bell, engine.pool,
+                      conf["spin_s"], yield_cpu=n > cpus)
+    _log.info("rank %d: shared memory with %d local ranks, %d KiB staging halves, %d MiB heap", rank, n,
+              chan.cap_bytes >> 10, conf["heap"] >> 20)
+    return chan
+
+
+class _NoShm(Exception):
+    pass

@@ -1,0 +1,199 @@
+"""Same-host shared memory: one segment per rank and communicator, and a doorbell.
+
+A segment is a ``/dev/shm`` file, mapped by its owner and by every other
+rank of the communicator on the host, laid out as::
+
+    [control page: header, step counter, sleeping flag, 2 op descriptors]
+    [slot half 0][slot half 1]      staging areas, alternating by step
+    [heap]                          registered buffers (comm.alloc)
+
+Lifetime (no leaks, even after ``kill -9``): the owner creates the file, the
+peers map it, and once everyone has (a bootstrap agreement) the owner
+unlinks it; from then on the memory lives exactly as long as some process
+maps it. A crash inside that short window leaves a file whose name carries
+the dead owner's pid; the next communicator created on the host removes it
+(:func:`sweep_stale`).
+
+The doorbell is an abstract-namespace Unix datagram socket (it vanishes with
+its process, so it cannot leak either). A rank that has spun long enough
+waiting for its peers sets its *sleeping* flag and parks on its doorbell; a
+rank that publishes a step rings the bell of every peer whose flag is set.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import socket
+import time
+
+from .. import log
+
+_log = log.get("SHM")
+
+SHM_DIR = "/dev/shm"
+CONTROL_BYTES = 4096
+# int64 slots of the control page
+MAGIC, VERSION, HALF, HEAP, PID, HEAP_OFF = 0, 1, 2, 3, 4, 5
+CTR = 8  # the last step this rank published (its own cache line)
+SLEEP = 16  # 1 while this rank is parked on its doorbell
+DESC = 32  # two descriptors of DESC_LEN int64, one per step parity
+DESC_LEN = 8
+MAGIC_VALUE = 0x4C4343_4F494121  # "!AIOCCL"
+LAYOUT_VERSION = 1
+STALE_AGE_S = 10.0  # a dead owner's file younger than this may be a rank still bootstrapping elsewhere
+_NAME = re.compile(r"^aioccl-[0-9a-f]{16}-(\d+)-(\d+)$")
+
+
+def segment_name(comm_id: int, rank: int, pid: int) -> str:
+    return f"aioccl-{comm_id & (2**64 - 1):016x}-{rank}-{pid}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(directory: str = SHM_DIR, min_age: float = STALE_AGE_S) -> list[str]:
+    """Remove segments left by processes that died before unlinking them; returns their names."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        m = _NAME.match(name)
+        if m is None or _alive(int(m.group(2))):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if now - os.stat(path).st_mtime < min_age:
+                continue
+            os.unlink(path)
+            removed.append(name)
+        except OSError:
+            continue
+    if removed:
+        _log.info("removed %d stale segment(s) of dead processes: %s", len(removed), ", ".join(removed))
+    return removed
+
+
+def layout(half: int, heap: int) -> tuple[int, int]:
+    """(heap offset, total size) of a segment with slot halves of ``half`` bytes."""
+    heap_off = CONTROL_BYTES + 2 * half
+    return heap_off, heap_off + heap
+
+
+class Segment:
+    """One mapped segment (mine or a peer's)."""
+
+    def __init__(self, name: str, mm: mmap.mmap, owner: bool, directory: str = SHM_DIR) -> None:
+        self.name, self.mm, self.owner, self.directory = name, mm, owner, directory
+        self.unlinked = not owner
+
+    @classmethod
+    def create(cls, name: str, half: int, heap: int, directory: str = SHM_DIR) -> Segment:
+        heap_off, size = layout(half, heap)
+        path = os.path.join(directory, name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)  # sparse: pages cost memory only once touched
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        seg = cls(name, mm, True, directory)
+        ctl = memoryview(mm)[:CONTROL_BYTES].cast("q")
+        ctl[VERSION], ctl[HALF], ctl[HEAP], ctl[PID], ctl[HEAP_OFF] = LAYOUT_VERSION, half, heap, os.getpid(), heap_off
+        ctl[MAGIC] = MAGIC_VALUE  # last: a reader that sees the magic sees the rest
+        ctl.release()
+        return seg
+
+    @classmethod
+    def open(cls, name: str, directory: str = SHM_DIR) -> Segment:
+        fd = os.open(os.path.join(directory, name), os.O_RDWR)
+        try:
+            mm = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        seg = cls(name, mm, False, directory)
+        ctl = memoryview(mm)[:CONTROL_BYTES].cast("q")
+        try:
+            if ctl[MAGIC] != MAGIC_VALUE or ctl[VERSION] != LAYOUT_VERSION:
+                raise OSError(f"{name}: not an aioccl segment of layout {LAYOUT_VERSION}")
+        finally:
+            ctl.release()
+        return seg
+
+    def unlink(self) -> None:
+        if not self.unlinked:
+            self.unlinked = True
+            try:
+                os.unlink(os.path.join(self.directory, self.name))
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        """Unmap, unless user arrays still point into it (then the unmap happens when they go)."""
+        self.unlink()
+        try:
+            self.mm.close()
+        except BufferError:
+            pass
+
+
+def doorbell_address(comm_id: int, rank: int) -> bytes:
+    return f"\0aioccl-bell-{comm_id & (2**64 - 1):016x}-{rank}".encode()
+
+
+class Doorbell:
+    """My bell (a bound datagram socket) and the means to ring peers' bells."""
+
+    def __init__(self, comm_id: int, rank: int) -> None:
+        self.comm_id = comm_id
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            self.sock.bind(doorbell_address(comm_id, rank))
+            self.sock.setblocking(False)
+            self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._out.setblocking(False)
+        except BaseException:
+            self.sock.close()
+            raise
+        self._addrs: dict[int, bytes] = {}
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def ring(self, rank: int) -> None:
+        addr = self._addrs.get(rank)
+        if addr is None:
+            addr = self._addrs[rank] = doorbell_address(self.comm_id, rank)
+        try:
+            self._out.sendto(b"!", addr)
+        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError, OSError):
+            pass  # a full bell has rung already; a vanished peer is detected by its connection
+
+    def drain(self) -> int:
+        n = 0
+        while True:
+            try:
+                self.sock.recv(64)
+                n += 1
+            except (BlockingIOError, InterruptedError):
+                return n
+            except OSError:
+                return n
+
+    def close(self) -> None:
+        self.sock.close()
+        self._out.close()
