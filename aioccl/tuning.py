@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .algorithms import ALGORITHMS
-from .algorithms.shm import SHM_ALGORITHMS
 from .algorithms.cost import LINKS, Link, predict
+from .algorithms.shm import SHM_ALGORITHMS
 from .errors import InvalidArgument
 
 DEFAULT_BUFFSIZE = 4 * 1024 * 1024

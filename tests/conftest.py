@@ -25,19 +25,32 @@ def launch(n: int, script: str, *args: str, env: dict[str, str] | None = None,
                           timeout=timeout)
 
 
-async def make_comms(n: int, engine: str = "inline", timeout: float = 20) -> list[aioccl.Communicator]:
-    """n communicators in this process and loop, connected over real loopback sockets."""
+async def make_comms(n: int, engine: str = "inline", timeout: float = 20,
+                     transport: str = "shm") -> list[aioccl.Communicator]:
+    """n communicators in this process and loop, over shared memory (the default for one host) or,
+    with ``transport="tcp"``, over real loopback sockets only."""
     uid = aioccl.UniqueId.new(host="127.0.0.1")
-    return list(await asyncio.gather(*(aioccl.Communicator.create(uid, r, n, timeout=timeout, engine=engine)
-                                       for r in range(n))))
+    saved = os.environ.get("AIOCCL_SHM_DISABLE")
+    os.environ["AIOCCL_SHM_DISABLE"] = "1" if transport == "tcp" else "0"
+    try:
+        comms = list(await asyncio.gather(*(aioccl.Communicator.create(uid, r, n, timeout=timeout, engine=engine)
+                                            for r in range(n))))
+    finally:
+        if saved is None:
+            del os.environ["AIOCCL_SHM_DISABLE"]
+        else:
+            os.environ["AIOCCL_SHM_DISABLE"] = saved
+    assert n == 1 or all(c.transport == transport for c in comms), [c.transport for c in comms]
+    return comms
 
 
 async def close_all(comms: list[aioccl.Communicator]) -> None:
     await asyncio.gather(*(c.close() for c in comms))
 
 
-@pytest.fixture
-async def comms3():
-    comms = await make_comms(3)
+@pytest.fixture(params=["tcp", "shm"])
+async def comms3(request):
+    """Three communicators in this process, once over sockets and once over shared memory."""
+    comms = await make_comms(3, transport=request.param)
     yield comms
     await close_all(comms)

@@ -6,7 +6,6 @@ import pytest
 
 from conftest import launch
 
-
 SETTINGS = {
     # sockets only: 64 float32 per chunk, so large sizes run many pipelined pieces
     "tcp-latency": {"AIOCCL_SHM_DISABLE": "1", "AIOCCL_BUFFSIZE": "256", "AIOCCL_ALGO": "rd,tree"},

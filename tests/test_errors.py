@@ -83,13 +83,17 @@ async def test_recv_timeout_names_peer(comms3):
         await comms3[0].irecv(np.zeros(2), 2, tag=4, timeout=0.3)
 
 
-async def test_size_dtype_and_kind_mismatch_are_named():
-    comms = await make_comms(2)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+async def test_size_dtype_and_kind_mismatch_are_named(transport):
+    comms = await make_comms(2, transport=transport)
     try:
         r = await asyncio.gather(comms[0].all_reduce(np.ones(4, np.float32)),
                                  comms[1].all_reduce(np.ones(5, np.float32)), return_exceptions=True)
         assert all(isinstance(e, aioccl.OpMismatch) for e in r), r
-        assert "expected all_reduce of 16 bytes (float32)" in str(r[0]) or "expected" in str(r[1])
+        if transport == "tcp":
+            assert "expected all_reduce of 16 bytes (float32)" in str(r[0]) or "expected" in str(r[1])
+        else:  # both sides see both descriptors
+            assert all("of 5 x float32" in str(e) and "of 4 x float32" in str(e) for e in r), r
         r = await asyncio.gather(comms[0].all_reduce(np.ones(4, np.float32)),
                                  comms[1].all_reduce(np.ones(4, np.int32)), return_exceptions=True)
         assert any(isinstance(e, aioccl.OpMismatch) and "int32" in str(e) for e in r), r
@@ -101,8 +105,9 @@ async def test_size_dtype_and_kind_mismatch_are_named():
             c.abort()
 
 
-async def test_abort_fails_peers_with_peer_lost():
-    comms = await make_comms(3)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+async def test_abort_fails_peers_with_peer_lost(transport):
+    comms = await make_comms(3, transport=transport)
     # a broadcast from rank 0 reaches ranks 1 and 2 directly (binomial tree): both need rank 0
     pending = [comms[1].broadcast(np.ones(100), root=0, timeout=30),
                comms[2].broadcast(np.ones(100), root=0, timeout=30)]

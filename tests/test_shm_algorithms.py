@@ -187,4 +187,4 @@ def test_every_step_fits_the_slot():
         for algo in SHM_ALGORITHMS[coll]:
             for r in range(n):
                 for step in shm_plan(coll, count, r, n, n - 1, cap, algo).steps:
-                    assert all(0 <= st.slot and st.slot + st.src.count <= cap for st in step.stage), (coll, algo)
+                    assert all(st.slot >= 0 and st.slot + st.src.count <= cap for st in step.stage), (coll, algo)
