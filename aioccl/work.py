@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import Any
 
 _PENDING, _RUNNING, _DONE, _CANCELLED = range(4)
+FAIRNESS_S = 0.001
+_turns = threading.local()  # when this thread's awaiting task last let its loop run
 
 
 class Work:
@@ -134,7 +137,15 @@ class Work:
         return self.result()
 
     def __await__(self) -> Generator[Any, None, Any]:
-        if not self.done():
+        if self.done():
+            # ops that completed inside the call (shared memory) never suspend the awaiting task;
+            # give the loop a turn at least every FAIRNESS_S so other tasks are not starved
+            now = time.perf_counter()
+            if now - getattr(_turns, "last", 0.0) > FAIRNESS_S:
+                _turns.last = now
+                yield from asyncio.sleep(0).__await__()
+        else:
+            _turns.last = time.perf_counter()
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[None] = loop.create_future()
             me = threading.get_ident()

@@ -47,7 +47,8 @@ from .shm_executor import ShmOp, Wait, execute
 
 _log = log.get("SHM")
 _DESC = struct.Struct("<6q")
-RECHECK_S = 0.005  # backup re-check while parked; wake-ups come from the doorbell
+RECHECK_S = 0.005
+SLICE_S = 0.001  # a long op hands the loop back between steps at least this often  # backup re-check while parked; wake-ups come from the doorbell
 _fence_lock = threading.Lock()
 
 
@@ -82,6 +83,7 @@ class ShmChannel:
         self.broken: BaseException | None = None
         self.lost: dict[int, BaseException] = {}
         self._pumping = False
+        self._slice_end = 0.0
         self._parked = False
         self._timer: asyncio.TimerHandle | None = None
         self._spill: np.ndarray | None = None
@@ -164,6 +166,7 @@ class ShmChannel:
         if self._pumping:
             return
         self._pumping = True
+        self._slice_end = time.perf_counter() + SLICE_S
         try:
             while self.queue:
                 if not self._advance(self.queue[0]):
@@ -189,8 +192,12 @@ class ShmChannel:
                 op.gen = execute(self, op, scratch)
                 op.waiting = next(op.gen)
             while True:
-                if op.waiting is not None and not self._wait(op, op.waiting):
-                    return False
+                if op.waiting is not None:
+                    if not self._wait(op, op.waiting):
+                        return False
+                    if time.perf_counter() > self._slice_end:  # a large op: let other tasks run
+                        self.loop.call_soon(self._pump)
+                        return False
                 op.waiting = op.gen.send(None)
         except StopIteration:
             self._release(op)
