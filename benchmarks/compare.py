@@ -1,10 +1,10 @@
-"""aioccl, torch.distributed/Gloo and Open MPI side by side: same sizes, ranks, data and method, one session.
+"""aioccl (shared memory, registered buffers, sockets only), Gloo and Open MPI side by side, one session.
 
     make bench            # sets up .venv-bench (torch CPU, mpi4py, Open MPI) and runs this
     python benchmarks/compare.py --ranks 2,4 --ops all_reduce,all_gather,reduce_scatter,broadcast \\
         --sizes 8,1K,64K,1M,16M,64M --repeats 3 --out docs/bench
 
-For each repeat, rank count and op, the three libraries run back to back
+For each repeat, rank count and op, the libraries run back to back
 (in rotating order) in fresh processes. The reported time is the median
 over repeats of each run's median per-iteration time of the slowest rank;
 all_reduce and broadcast are in place, all_gather and reduce_scatter out of
@@ -27,19 +27,24 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-LIBS = ("aioccl", "gloo", "mpi")
+# aioccl: its default (shared memory on one host), with registered buffers (comm.alloc), sockets only
+LIBS = ("aioccl", "aioccl-reg", "aioccl-tcp", "gloo", "mpi")
+PEERS = ("gloo", "mpi")
 
 
-def run_aioccl(op: str, n: int, sizes: list[int]) -> list[dict]:
+def run_aioccl(lib: str, op: str, n: int, sizes: list[int]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIOCCL_") or k == "AIOCCL_ALGO"}
+        extra = ["--registered"] if lib == "aioccl-reg" else []
+        if lib == "aioccl-tcp":
+            env["AIOCCL_SHM_DISABLE"] = "1"
         subprocess.run([sys.executable, "-m", "aioccl.tools.perf", op, "--sizes", ",".join(map(str, sizes)),
-                        "-n", "20", "-w", "3", "--np", str(n), "--json", str(out)], check=True, env=env,
+                        "-n", "20", "-w", "3", "--np", str(n), "--json", str(out), *extra], check=True, env=env,
                        stdout=subprocess.DEVNULL, timeout=1800)
         report = json.loads(out.read_text())
     key = "in_place" if op in ("all_reduce", "broadcast") else "out_of_place"
-    return [{"lib": "aioccl", "op": op, "ranks": n, "bytes": row["bytes"], "median_us": row[key]["median_us"],
+    return [{"lib": lib, "op": op, "ranks": n, "bytes": row["bytes"], "median_us": row[key]["median_us"],
              "mean_us": row[key]["time_us"], "wrong": row[key]["wrong"],
              "busbw": row["bytes"] / (row[key]["median_us"] * 1e-6) / 1e9 * report["busbw_factor"]}
             for row in report["rows"]]
@@ -76,29 +81,27 @@ def versions() -> dict[str, str]:
 
 
 def table(results: list[dict], ops: list[str], ranks: list[int]) -> str:
+    """Per op and rank count: time and busbw of every library, and each peer's time over aioccl's."""
     lines = []
     for op in ops:
         for n in ranks:
-            lines += [f"\n### {op}, {n} ranks\n",
-                      "| size | aioccl us | gloo us | mpi us | aioccl busbw | gloo busbw | mpi busbw "
-                      "| gloo/aioccl | mpi/aioccl |", "|---|---|---|---|---|---|---|---|---|"]
-            by = {}
+            by: dict[int, dict[str, dict]] = {}
             for r in results:
                 if r["op"] == op and r["ranks"] == n:
                     by.setdefault(r["bytes"], {})[r["lib"]] = r
+            libs = [lib for lib in LIBS if any(lib in row for row in by.values())]
+            peers = [p for p in PEERS if p in libs]
+            head = (["size"] + [f"{lib} us" for lib in libs] + [f"{lib} busbw" for lib in libs]
+                    + [f"{p}/aioccl" for p in peers])
+            lines += [f"\n### {op}, {n} ranks\n", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
             for size in sorted(by):
                 row = by[size]
-                t = {lib: row[lib]["median_us"] for lib in LIBS if lib in row}
-                b = {lib: row[lib]["busbw"] for lib in LIBS if lib in row}
-
-                def f(d: dict, lib: str, fmt: str) -> str:
-                    return format(d[lib], fmt) if lib in d else "-"
-
-                ratio = {lib: (f"{t[lib] / t['aioccl']:.2f}x" if lib in t and "aioccl" in t else "-")
-                         for lib in ("gloo", "mpi")}
-                lines.append(f"| {size} | {f(t, 'aioccl', '.1f')} | {f(t, 'gloo', '.1f')} | {f(t, 'mpi', '.1f')} "
-                             f"| {f(b, 'aioccl', '.3f')} | {f(b, 'gloo', '.3f')} | {f(b, 'mpi', '.3f')} "
-                             f"| {ratio['gloo']} | {ratio['mpi']} |")
+                cells = [str(size)]
+                cells += [f"{row[lib]['median_us']:.1f}" if lib in row else "-" for lib in libs]
+                cells += [f"{row[lib]['busbw']:.3f}" if lib in row else "-" for lib in libs]
+                cells += [f"{row[p]['median_us'] / row['aioccl']['median_us']:.2f}x" if p in row and "aioccl" in row
+                          else "-" for p in peers]
+                lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -149,13 +152,13 @@ def main() -> None:
                 order = libs[(rep + i) % len(libs):] + libs[:(rep + i) % len(libs)]
                 for lib in order:
                     t0 = time.time()
-                    rows = run_aioccl(op, n, sizes) if lib == "aioccl" else run_peer(lib, op, n, sizes)
+                    rows = run_aioccl(lib, op, n, sizes) if lib.startswith("aioccl") else run_peer(lib, op, n, sizes)
                     for r in rows:
                         r["repeat"] = rep
                         if r["wrong"]:
                             print(f"WRONG RESULTS: {r}", file=sys.stderr)
                     raw += rows
-                    print(f"repeat {rep + 1}/{a.repeats} {n} ranks {op:<15} {lib:<6} {time.time() - t0:5.1f}s",
+                    print(f"repeat {rep + 1}/{a.repeats} {n} ranks {op:<15} {lib:<10} {time.time() - t0:5.1f}s",
                           flush=True)
     merged = {}
     for r in raw:

@@ -47,8 +47,8 @@ from .shm_executor import ShmOp, Wait, execute
 
 _log = log.get("SHM")
 _DESC = struct.Struct("<6q")
-RECHECK_S = 0.005
-SLICE_S = 0.001  # a long op hands the loop back between steps at least this often  # backup re-check while parked; wake-ups come from the doorbell
+RECHECK_S = 0.005  # backup re-check while parked; wake-ups come from the doorbell
+SLICE_S = 0.001  # a long op hands the loop back between steps at least this often
 _fence_lock = threading.Lock()
 
 

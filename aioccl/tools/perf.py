@@ -60,6 +60,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-a", "--average", type=int, default=1, choices=(0, 1, 2, 3))
     p.add_argument("--np", type=int, default=2, help="ranks to start when not under a launcher")
     p.add_argument("--engine", choices=("inline", "thread"), default="inline")
+    p.add_argument("--registered", action="store_true",
+                   help="buffers from comm.alloc: zero-copy between ranks on one host (like NCCL's registration)")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -132,7 +134,8 @@ async def run_rank(ns: argparse.Namespace) -> int:
         say(f"# -r {ns.root} is not a rank of {n}")
         return 2
     say(f"# aioccl-perf {__version__}: {ns.op}, {n} ranks ({comm.local_world_size} on this host), "
-        f"engine {comm.engine_placement}, iters {ns.iters}, warmup {ns.warmup_iters}, check {ns.check}")
+        f"engine {comm.engine_placement}, transport {comm.transport}{', registered buffers' if ns.registered else ''}, "
+        f"iters {ns.iters}, warmup {ns.warmup_iters}, check {ns.check}")
     say(f"# {'':52}{'out-of-place':^33}{'in-place':^33}")
     timing = f" {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
     units = f" {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"
@@ -145,7 +148,7 @@ async def run_rank(ns: argparse.Namespace) -> int:
         texts = []
         count = 0
         for in_place in (False, True):
-            case = make(comm, ns.op, size, ns.dtype, ns.redop, ns.root, in_place)
+            case = make(comm, ns.op, size, ns.dtype, ns.redop, ns.root, in_place, ns.registered)
             if case is None:
                 texts.append(_cols(None, 0, factor, None)[0])
                 continue
@@ -170,7 +173,8 @@ async def run_rank(ns: argparse.Namespace) -> int:
     if r == 0:
         report = {"tool": "aioccl-perf", "version": __version__, "op": ns.op, "dtype": ns.dtype.name,
                   "redop": ns.redop, "root": root, "nranks": n, "local_nranks": comm.local_world_size,
-                  "engine": comm.engine_placement, "iters": ns.iters, "warmup": ns.warmup_iters,
+                  "engine": comm.engine_placement, "transport": comm.transport, "registered": ns.registered,
+                  "iters": ns.iters, "warmup": ns.warmup_iters,
                   "average": ns.average, "busbw_factor": factor, "python": platform.python_version(),
                   "numpy": np.__version__, "host": platform.node(),
                   "env": {k: v for k, v in os.environ.items() if k.startswith("AIOCCL_") and "SECRET" not in k},

@@ -67,9 +67,17 @@ def wrong(got: np.ndarray, want: np.ndarray) -> int:
 
 
 def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, root: int,
-         in_place: bool) -> Case | None:
-    """None where the size gives an empty buffer for this op (nccl-tests skips those too)."""
+         in_place: bool, registered: bool = False) -> Case | None:
+    """None where the size gives an empty buffer for this op (nccl-tests skips those too).
+    ``registered``: buffers from ``comm.alloc`` (zero-copy between same-host ranks)."""
     n, r = comm.world_size, comm.rank
+
+    def alloc(count: int, fill: float | None = None, _dt: np.dtype = dt) -> np.ndarray:
+        a = comm.alloc(count, _dt) if registered else np.empty(count, _dt)
+        if fill is not None:
+            a[...] = fill
+        return a
+
     total = nbytes // dt.itemsize
     neutral = 1 if redop == "prod" else 0
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
@@ -81,7 +89,7 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
         return None
 
     if op == "all_reduce":
-        x, out = np.full(total, neutral, dt), np.empty(total, dt)
+        x, out = alloc(total, neutral), alloc(total)
         dst = None if in_place else out
 
         async def check() -> int:
@@ -96,7 +104,7 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
         return Case(total, lambda: comm.all_reduce(x, op=redop, out=dst), check)
 
     if op == "broadcast" or op == "reduce":
-        x, out = np.full(total, neutral, dt), np.empty(total, dt)
+        x, out = alloc(total, neutral), alloc(total)
         dst = None if in_place else out
 
         async def check() -> int:
@@ -116,8 +124,8 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
         return Case(total, lambda: comm.reduce(x, root=root, op=redop, out=dst), check)
 
     if op == "all_gather":
-        out = np.zeros(total, dt)
-        x = out[r * block:(r + 1) * block] if in_place else np.zeros(block, dt)
+        out = alloc(total, 0)
+        x = out[r * block:(r + 1) * block] if in_place else alloc(block, 0)
 
         async def check() -> int:
             out[...] = poison(total, dt)
@@ -128,7 +136,7 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
         return Case(total, lambda: comm.all_gather(x, out=out), check)
 
     if op == "reduce_scatter":
-        x, out = np.full(total, neutral, dt), np.empty(block, dt)
+        x, out = alloc(total, neutral), alloc(block)
         dst = None if in_place else out
 
         async def check() -> int:
@@ -141,7 +149,7 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
         return Case(total, lambda: comm.reduce_scatter(x, op=redop, out=dst), check)
 
     if op == "all_to_all":
-        x, out = np.zeros(total, dt), np.empty(total, dt)
+        x, out = alloc(total, 0), alloc(total)
         dst = None if in_place else out
 
         async def check() -> int:
@@ -156,7 +164,7 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
     if op == "sendrecv":
         if in_place:
             return None  # receiving into the buffer being sent is a race; nccl-tests' column is meaningless
-        x, out = np.zeros(total, dt), np.empty(total, dt)
+        x, out = alloc(total, 0), alloc(total)
         right, left = (r + 1) % n, (r - 1) % n
 
         async def one() -> None:
