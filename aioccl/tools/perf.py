@@ -148,6 +148,7 @@ async def run_rank(ns: argparse.Namespace) -> int:
         texts = []
         count = 0
         for in_place in (False, True):
+            case = None  # the previous case's buffers go back first (registered memory is finite)
             case = make(comm, ns.op, size, ns.dtype, ns.redop, ns.root, in_place, ns.registered)
             if case is None:
                 texts.append(_cols(None, 0, factor, None)[0])
