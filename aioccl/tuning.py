@@ -7,6 +7,10 @@ fastest; the answer is cached per (collective, bucket, ranks). This is the
 same simulation ``aioccl-sim`` prints, and a test checks that the choice is
 within 10% of the best simulated algorithm over a grid of sizes and ranks.
 
+On shared memory (:meth:`Tuning.choose_shm`) all_reduce and reduce use
+``flat`` up to ``SHM_FLAT_MAX`` bytes and ``direct`` above; the other
+collectives have one same-host algorithm each, chunked by the slot size.
+
 Overrides: ``AIOCCL_ALGO`` (``ring``, ``rd``, ``tree``, ``chain``, or per
 collective ``all_reduce:ring,broadcast:tree``), ``AIOCCL_BUFFSIZE`` (chunk in
 bytes), ``AIOCCL_TUNE_LINK`` (the link model; default ``tcp``). All are read

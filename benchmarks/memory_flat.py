@@ -26,8 +26,8 @@ async def main() -> None:
     comm = await aioccl.init()
     x = np.zeros(a.size // 4, np.float32)
     out = np.empty_like(x)
-    for _ in range(200):  # warm-up: pools and caches fill here
-        await comm.all_reduce(x, out=out)
+    for i in range(200):  # warm-up with the same op mix: pools, caches and shared pages fill here
+        await (comm.all_reduce(x, out=out) if i % 2 else comm.broadcast(x, root=i % comm.world_size))
     before, pool_before = rss_kib(), comm._engine.pool.allocated_bytes
     for i in range(a.ops):
         await (comm.all_reduce(x, out=out) if i % 2 else comm.broadcast(x, root=i % comm.world_size))

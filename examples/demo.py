@@ -58,16 +58,18 @@ async def check_everything(comm: aioccl.Communicator) -> list[tuple[str, bool]]:
     return results
 
 
-async def time_all_reduce(comm: aioccl.Communicator, nbytes: int, in_place: bool) -> tuple[float, int]:
+async def time_all_reduce(comm: aioccl.Communicator, nbytes: int, in_place: bool,
+                          registered: bool = False) -> tuple[float, int]:
     count = nbytes // 4
     iters = max(3, min(200, (32 << 20) // max(nbytes, 1)))
-    x = ((np.arange(count) % 5) + comm.rank).astype(np.float32)
+    x = comm.alloc(count, np.float32) if registered else np.empty(count, np.float32)
+    x[...] = (np.arange(count) % 5) + comm.rank
     out = None if in_place else np.empty_like(x)
     want = (count and (comm.world_size * (np.arange(count) % 5)
                        + comm.world_size * (comm.world_size - 1) // 2).astype(np.float32))
     wrong = 0
     # correctness on fresh data, then warm-up and timed iterations
-    res = await comm.all_reduce(x.copy(), out=out)
+    res = await comm.all_reduce(x, out=out)
     wrong += int(np.count_nonzero(res != want)) if count else 0
     x[...] = 0  # timed iterations repeat in place: zeros never overflow, and the speed is the same
     for _ in range(2):
@@ -94,7 +96,7 @@ async def main() -> None:
     n, r = comm.world_size, comm.rank
     say = print if r == 0 else (lambda *a, **k: None)
     say(f"# aioccl {aioccl.__version__}: {n} ranks, {comm.local_world_size} on this host, "
-        f"engine {comm.engine_placement}, transport tcp")
+        f"engine {comm.engine_placement}, transport {comm.transport}")
     results = await check_everything(comm)
     oks = np.array([ok for _, ok in results], np.int64)
     await comm.all_reduce(oks, op="min")
@@ -103,19 +105,20 @@ async def main() -> None:
         say(f"#   {name:<15} {'ok' if ok else 'WRONG'}")
     say("#")
     say("# all_reduce float32 sum. time = median of the slowest rank; busbw = algbw * 2(n-1)/n")
-    say(f"# {'':>34}{'out-of-place':^28}{'in-place':^28}")
-    say(f"# {'size':>12} {'count':>12} {'type':>8} {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
-        f" {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6}")
+    say("# registered: in place on a comm.alloc array (peers on this host read it where it lies)")
+    say(f"# {'':>34}{'out-of-place':^34}{'in-place':^34}{'registered':^34}")
+    col = f" {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
+    say(f"# {'size':>12} {'count':>12} {'type':>8}{col}{col}{col}")
     size, top = parse_size(args.min_bytes), parse_size(args.max_bytes)
     total_wrong = 0
     while size <= top:
         cols = []
-        for in_place in (False, True):
-            t, wrong = await time_all_reduce(comm, size, in_place)
+        for in_place, registered in ((False, False), (True, False), (True, True)):
+            t, wrong = await time_all_reduce(comm, size, in_place, registered)
             total_wrong += wrong
             alg = size / t / 1e9
             cols.append(f"{t * 1e6:>10.1f} {alg:>7.3f} {alg * 2 * (n - 1) / n:>7.3f} {wrong:>6}")
-        say(f"  {size:>12} {size // 4:>12} {'float':>8} {cols[0]} {cols[1]}")
+        say(f"  {size:>12} {size // 4:>12} {'float':>8} {' '.join(cols)}")
         size *= 8 if size < (256 << 10) else 4
     say(f"# wrong elements: {total_wrong}; all operations {'correct' if oks.all() else 'NOT correct'}")
     await comm.close()
