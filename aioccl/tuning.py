@@ -8,7 +8,7 @@ same simulation ``aioccl-sim`` prints, and a test checks that the choice is
 within 10% of the best simulated algorithm over a grid of sizes and ranks.
 
 On shared memory (:meth:`Tuning.choose_shm`) all_reduce and reduce use
-``flat`` up to ``SHM_FLAT_MAX`` bytes and ``direct`` above; the other
+``flat`` while bytes x ranks <= ``SHM_FLAT_MAX`` and ``direct`` above; the other
 collectives have one same-host algorithm each, chunked by the slot size.
 
 Overrides: ``AIOCCL_ALGO`` (``ring``, ``rd``, ``tree``, ``chain``, or per
@@ -29,9 +29,10 @@ from .algorithms.shm import SHM_ALGORITHMS
 from .errors import InvalidArgument
 
 DEFAULT_BUFFSIZE = 4 * 1024 * 1024
-# shared memory: below this many bytes every rank reduces the whole buffer itself ("flat", one
-# synchronisation); above, the "direct" reduce-scatter + all-gather reads each byte once
-SHM_FLAT_MAX = 16 * 1024
+# shared memory: while (bytes x ranks) stays below this, every rank reduces the whole buffer itself
+# ("flat", one synchronisation); above, "direct" (reduce-scatter + all-gather) reads each byte once.
+# Measured crossover (docs/benchmarks.md): 256 KiB at 2 ranks, 64-256 KiB at 4.
+SHM_FLAT_MAX = 512 * 1024
 _ALIASES = {"tree": {"all_reduce": "rd"}, "rd": {"reduce": "tree", "broadcast": "tree"}}
 
 
@@ -87,7 +88,7 @@ class Tuning:
         choices = SHM_ALGORITHMS[coll]
         algo = choices[0]
         if len(choices) > 1:
-            algo = "flat" if count * itemsize <= SHM_FLAT_MAX else "direct"
+            algo = "flat" if count * itemsize * n <= SHM_FLAT_MAX else "direct"
         for which, want in self.forced:
             if which in ("*", coll):
                 if want in choices:

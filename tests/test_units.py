@@ -140,3 +140,46 @@ def test_supported_dtypes_cover_the_contract():
     names = {np.dtype(d).name for d in aioccl.SUPPORTED_DTYPES}
     assert names == {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32",
                      "float64"}
+
+
+def test_shm_tuner_picks_by_size_and_ranks_and_obeys_overrides():
+    t = Tuning.from_env({})
+    assert t.choose_shm("all_reduce", 64 << 10, 4, 2) == "flat"  # 256 KiB at 2 ranks
+    assert t.choose_shm("all_reduce", 256 << 10, 4, 2) == "direct"
+    assert t.choose_shm("reduce", 64 << 10, 4, 4) == "direct"
+    assert t.choose_shm("all_gather", 1, 4, 4) == "direct" and t.choose_shm("barrier", 0, 1, 4) == "direct"
+    flat = Tuning.from_env({"AIOCCL_ALGO": "flat"})
+    assert flat.choose_shm("all_reduce", 1 << 24, 4, 2) == "flat"
+    # a socket algorithm forced: that collective leaves shared memory, the others stay
+    ring = Tuning.from_env({"AIOCCL_ALGO": "all_reduce:ring"})
+    assert ring.choose_shm("all_reduce", 8, 4, 2) is None and ring.choose_shm("broadcast", 8, 4, 2) == "direct"
+    assert Tuning.from_env({"AIOCCL_ALGO": "tree"}).choose_shm("broadcast", 8, 4, 2) is None
+
+
+def test_heap_first_fit_and_coalescing():
+    from aioccl.transport.shm_heap import ALIGN, Heap
+
+    h = Heap(4096, 16 * ALIGN)
+    a, b, c = h.alloc(1), h.alloc(ALIGN + 1), h.alloc(ALIGN)
+    assert (a, b, c) == (4096, 4096 + ALIGN, 4096 + 3 * ALIGN)
+    h.free(b)
+    assert h.alloc(2 * ALIGN) == b  # first fit reuses the hole
+    h.free(a)
+    h.free(b)
+    h.free(c)
+    assert h.free_bytes() == 16 * ALIGN and h.used_blocks() == 0
+    assert h.alloc(16 * ALIGN) == 4096  # everything coalesced back into one block
+    with pytest.raises(MemoryError, match="AIOCCL_SHM_HEAP"):
+        h.alloc(1)
+
+
+def test_shm_settings_parse_and_reject():
+    from aioccl.engine.shm_setup import settings
+
+    s = settings({"AIOCCL_SHM_DISABLE": "1", "AIOCCL_SHM_BUFFSIZE": "10000", "AIOCCL_SHM_SPIN_US": "5"})
+    assert s["disabled"] and s["half"] == 9984 and s["spin_s"] == pytest.approx(5e-6)
+    assert not settings({})["disabled"] and not settings({"AIOCCL_SHM_DISABLE": "0"})["disabled"]
+    for bad in ({"AIOCCL_SHM_BUFFSIZE": "big"}, {"AIOCCL_SHM_BUFFSIZE": "100"}, {"AIOCCL_SHM_HEAP": "-1"},
+                {"AIOCCL_SHM_SPIN_US": "x"}):
+        with pytest.raises(aioccl.InvalidArgument):
+            settings(bad)
