@@ -17,7 +17,7 @@ import pytest
 import aioccl
 from aioccl.transport.shm import SHM_DIR, segment_name, sweep_stale
 
-from conftest import WORKERS, close_all, make_comms
+from conftest import WORKERS, close_all, launch, make_comms
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason=f"no {SHM_DIR} on this machine")
 
@@ -192,3 +192,10 @@ async def test_parked_ranks_are_woken_by_the_doorbell(engine):
         assert all(s["recheck_hits"] == 0 for s in stats), stats
     finally:
         await close_all(comms)
+
+
+def test_the_choice_is_unanimous():
+    proc = launch(3, "shm_one_refuses.py")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = sorted(ln.split("] ", 1)[-1] for ln in proc.stdout.splitlines() if "transport" in ln)
+    assert lines == [f"rank {r} transport tcp ok True" for r in range(3)], proc.stdout

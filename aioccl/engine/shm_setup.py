@@ -118,25 +118,16 @@ async def setup(engine: Engine, comm_id: int, peers: list[dict[str, Any]], timeo
             why = f"could not map a peer's segment: {e}"
         if not await _agree(engine, comm_id, 1, not why, timeout):
             raise _NoShm(why or "another rank could not map every segment")
-    except _NoShm as e:
-        for s in segs:
-            if s is not None:
-                s.close()
-        if mine is not None:
-            mine.close()
+    except BaseException as e:
+        for seg in (*segs, mine):
+            if seg is not None:
+                seg.close()  # also unlinks my file
         if bell is not None:
             bell.close()
+        if not isinstance(e, _NoShm):
+            raise
         (_log.info if conf["disabled"] else _log.warning)("rank %d: using sockets, not shared memory: %s", rank, e)
         return None
-    except BaseException:
-        for s in segs:
-            if s is not None:
-                s.close()
-        if mine is not None:
-            mine.close()
-        if bell is not None:
-            bell.close()
-        raise
     assert mine is not None and bell is not None
     mine.unlink()  # everyone has mapped it: from now on it lives exactly as long as its mappings
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
