@@ -252,6 +252,8 @@ class ShmChannel:
         if not self._parked:
             self._parked = True
             self.stats["parks"] += 1
+        if self._timer is not None:
+            self._timer.cancel()
         self._timer = self.loop.call_later(min(RECHECK_S, max(0.0, op.deadline - now)), self._on_timer)
         return False
 
