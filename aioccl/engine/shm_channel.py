@@ -27,6 +27,7 @@ as with NCCL). An :class:`OpMismatch` does not break it (see the executor).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import struct
 import threading
@@ -134,8 +135,6 @@ class ShmChannel:
         return off if heap.offset <= off and off + arr.nbytes <= heap.offset + heap.size else -1
 
     def alloc(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-        import ctypes
-
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         off = self.heap.alloc(nbytes)
         owner = (ctypes.c_char * max(1, nbytes)).from_buffer(self.segments[self.rank].mm, off)
@@ -286,8 +285,7 @@ class ShmChannel:
         op = self.queue[0] if self.queue else None
         if op is not None:
             op.gen = None
-            if op.scratch_raw is not None:  # a peer may still write nothing here; keep it simple: drop it
-                op.scratch_raw = None
+            self._release(op)  # only this rank writes its scratch: it can go back to the pool
         if self._parked:
             self._unpark()
 

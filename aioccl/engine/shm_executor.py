@@ -29,14 +29,13 @@ from ..dtypes import ReduceOp, dtype_from_code
 from ..errors import OpMismatch
 from ..kernels import UFUNCS, scale
 from ..work import Work
+from .mailbox import OP_NAMES
 
 if TYPE_CHECKING:
     from .shm_channel import ShmChannel
 
 Wait = tuple[tuple[int, ...], int]
 ALGO_CODES = {"flat": 1, "direct": 2}
-_OP_NAMES = ("?", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
-             "all_to_all", "barrier")
 # descriptor fields
 D_SEQ, D_KIND, D_COUNT, D_ROOT, D_IN, D_OUT = range(6)
 
@@ -88,7 +87,7 @@ def _kind(code: int, algo: str, dtype_code: int, op: ReduceOp | None) -> int:
 def describe(desc: tuple[int, ...]) -> str:
     kind = desc[D_KIND]
     code, algo, dtype, op = kind & 0xFF, (kind >> 8) & 0xFF, (kind >> 16) & 0xFF, (kind >> 24) & 0xFF
-    name = _OP_NAMES[code] if 0 < code < len(_OP_NAMES) else f"op {code}"
+    name = OP_NAMES[code] if 0 < code < len(OP_NAMES) else f"op {code}"
     dt = dtype_from_code(dtype)
     algo_name = next((a for a, c in ALGO_CODES.items() if c == algo), "?")
     op_name = next((o.value for o in ReduceOp if o.code == op), None)
