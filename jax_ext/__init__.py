@@ -1,0 +1,44 @@
+"""aioccl collectives inside jitted JAX code: process-level (like mpi4jax) and mesh-level (like jax.lax).
+
+    y = jax_ext.all_reduce(x)                  # across processes, under jit, grad, vmap
+    y = jax_ext.psum(x, "data")                # inside jax.shard_map, one aioccl rank per device
+
+Every op is a JAX primitive with an *ordered* effect, lowered to XLA's
+buffer callback: zero-copy, and run in program order on every device, so
+XLA cannot reorder two collectives into a cross-rank deadlock. See
+docs/jax.md.
+"""
+
+from .all_gather import all_gather
+from .all_reduce import all_reduce, pmax, pmean, pmin, psum
+from .all_to_all import all_to_all
+from .barrier import barrier
+from .broadcast import broadcast
+from .ppermute import ppermute
+from .recv import recv
+from .reduce_scatter import psum_scatter, reduce_scatter
+from .runtime import default_comm, device_comms, set_default_comm, shutdown
+from .send import send
+from .sendrecv import sendrecv
+
+__all__ = [
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "barrier",
+    "broadcast",
+    "default_comm",
+    "device_comms",
+    "pmax",
+    "pmean",
+    "pmin",
+    "ppermute",
+    "psum",
+    "psum_scatter",
+    "recv",
+    "reduce_scatter",
+    "send",
+    "sendrecv",
+    "set_default_comm",
+    "shutdown",
+]

@@ -1,0 +1,215 @@
+"""Every use of JAX internals in jax_ext, in one place.
+
+jax_ext needs things JAX has no public API for: an *ordered* effect (so XLA
+runs our collectives in program order on every device, whatever their data
+dependencies), a lowering to the buffer-callback FFI target with a token
+threaded through (zero-copy host buffers, in order), the varying-manual-axes
+("vma") type of values inside ``shard_map``, the concrete mesh at lowering
+time and the ``jax.distributed`` key-value store. These move between JAX
+releases, so they live here, behind a pinned range: a new JAX means
+re-checking this file (and running ``tests/test_jax_ext*.py``), nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+JAX_RANGE = ((0, 10, 0), (0, 11, 0))  # tested: 0.10.2 (the newest for Python 3.11)
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in v.split(".")[:3])
+
+
+if not JAX_RANGE[0] <= _version(jax.__version__) < JAX_RANGE[1]:
+    raise ImportError(
+        f"jax_ext supports jax >= {'.'.join(map(str, JAX_RANGE[0]))}, < {'.'.join(map(str, JAX_RANGE[1]))}; "
+        f"found jax {jax.__version__}. Install a supported jax, or update jax_ext/_compat.py for this one."
+    )
+
+from jax._src import config as _config  # noqa: E402
+from jax._src import core as _core  # noqa: E402
+from jax._src import dispatch as _dispatch  # noqa: E402
+from jax._src import effects as _effects  # noqa: E402
+from jax._src import ffi as _ffi  # noqa: E402
+from jax._src.interpreters import ad as _ad  # noqa: E402
+from jax._src.interpreters import batching as _batching  # noqa: E402
+from jax._src.interpreters import mlir as _mlir  # noqa: E402
+
+Primitive = _core.Primitive
+ShapedArray = _core.ShapedArray
+Zero = _ad.Zero
+is_undefined_primal = _ad.is_undefined_primal
+not_mapped = None  # batching.NotMapped is type(None): an unbatched operand has dim None
+instantiate_zeros = _ad.instantiate_zeros
+
+
+class CollectiveEffect(_effects.Effect):
+    """aioccl collectives: ordered (program order on each device), allowed in shard_map, loops, remat."""
+
+    def __str__(self) -> str:
+        return "aioccl"
+
+
+EFFECT = CollectiveEffect()
+for _set in (_effects.lowerable_effects, _effects.ordered_effects, _effects.shardable_ordered_effects,
+             _effects.control_flow_allowed_effects, _effects.custom_derivatives_allowed_effects,
+             _effects.remat_allowed_effects):
+    _set.add_type(CollectiveEffect)
+
+_TARGETS = {"cpu": "xla_buffer_python_cpu_callback", "cuda": "xla_buffer_python_gpu_callback",
+            "rocm": "xla_buffer_python_gpu_callback"}
+
+# A host callback receives (execution context, token in, *inputs, token out, *outputs).
+HostCallback = Callable[[Any, Sequence[Any], Sequence[Any]], None]
+
+
+def new_primitive(name: str, multiple_results: bool = False) -> Any:
+    p = Primitive(name)
+    p.multiple_results = multiple_results
+    _dispatch.simple_impl(p)  # outside jit: compile the one op (eager calls work like lax's)
+    return p
+
+
+def def_abstract_eval(p: Any, rule: Callable[..., Any]) -> None:
+    """``rule(*avals, **params) -> aval(s)``; every aioccl primitive carries the ordered effect."""
+    p.def_effectful_abstract_eval(lambda *a, **k: (rule(*a, **k), {EFFECT}))
+
+
+def def_jvp(p: Any, rule: Callable[..., Any]) -> None:
+    _ad.primitive_jvps[p] = rule
+
+
+def def_transpose(p: Any, rule: Callable[..., Any]) -> None:
+    _ad.primitive_transposes[p] = rule
+
+
+def def_batching(p: Any, rule: Callable[..., Any]) -> None:
+    _batching.primitive_batchers[p] = rule
+
+
+def def_lowering(p: Any, make_callback: Callable[..., HostCallback], aliases: Callable[..., dict[int, int]]) -> None:
+    """Lower ``p`` to the buffer-callback FFI target, threading the effect's token.
+
+    ``make_callback(lowering_info, **params)`` builds the host function once
+    per compiled module; ``aliases(**params)`` maps input -> output indices
+    that share memory (XLA copies first where the input is still live, and
+    not at all when it was donated).
+    """
+
+    def lowering(ctx: Any, *operands: Any, **params: Any) -> Sequence[Any]:
+        platforms = ctx.module_context.platforms
+        if len(platforms) != 1 or platforms[0] not in _TARGETS:
+            raise NotImplementedError(f"aioccl collectives lower on cpu or cuda only, not {platforms}")
+        callback = make_callback(LoweringInfo(platforms[0], ctx.module_context.axis_context), **params)
+        n_in = len(operands)
+
+        def host(exec_ctx: Any, *bufs: Any) -> tuple[()]:
+            callback(exec_ctx, bufs[1:1 + n_in], bufs[2 + n_in:])  # drop the two token buffers
+            return ()
+
+        ctx.module_context.add_host_callback(host)
+        index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
+        token = ctx.tokens_in.get(EFFECT)
+        tctx = dataclasses.replace(ctx, avals_in=[_core.abstract_token, *ctx.avals_in],
+                                   avals_out=[_core.abstract_token, *ctx.avals_out])
+        shifted = {i + 1: o + 1 for i, o in aliases(**params).items()}
+        rule = _ffi.build_ffi_lowering_function(_TARGETS[platforms[0]], has_side_effect=True,
+                                                operand_output_aliases=shifted)
+        token_out, *outs = rule(tctx, token, *operands, index=index).results
+        ctx.set_tokens_out(_mlir.TokenSet({EFFECT: token_out}))
+        return outs
+
+    _mlir.register_lowering(p, lowering, cacheable=False)  # each module holds its own host callback
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweringInfo:
+    platform: str
+    axis_context: Any
+
+    def concrete_mesh(self) -> Any | None:
+        """The device mesh ``shard_map`` runs on, where JAX knows it at lowering (a concrete ``Mesh``)."""
+        mesh = getattr(self.axis_context, "mesh", None)
+        if mesh is None or not hasattr(mesh, "devices"):
+            try:
+                ctx_mesh = jax.sharding.get_mesh()
+            except Exception:  # noqa: BLE001 - no context mesh set
+                return None
+            return ctx_mesh if getattr(ctx_mesh, "devices", None) is not None and ctx_mesh.devices.size else None
+        return mesh
+
+    def manual_axes(self) -> frozenset[Any]:
+        return frozenset(getattr(self.axis_context, "manual_axes", ()) or ())
+
+
+# -- shard_map / axis environment ---------------------------------------------------------------------
+def axis_exists(name: Any) -> bool:
+    return _core.get_axis_env().axis_exists(name)
+
+
+def abstract_mesh() -> Any:
+    return jax.sharding.get_abstract_mesh()
+
+
+def manual_mesh_axes() -> tuple[tuple[Any, ...], dict[Any, int]]:
+    """The (names, sizes) of the current abstract mesh's *manual* axes (those shard_map made per-device)."""
+    mesh = abstract_mesh()
+    names = tuple(getattr(mesh, "axis_names", ()) or ())
+    if not names:
+        return (), {}
+    types = getattr(mesh, "axis_types", ())
+    manual = tuple(n for n, t in zip(names, types, strict=False) if str(t).endswith("Manual"))
+    return manual, {n: int(s) for n, s in zip(names, mesh.axis_sizes, strict=True)}
+
+
+def check_vma() -> bool:
+    return bool(_config._check_vma.value)
+
+
+def varying(aval: Any) -> frozenset[Any]:
+    mat = getattr(aval, "mat", None)
+    return frozenset(mat.varying) if mat is not None else frozenset()
+
+
+def with_varying(aval: Any, names: frozenset[Any]) -> Any:
+    if not check_vma() or getattr(aval, "mat", None) is None:
+        return aval
+    return aval.update(manual_axis_type=aval.mat.update(varying=frozenset(names)))
+
+
+def pvary(x: Any, axes: tuple[Any, ...]) -> Any:
+    """Mark ``x`` device-varying along ``axes`` (a no-op on the data), as lax's collectives do first."""
+    if not check_vma() or not axes:
+        return x
+    missing = tuple(a for a in axes if a not in varying(_core.typeof(x)))
+    return _core.pvary(x, missing) if missing else x
+
+
+def typeof(x: Any) -> Any:
+    return _core.typeof(x)
+
+
+# -- jax.distributed ----------------------------------------------------------------------------------
+def distributed_client() -> tuple[Any, int, int] | None:
+    """(key-value client, process id, process count) when ``jax.distributed.initialize`` ran, else None."""
+    from jax._src import distributed
+
+    state = distributed.global_state
+    if state.client is None or state.num_processes <= 1:
+        return None
+    return state.client, int(state.process_id), int(state.num_processes)
+
+
+def effects_barrier() -> None:
+    jax.effects_barrier()
+
+
+def def_linearize(p: Any, rule: Callable[..., Any]) -> None:
+    """The rule ``jax.linearize`` / ``jax.grad`` use instead of jvp + partial evaluation."""
+    _ad.primitive_linearizations[p] = rule

@@ -1,0 +1,200 @@
+"""What every jax_ext primitive shares: groups, the mesh-position operand, the host callback.
+
+Each primitive takes its arrays plus one int32 scalar, the device's flat
+position in the ``shard_map`` mesh (``lax.axis_index`` over all mesh axes;
+0 for process-level ops). XLA gives the host callback no device identity,
+so this operand is how a callback running for device 3 finds device 3's
+communicator. ``group`` (a static parameter) says which communicators:
+:class:`CommGroup` (process-level, a fixed communicator) or
+:class:`AxisGroup` (mesh axes, resolved when the program is lowered, on the
+concrete mesh).
+
+Every collective works on axis 0 (aioccl's own convention); the public
+wrappers move axes around in JAX, where XLA does it and autodiff sees it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from aioccl import Communicator
+from aioccl.dtypes import dtype_code
+
+from . import _compat, runtime
+
+RunFn = Callable[..., None]  # run(comm, ins, outs, same, **params): do the op on numpy views
+
+
+@dataclass(frozen=True)
+class CommGroup:
+    """A process-level op on a fixed communicator (one rank per process)."""
+
+    comm: Communicator = field(hash=False, compare=False)
+    ident: int = 0
+
+    @property
+    def size(self) -> int:
+        return self.comm.world_size
+
+    def resolver(self, info: _compat.LoweringInfo) -> Callable[[int], Communicator]:
+        comm = self.comm
+        return lambda _pos: comm
+
+
+@dataclass(frozen=True)
+class AxisGroup:
+    """A mesh-level op over ``axes`` (in that order) of the enclosing ``shard_map``."""
+
+    axes: tuple[Any, ...]
+    size: int
+    api: str
+
+    def resolver(self, info: _compat.LoweringInfo) -> Callable[[int], Communicator]:
+        mesh = info.concrete_mesh()
+        if mesh is None:
+            raise ValueError(f"{self.api}: jax_ext needs the concrete device mesh at lowering: pass a "
+                             "jax.sharding.Mesh (not an AbstractMesh) to shard_map, or set one with jax.set_mesh")
+        table = runtime.mesh_group(mesh, self.axes)
+
+        def resolve(pos: int) -> Communicator:
+            comm = table.get(pos)
+            if comm is None:
+                raise RuntimeError(f"{self.api}: mesh position {pos} is not a device of this process")
+            return comm
+
+        return resolve
+
+
+Group = CommGroup | AxisGroup
+
+
+def comm_group(comm: Communicator) -> CommGroup:
+    return CommGroup(comm, id(comm))
+
+
+def group_for(api: str, axis_name: Any, comm: Communicator | None) -> tuple[Group, Any]:
+    """The group an op runs over and its mesh-position operand; raises for misuse, at trace time."""
+    manual, sizes = _compat.manual_mesh_axes()
+    if axis_name is None:
+        if any(sizes[a] > 1 for a in manual):
+            raise ValueError(f"{api}: inside shard_map (mesh axes {manual}) pass axis_name=...; process-level "
+                             "ops (comm=) run once per process, not once per device")
+        if comm is not None and not isinstance(comm, Communicator):
+            raise TypeError(f"{api}: comm must be an aioccl.Communicator, got {type(comm).__name__}")
+        return comm_group(comm if comm is not None else runtime.default_comm()), np.int32(0)
+    if comm is not None:
+        raise ValueError(f"{api}: pass axis_name (mesh-level, inside shard_map) or comm (process-level), not both")
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    if not manual:
+        raise NameError(f"{api}: axis name {axes[0]!r} is not bound: mesh-level ops run inside jax.shard_map "
+                        "(outside it, omit axis_name for the process-level op)")
+    for a in axes:
+        if a not in manual:
+            raise NameError(f"{api}: unknown axis name {a!r}; the shard_map mesh axes here are {manual}")
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"{api}: axis names repeat in {axes}")
+    mesh_names = tuple(_compat.abstract_mesh().axis_names)
+    if set(mesh_names) - set(manual):
+        raise ValueError(f"{api}: jax_ext needs every mesh axis manual in shard_map; {mesh_names} has "
+                         f"auto axes {sorted(set(mesh_names) - set(manual))}")
+    pos = jax.lax.axis_index(mesh_names).astype(jnp.int32)
+    return AxisGroup(axes, math.prod(sizes[a] for a in axes), api), pos
+
+
+def check_dtype(api: str, dtype: Any) -> None:
+    try:
+        dtype_code(np.dtype(dtype))
+    except Exception as e:  # noqa: BLE001 - re-raised with the API's name
+        raise TypeError(f"{api}: {e}") from None
+
+
+def varying_in(group: Group, x: Any) -> Any:
+    """lax's collectives first make their input device-varying along the group's axes; so do we."""
+    return _compat.pvary(x, group.axes) if isinstance(group, AxisGroup) else x
+
+
+# -- lowering ------------------------------------------------------------------------------------------
+def _as_numpy(platform: str, buf: Any) -> np.ndarray:
+    if platform != "cpu":
+        raise NotImplementedError("jax_ext on GPU needs aioccl's GPU path (cupy buffers on XLA's stream), "
+                                  "which is not built yet")
+    return np.asarray(buf)
+
+
+def callback_factory(run: RunFn) -> Callable[..., _compat.HostCallback]:
+    """Build ``make_callback`` for :func:`_compat.def_lowering` from a ``run`` on numpy views."""
+
+    def make(info: _compat.LoweringInfo, *, group: Group, **params: Any) -> _compat.HostCallback:
+        resolve = group.resolver(info)
+        platform = info.platform
+
+        def host(exec_ctx: Any, ins: Sequence[Any], outs: Sequence[Any]) -> None:
+            *arrays, pos = (_as_numpy(platform, b) for b in ins)
+            comm = resolve(int(pos))
+            if comm._engine.placement.thread_id == threading.get_ident():
+                raise RuntimeError(f"{comm!r}: a jax_ext collective ran on its communicator's engine thread, "
+                                   "where waiting would deadlock; create it with engine='thread'")
+            out_arrays = [_as_numpy(platform, b) for b in outs]
+            same = bool(arrays and out_arrays and out_arrays[0].size
+                        and arrays[0].__array_interface__["data"][0] == out_arrays[0].__array_interface__["data"][0])
+            run(comm, arrays, out_arrays, same, **params)
+
+        return host
+
+    return make
+
+
+def define(name: str, *, abstract: Callable[..., Any], run: RunFn, alias: bool = False,
+           multiple_results: bool = False) -> Any:
+    """A new ordered primitive ``aioccl_<name>`` whose last operand is the mesh position."""
+    p = _compat.new_primitive(f"aioccl_{name}", multiple_results)
+    _compat.def_abstract_eval(p, abstract)
+    _compat.def_lowering(p, callback_factory(run), (lambda **_: {0: 0}) if alias else (lambda **_: {}))
+    return p
+
+
+# -- autodiff and vmap helpers ----------------------------------------------------------------------------
+def def_linear(p: Any, transpose: Callable[..., Any]) -> None:
+    """``p`` is linear in its array operand: the tangent goes through ``p`` too; ``transpose(ct, **params)``."""
+
+    def jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tuple[Any, Any]:
+        x, pos = primals
+        out = p.bind(x, pos, **params)
+        t = _compat.instantiate_zeros(tangents[0])  # every rank must run the same collectives
+        return out, p.bind(t, pos, **params)
+
+    def trans(ct: Any, x: Any, pos: Any, **params: Any) -> tuple[Any, None]:
+        if type(ct) is _compat.Zero:
+            ct = jnp.zeros(ct.aval.shape, ct.aval.dtype)
+        return transpose(ct, pos, **params), None
+
+    _compat.def_jvp(p, jvp)
+    _compat.def_transpose(p, trans)
+
+
+def def_batching(p: Any, axis0: bool) -> None:
+    """vmap: elementwise ops take the batch axis anywhere; axis-0 ops get it moved to axis 1."""
+
+    def batch(args: Sequence[Any], dims: Sequence[Any], **params: Any) -> tuple[Any, Any]:
+        *arrays, pos = args
+        *adims, pdim = dims
+        if pdim is not None:
+            raise ValueError(f"{p.name}: cannot vmap over the mesh position (vmap inside shard_map instead)")
+        (x,), (d,) = arrays, adims
+        if axis0 and d != 1:
+            x, d = jnp.moveaxis(x, d, 1), 1
+        return p.bind(x, pos, **params), _out_dims(p, d)
+
+    _compat.def_batching(p, batch)
+
+
+def _out_dims(p: Any, d: int) -> Any:
+    return [] if p.multiple_results else d

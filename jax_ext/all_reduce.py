@@ -1,0 +1,96 @@
+"""``all_reduce`` (process-level) and ``psum`` / ``pmax`` / ``pmin`` / ``pmean`` (mesh-level).
+
+Autodiff follows jax.lax: sum is linear and its own transpose (with
+``check_vma`` on, ``psum`` makes a value invariant across the axes, and the
+transpose just marks the cotangent varying again, as ``lax.psum`` does);
+``avg`` likewise; ``max``, ``min`` and ``prod`` have no derivative here (nor
+``lax.pmax`` / ``lax.pmin``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from aioccl import Communicator, ReduceOp
+from aioccl.dtypes import check_op_dtype
+
+from . import _compat
+from ._primitive import AxisGroup, Group, check_dtype, def_batching, define, group_for, varying_in
+
+_LINEAR = ("sum", "avg")
+
+
+def _abstract(x: Any, pos: Any, *, group: Group, op: str) -> Any:
+    check_dtype("all_reduce", x.dtype)
+    try:
+        check_op_dtype(ReduceOp.parse(op), np.dtype(x.dtype))
+    except ValueError as e:
+        raise TypeError(f"all_reduce: {e}") from None
+    if isinstance(group, AxisGroup) and _compat.check_vma():
+        return _compat.with_varying(x, _compat.varying(x) - set(group.axes))
+    return x
+
+
+def _run(comm: Communicator, ins: list[np.ndarray], outs: list[np.ndarray], same: bool, *, op: str) -> None:
+    if same:
+        comm.all_reduce(outs[0], op).wait()
+    else:
+        comm.all_reduce(ins[0], op, out=outs[0]).wait()
+
+
+all_reduce_p = define("all_reduce", abstract=_abstract, run=_run, alias=True)
+
+
+def _jvp(primals: Any, tangents: Any, *, group: Group, op: str) -> Any:
+    if op not in _LINEAR:
+        raise NotImplementedError(f"jax_ext: all_reduce with op {op!r} has no derivative (only sum and avg; "
+                                  "jax.lax.pmax/pmin have none either)")
+    x, pos = primals
+    return (all_reduce_p.bind(x, pos, group=group, op=op),
+            all_reduce_p.bind(_compat.instantiate_zeros(tangents[0]), pos, group=group, op=op))
+
+
+def _transpose(ct: Any, x: Any, pos: Any, *, group: Group, op: str) -> Any:
+    if type(ct) is _compat.Zero:
+        return _compat.Zero(x.aval), None
+    if isinstance(group, AxisGroup) and _compat.check_vma():
+        return _compat.pvary(ct, group.axes), None  # the invariant -> varying cast, like lax.psum's
+    return all_reduce_p.bind(ct, pos, group=group, op=op), None
+
+
+_compat.def_jvp(all_reduce_p, _jvp)
+_compat.def_transpose(all_reduce_p, _transpose)
+def_batching(all_reduce_p, axis0=False)
+
+
+def _bind(api: str, x: Any, op: str, axis_name: Any, comm: Communicator | None) -> Any:
+    op = ReduceOp.parse(op).value
+    group, pos = group_for(api, axis_name, comm)
+    return jax.tree_util.tree_map(lambda leaf: all_reduce_p.bind(varying_in(group, leaf), pos, group=group, op=op), x)
+
+
+def all_reduce(x: Any, op: str | ReduceOp = "sum", *, comm: Communicator | None = None) -> Any:
+    """Reduce ``x`` across the processes of ``comm`` (default: :func:`jax_ext.default_comm`); jit-able."""
+    return _bind("all_reduce", x, op, None, comm)
+
+
+def psum(x: Any, axis_name: Any) -> Any:
+    """``jax.lax.psum`` over mesh axes, run by aioccl (inside ``shard_map``)."""
+    return _bind("psum", x, "sum", axis_name, None)
+
+
+def pmax(x: Any, axis_name: Any) -> Any:
+    return _bind("pmax", x, "max", axis_name, None)
+
+
+def pmin(x: Any, axis_name: Any) -> Any:
+    return _bind("pmin", x, "min", axis_name, None)
+
+
+def pmean(x: Any, axis_name: Any) -> Any:
+    """``psum`` divided by the group size, like ``jax.lax.pmean`` (bit for bit)."""
+    group, _ = group_for("pmean", axis_name, None)
+    return jax.tree_util.tree_map(lambda v: v / group.size, psum(x, axis_name))

@@ -1,0 +1,66 @@
+"""``ppermute``: each member sends to one member and receives from one, ``jax.lax.ppermute`` semantics.
+
+Members that no pair sends to get zeros. Transpose: the inverse permutation.
+Runs on the group's point-to-point path under a tag of its own, so it never
+matches a user's ``send``/``recv``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from aioccl import Communicator
+
+from ._primitive import Group, check_dtype, def_batching, def_linear, define, group_for, varying_in
+
+TAG = 2**61 + 1
+
+
+def _abstract(x: Any, pos: Any, *, group: Group, perm: tuple[tuple[int, int], ...]) -> Any:
+    check_dtype("ppermute", x.dtype)
+    return x
+
+
+def _run(comm: Communicator, ins: list[np.ndarray], outs: list[np.ndarray], same: bool, *,
+         perm: tuple[tuple[int, int], ...]) -> None:
+    me = comm.rank
+    dst = next((d for s, d in perm if s == me), None)
+    src = next((s for s, d in perm if d == me), None)
+    works = []
+    if src is not None:
+        works.append(comm.irecv(outs[0], src, TAG))
+    else:
+        outs[0][...] = 0
+    if dst is not None:
+        works.append(comm.isend(ins[0], dst, TAG))
+    for w in works:
+        w.wait()
+
+
+ppermute_p = define("ppermute", abstract=_abstract, run=_run)
+def_linear(ppermute_p, lambda ct, pos, *, group, perm: ppermute_p.bind(
+    ct, pos, group=group, perm=tuple((d, s) for s, d in perm)))
+def_batching(ppermute_p, axis0=False)
+
+
+def check_perm(api: str, perm: Any, n: int) -> tuple[tuple[int, int], ...]:
+    pairs = tuple((int(s), int(d)) for s, d in perm)
+    for s, d in pairs:
+        if not (0 <= s < n and 0 <= d < n):
+            raise ValueError(f"{api}: pair ({s}, {d}) out of range for {n} members")
+    srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]
+    if len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
+        raise ValueError(f"{api}: perm sends from or to one member twice: {pairs}")
+    return pairs
+
+
+def ppermute(x: Any, axis_name: Any = None, perm: Any = (), *, comm: Communicator | None = None) -> Any:
+    """Send ``x`` along the ``(source, destination)`` pairs of ``perm`` (indices along ``axis_name``)."""
+    group, pos = group_for("ppermute", axis_name, comm)
+    pairs = check_perm("ppermute", perm, group.size)
+    return jax.tree_util.tree_map(
+        lambda v: ppermute_p.bind(varying_in(group, jnp.asarray(v)), pos, group=group, perm=pairs), x)

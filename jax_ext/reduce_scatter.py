@@ -1,0 +1,89 @@
+"""``reduce_scatter`` (process-level) and ``psum_scatter`` (mesh axes), ``jax.lax`` semantics.
+
+The primitive reduces n blocks along axis 0 and keeps block ``rank``.
+Transpose (sum): ``all_gather``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from aioccl import Communicator, ReduceOp
+from aioccl.dtypes import check_op_dtype
+
+from ._primitive import Group, check_dtype, def_batching, define, group_for, varying_in
+from . import _compat
+
+
+def _abstract(x: Any, pos: Any, *, group: Group, op: str) -> Any:
+    check_dtype("reduce_scatter", x.dtype)
+    try:
+        check_op_dtype(ReduceOp.parse(op), np.dtype(x.dtype))
+    except ValueError as e:
+        raise TypeError(f"reduce_scatter: {e}") from None
+    if x.shape[0] % group.size:
+        raise ValueError(f"reduce_scatter: the scattered axis has size {x.shape[0]}, not a multiple of the "
+                         f"{group.size} members")
+    return x.update(shape=(x.shape[0] // group.size, *x.shape[1:]))
+
+
+def _run(comm: Communicator, ins: list[np.ndarray], outs: list[np.ndarray], same: bool, *, op: str) -> None:
+    comm.reduce_scatter(ins[0], op, out=outs[0]).wait()
+
+
+reduce_scatter_p = define("reduce_scatter", abstract=_abstract, run=_run)
+
+
+def _jvp(primals: Any, tangents: Any, *, group: Group, op: str) -> Any:
+    if op not in ("sum", "avg"):
+        raise NotImplementedError(f"jax_ext: reduce_scatter with op {op!r} has no derivative (only sum, avg)")
+    x, pos = primals
+    return (reduce_scatter_p.bind(x, pos, group=group, op=op),
+            reduce_scatter_p.bind(_compat.instantiate_zeros(tangents[0]), pos, group=group, op=op))
+
+
+def _transpose(ct: Any, x: Any, pos: Any, *, group: Group, op: str) -> Any:
+    from .all_gather import all_gather_p
+
+    if type(ct) is _compat.Zero:
+        return _compat.Zero(x.aval), None
+    out = all_gather_p.bind(ct, pos, group=group)
+    return (out / group.size if op == "avg" else out), None
+
+
+_compat.def_jvp(reduce_scatter_p, _jvp)
+_compat.def_transpose(reduce_scatter_p, _transpose)
+def_batching(reduce_scatter_p, axis0=True)
+
+
+def _scatter(api: str, x: Any, op: str, axis_name: Any, comm: Communicator | None, dim: int, tiled: bool) -> Any:
+    op = ReduceOp.parse(op).value
+    group, pos = group_for(api, axis_name, comm)
+
+    def one(v: Any) -> Any:
+        v = varying_in(group, jnp.asarray(v))
+        if v.ndim == 0:
+            raise ValueError(f"{api}: needs an array with at least one axis")
+        d = dim % v.ndim
+        if not tiled and v.shape[d] != group.size:
+            raise ValueError(f"{api}: with tiled=False, axis {d} must have the group size {group.size}, "
+                             f"got shape {v.shape}")
+        out = reduce_scatter_p.bind(jnp.moveaxis(v, d, 0), pos, group=group, op=op)
+        return out[0] if not tiled else jnp.moveaxis(out, 0, d)
+
+    return jax.tree_util.tree_map(one, x)
+
+
+def psum_scatter(x: Any, axis_name: Any, *, scatter_dimension: int = 0, tiled: bool = False) -> Any:
+    """``jax.lax.psum_scatter`` over mesh axes (inside ``shard_map``), run by aioccl."""
+    return _scatter("psum_scatter", x, "sum", axis_name, None, scatter_dimension, tiled)
+
+
+def reduce_scatter(x: Any, op: str | ReduceOp = "sum", *, scatter_dimension: int = 0, tiled: bool = False,
+                   comm: Communicator | None = None) -> Any:
+    """Reduce across the processes of ``comm`` and keep this rank's part (``psum_scatter`` keywords)."""
+    return _scatter("reduce_scatter", x, op, None, comm, scatter_dimension, tiled)
