@@ -68,8 +68,11 @@ def all_to_all(x: Any, axis_name: Any = None, split_axis: int = 0, concat_axis: 
         if v.shape[split] != n:
             raise ValueError(f"all_to_all: with tiled=False, split axis {split} must have size {n}, "
                              f"got shape {v.shape}")
-        v = jnp.expand_dims(v, concat)
-        if concat <= split:
+        if split < concat:  # concat_axis counts positions after the split axis is removed (as lax)
+            concat += 1
+            v = jnp.expand_dims(v, concat)
+        elif concat < split:
+            v = jnp.expand_dims(v, concat)
             split += 1
         out = _tiled(v, pos, group, split, concat)
         return jnp.squeeze(out, split) if split != concat else out
