@@ -31,6 +31,7 @@ from aioccl.dtypes import dtype_code
 from . import _compat, runtime
 
 RunFn = Callable[..., None]  # run(comm, ins, outs, same, **params): do the op on numpy views
+STATS = {"calls": 0, "in_place": 0}  # host callbacks run, and those whose output aliased the input
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,8 @@ def callback_factory(run: RunFn) -> Callable[..., _compat.HostCallback]:
             out_arrays = [_as_numpy(platform, b) for b in outs]
             same = bool(arrays and out_arrays and out_arrays[0].size
                         and arrays[0].__array_interface__["data"][0] == out_arrays[0].__array_interface__["data"][0])
+            STATS["calls"] += 1
+            STATS["in_place"] += same
             run(comm, arrays, out_arrays, same, **params)
 
         return host

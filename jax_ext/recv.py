@@ -1,6 +1,8 @@
-"""``recv``: receive an array of a known shape and dtype from member ``source``.
+"""``recv``: receive an array shaped like ``like`` from member ``source``.
 
-Forward-mode differentiable; reverse mode raises (see ``send``).
+``like`` is an operand (its values are ignored): that is what lets JAX's
+forward mode reach the receiver, whose tangent then arrives from the sender
+right after the value. Reverse mode raises (see ``send``).
 """
 
 from __future__ import annotations
@@ -13,27 +15,27 @@ import numpy as np
 from aioccl import Communicator
 
 from . import _compat
-from ._primitive import AxisGroup, Group, check_dtype, define, group_for
+from ._primitive import AxisGroup, Group, check_dtype, def_batching, define, group_for
 from .send import REVERSE_MODE, check_peer, check_tag
 
 
-def _abstract(pos: Any, *, group: Group, source: int, tag: int, shape: tuple[int, ...], dtype: Any) -> Any:
-    check_dtype("recv", dtype)
-    aval = _compat.ShapedArray(shape, dtype)
-    return _compat.with_varying(aval, _compat.varying(pos)) if isinstance(group, AxisGroup) else aval
+def _abstract(like: Any, pos: Any, *, group: Group, source: int, tag: int) -> Any:
+    check_dtype("recv", like.dtype)
+    return _compat.with_varying(like, _compat.varying(pos)) if isinstance(group, AxisGroup) else like
 
 
 def _run(comm: Communicator, ins: list[np.ndarray], outs: list[np.ndarray], same: bool, *,
-         source: int, tag: int, shape: tuple[int, ...], dtype: Any) -> None:
+         source: int, tag: int) -> None:
     comm.irecv(outs[0], source, tag).wait()
 
 
 recv_p = define("recv", abstract=_abstract, run=_run)
+def_batching(recv_p, axis0=False)
 
 
 def _jvp(primals: Any, tangents: Any, **params: Any) -> Any:
-    (pos,) = primals
-    return recv_p.bind(pos, **params), recv_p.bind(pos, **params)
+    like, pos = primals
+    return recv_p.bind(like, pos, **params), recv_p.bind(like, pos, **params)
 
 
 def _no_reverse(*args: Any, **params: Any) -> Any:
@@ -45,7 +47,10 @@ _compat.def_linearize(recv_p, _no_reverse)
 
 
 def recv(like: Any, source: int, tag: int = 0, *, axis_name: Any = None, comm: Communicator | None = None) -> Any:
-    """Receive from ``source`` an array shaped like ``like`` (an array or ``jax.ShapeDtypeStruct``)."""
+    """Receive from ``source`` an array shaped like ``like`` (an array, or a ``jax.ShapeDtypeStruct``)."""
     group, pos = group_for("recv", axis_name, comm)
-    return recv_p.bind(pos, group=group, source=check_peer("recv", source, group.size), tag=check_tag("recv", tag),
-                       shape=tuple(like.shape), dtype=jnp.dtype(like.dtype))
+    template = like if hasattr(like, "__jax_array__") or isinstance(like, jnp.ndarray) else None
+    if template is None:
+        template = jnp.zeros(like.shape, like.dtype)
+    return recv_p.bind(template, pos, group=group, source=check_peer("recv", source, group.size),
+                       tag=check_tag("recv", tag))
