@@ -90,7 +90,12 @@ def group_for(api: str, axis_name: Any, comm: Communicator | None) -> tuple[Grou
                              "ops (comm=) run once per process, not once per device")
         if comm is not None and not isinstance(comm, Communicator):
             raise TypeError(f"{api}: comm must be an aioccl.Communicator, got {type(comm).__name__}")
-        return comm_group(comm if comm is not None else runtime.default_comm()), np.int32(0)
+        comm = comm if comm is not None else runtime.default_comm()
+        if comm._engine.placement.on_loop_thread():
+            raise RuntimeError(f"{api}: called on the engine thread of {comm!r}; the host callback would block "
+                               "the loop that must run the op. Create the communicator with engine='thread' "
+                               "(or call the jitted function from another thread)")
+        return comm_group(comm), np.int32(0)
     if comm is not None:
         raise ValueError(f"{api}: pass axis_name (mesh-level, inside shard_map) or comm (process-level), not both")
     axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)

@@ -169,8 +169,9 @@ def expect(exc, fn, text):
 
 
 expect(NameError, lambda: jax.jit(lambda v: jax_ext.psum(v, "i"))(mine), "not bound")
-expect(ValueError, lambda: jax.jit(lambda v: jax_ext.reduce_scatter(v, tiled=True))(jnp.ones(n + 1)),
-       "not a multiple")
+if n >= 2:
+    expect(ValueError, lambda: jax.jit(lambda v: jax_ext.reduce_scatter(v, tiled=True))(jnp.ones(n + 1)),
+           "not a multiple")
 expect(NotImplementedError, lambda: jax.grad(lambda v: jnp.sum(jax_ext.all_reduce(v, "max")))(mine),
        "no derivative")
 if n >= 2:

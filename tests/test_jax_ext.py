@@ -1,0 +1,149 @@
+"""jax_ext: aioccl collectives inside jitted JAX code.
+
+The heavy checks run in real processes (tests/workers/jax_mesh.py and
+jax_process.py: every op against jax.lax or numpy, values and gradients bit
+for bit); this file launches them in every configuration and tests the
+trace-time errors and helpers in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ROOT, WORKERS, launch
+
+import aioccl
+import jax_ext
+from jax_ext.runtime import group_layout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_procs(script: str, nproc: int, env: dict[str, str], timeout: float = 240) -> list[str]:
+    """``nproc`` copies of a worker joined by jax.distributed; returns each one's output."""
+    port = _free_port()
+    procs = []
+    for pid in range(nproc):
+        penv = {**os.environ, "PYTHONPATH": str(ROOT), "JAXW_COORD": f"127.0.0.1:{port}", "JAXW_NPROC": str(nproc),
+                "JAXW_PID": str(pid), **env}
+        procs.append(subprocess.Popen([sys.executable, str(WORKERS / script)], env=penv, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            outs.append(out)
+            assert p.returncode == 0, out[-4000:]
+    finally:
+        for p in procs:
+            p.kill()
+    return outs
+
+
+def test_mesh_ops_one_process_four_devices() -> None:
+    """Every mesh-level op, gradient, vmap, loop and remat equals jax.lax on a 2x2 mesh in one process."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAXW_DEVICES": "4"}
+    r = subprocess.run([sys.executable, str(WORKERS / "jax_mesh.py")], env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0 and "JAXW OK 680" in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
+
+
+def test_mesh_ops_two_processes_two_devices_each() -> None:
+    """The same against JAX's own cross-process CPU collectives (Gloo): 2 processes x 2 devices."""
+    outs = _run_procs("jax_mesh.py", 2, {"JAXW_DEVICES": "2"})
+    assert all("JAXW OK 340" in o for o in outs), outs
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_process_level_ops_under_aioccl_run(n: int) -> None:
+    """One device per process, default communicator from aioccl-run's environment."""
+    r = launch(n, "jax_process.py")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert r.stdout.count("JAXP OK") == n, r.stdout[-2000:]
+
+
+def test_process_level_ops_under_jax_distributed() -> None:
+    """The default communicator's unique id travels through jax.distributed's key-value store."""
+    outs = _run_procs("jax_process.py", 2, {})
+    assert all("JAXP OK" in o for o in outs), outs
+
+
+# -- in-process: trace-time errors and helpers -------------------------------------------------------------
+def test_mesh_op_outside_shard_map_is_a_name_error() -> None:
+    with pytest.raises(NameError, match="not bound.*shard_map"):
+        jax.jit(lambda v: jax_ext.psum(v, "data"))(jnp.ones(3))
+
+
+def test_unknown_axis_name_is_a_name_error() -> None:
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    f = jax.shard_map(lambda v: jax_ext.psum(v, "model"), mesh=mesh, in_specs=jax.P("data"), out_specs=jax.P())
+    with pytest.raises(NameError, match="unknown axis name 'model'"):
+        jax.jit(f)(jnp.ones(2))
+
+
+def test_bad_arguments_raise_before_anything_runs() -> None:
+    with pytest.raises(ValueError, match="tiled=False, axis 0 must have the group size 1"):
+        jax_ext.reduce_scatter(jnp.ones(3))
+    with pytest.raises(ValueError, match="out of range"):
+        jax_ext.ppermute(jnp.ones(3), perm=[(0, 1)])
+    with pytest.raises(ValueError, match="peer 1 out of range"):
+        jax_ext.send(jnp.ones(3), 1)
+    with pytest.raises(ValueError, match="root 2 out of range"):
+        jax_ext.broadcast(jnp.ones(3), root=2)
+    with pytest.raises(TypeError, match="unsupported|dtype"):
+        jax.jit(jax_ext.all_reduce)(jnp.ones(3, bool))
+    with pytest.raises(TypeError, match="avg"):
+        jax.jit(lambda v: jax_ext.all_reduce(v, "avg"))(jnp.ones(3, jnp.int32))
+    with pytest.raises(TypeError, match="aioccl.Communicator"):
+        jax_ext.all_reduce(jnp.ones(3), comm="world")  # type: ignore[arg-type]
+    # and the default communicator still works
+    np.testing.assert_array_equal(jax.jit(jax_ext.all_reduce)(jnp.arange(3.0)), np.arange(3.0))
+
+
+def test_one_rank_default_comm_runs_every_op() -> None:
+    x = jnp.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(jax.jit(jax_ext.all_gather)(x), x[None])
+    np.testing.assert_array_equal(jax.jit(lambda v: jax_ext.reduce_scatter(v, tiled=True))(x), x)
+    np.testing.assert_array_equal(jax.jit(jax_ext.all_to_all)(x[:1]), x[:1])
+    np.testing.assert_array_equal(jax.jit(lambda v: jax_ext.ppermute(v, perm=[(0, 0)]))(x), x)
+    np.testing.assert_array_equal(jax.jit(lambda v: jax_ext.ppermute(v, perm=[]))(x), np.zeros((2, 3)))
+    np.testing.assert_array_equal(jax.jit(lambda v: jax_ext.sendrecv(v, 0, 0))(x), x)
+    jax.jit(lambda: jax_ext.barrier())()
+    np.testing.assert_array_equal(jax_ext.all_reduce(x), x)  # eagerly, outside jit
+
+
+async def test_calling_from_the_engine_loop_thread_raises() -> None:
+    """An inline communicator's loop cannot also block in the host callback: a clear error, not a hang."""
+    uid = aioccl.UniqueId.new(host="127.0.0.1")
+    comm = await aioccl.Communicator.create(uid, 0, 1, timeout=10)
+    try:
+        with pytest.raises(RuntimeError, match="engine thread"):
+            jax.jit(lambda v: jax_ext.all_reduce(v, comm=comm))(jnp.ones(3))
+        # from another thread it works (the loop stays free to run the op)
+        out = await asyncio.to_thread(lambda: np.asarray(jax.jit(lambda v: jax_ext.all_reduce(v, comm=comm))(
+            jnp.ones(3))))
+        np.testing.assert_array_equal(out, np.ones(3))
+    finally:
+        await comm.close()
+
+
+def test_group_layout_numbers_like_axis_index() -> None:
+    """Positions inside a group are row-major over the axes in the order given (lax.axis_index's rule)."""
+    color, pos = group_layout((2, 3), ("x", "y"), ("y",))
+    assert color.tolist() == [0, 0, 0, 1, 1, 1] and pos.tolist() == [0, 1, 2, 0, 1, 2]
+    color, pos = group_layout((2, 3), ("x", "y"), ("y", "x"))
+    assert color.tolist() == [0] * 6 and pos.tolist() == [0, 2, 4, 1, 3, 5]
+    color, pos = group_layout((2, 3), ("x", "y"), ("x",))
+    assert color.tolist() == [0, 1, 2, 0, 1, 2] and pos.tolist() == [0, 0, 0, 1, 1, 1]
