@@ -182,12 +182,14 @@ def shutdown(timeout: float = 10.0) -> None:
         proc = [_process] if _process is not None else []
         _groups.clear()
         _process, _devices = None, None
-    for comm in [*subs, *world, *proc]:
-        try:
-            comm.close().wait(timeout)
-        except Exception as e:  # noqa: BLE001 - one bad close must not keep the others open
-            _log.warning("closing %r at shutdown: %s; aborting it", comm, e)
-            comm.abort()
+    for tier in (subs, world, proc):  # the ranks of one tier close together: each waits for its peers
+        closing = [(comm, comm.close()) for comm in tier]
+        for comm, work in closing:
+            try:
+                work.wait(timeout)
+            except Exception as e:  # noqa: BLE001 - one bad close must not keep the others open
+                _log.warning("closing %r at shutdown: %s; aborting it", comm, e)
+                comm.abort()
 
 
 atexit.register(shutdown)

@@ -57,13 +57,13 @@ def test_mesh_ops_one_process_four_devices() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAXW_DEVICES": "4"}
     r = subprocess.run([sys.executable, str(WORKERS / "jax_mesh.py")], env=env, capture_output=True, text=True,
                        timeout=240)
-    assert r.returncode == 0 and "JAXW OK 680" in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
+    assert r.returncode == 0 and "JAXW OK 2120" in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
 
 
 def test_mesh_ops_two_processes_two_devices_each() -> None:
     """The same against JAX's own cross-process CPU collectives (Gloo): 2 processes x 2 devices."""
     outs = _run_procs("jax_mesh.py", 2, {"JAXW_DEVICES": "2"})
-    assert all("JAXW OK 340" in o for o in outs), outs
+    assert all("JAXW OK 1060" in o for o in outs), outs
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])

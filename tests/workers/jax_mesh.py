@@ -44,7 +44,7 @@ def varying(v):
     return lax.pcast(v, missing, to="varying") if missing else v
 
 
-def run(body, label: str) -> None:
+def run(body, label: str, times: int = 1) -> None:
     """``body()`` returns pairs (ours, lax's); each is compared on every device, bit for bit."""
     global checks
 
@@ -53,7 +53,12 @@ def run(body, label: str) -> None:
         return [varying(jnp.expand_dims(v, 0)) for pair in pairs for v in pair]
 
     f = jax.jit(jax.shard_map(wrapped, mesh=mesh, in_specs=P(ALL), out_specs=P(ALL)))
-    outs = f(jnp.zeros(len(jax.devices())))
+    for _ in range(times):
+        compare(f(jnp.zeros(len(jax.devices()))), label)
+
+
+def compare(outs, label: str) -> None:
+    global checks
     for i in range(0, len(outs), 2):
         ours, ref = outs[i], outs[i + 1]
         for shard_a, shard_b in zip(ours.addressable_shards, ref.addressable_shards, strict=True):
@@ -141,5 +146,22 @@ run(lambda: [(lax.fori_loop(0, 3, lambda i, v: varying(jax_ext.psum(v, "x") / 2)
              (jax.grad(lambda v: jnp.sum(jax.checkpoint(lambda u: jax_ext.psum(u * u, "y"))(v)))(local((3,))),
               jax.grad(lambda v: jnp.sum(jax.checkpoint(lambda u: lax.psum(u * u, "y"))(v)))(local((3,))))],
     "fori_loop + checkpoint")
+# ordering stress: independent collectives over different axis groups, some behind a device-dependent amount
+# of work, in one program run many times; each device's thread must issue them in program order (else the
+# groups' sequence numbers cross and it deadlocks or mismatches)
+def stress():
+    pairs = []
+    for i in range(12):
+        ax = AXES[i % len(AXES)]
+        v = local((8,), salt=i)
+        w = v
+        for _ in range(3 * (i % 3)):
+            w = jnp.tanh(w) * 0 + w  # exact, but work XLA may want to schedule late
+        pairs.append((jax_ext.psum(w, ax) if i % 2 else jax_ext.all_gather(w, ax, tiled=True),
+                      lax.psum(v, ax) if i % 2 else lax.all_gather(v, ax, tiled=True)))
+    return pairs
+
+
+run(stress, "ordering stress", times=int(os.environ.get("JAXW_ROUNDS", "30")))
 print(f"JAXW OK {checks}", flush=True)
 jax_ext.shutdown()
