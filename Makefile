@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean bench
+.PHONY: demo test lint clean bench bench-jax
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ $(BENCH)/.installed: pyproject.toml
 
 bench: $(BENCH)/.installed
 	$(BENCH)/bin/python benchmarks/compare.py --out docs/bench
+
+# jax_ext's per-call cost against jax.lax's own CPU collectives (Gloo)
+bench-jax: $(STAMP)
+	$(PY) benchmarks/jax_overhead.py --out docs/bench
 
 lint: $(STAMP)
 	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks

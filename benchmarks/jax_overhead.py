@@ -51,10 +51,10 @@ def worker(sizes: list[int], iters: int) -> dict:
         glob = jax.make_array_from_process_local_data(NamedSharding(mesh, P("i")), local)
 
         def in_mesh(body, k=1):
-            def f(v):
+            def several(v):
                 outs = [body(v + j) for j in range(k)]
                 return sum(outs[1:], outs[0])
-            return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+            return jax.jit(jax.shard_map(several, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
 
         cases = {
             "lax.psum": (in_mesh(lambda v: jax.lax.pcast(jax.lax.psum(v, "i"), "i", to="varying")), glob),

@@ -68,7 +68,8 @@ ok = float(loss) == float(ref_loss)
 for got, want in ((g1, r1), (g2, r2)):
     for shard in got.addressable_shards:
         ok &= np.array_equal(np.asarray(shard.data), np.asarray(want)[shard.index])
-print(f"mesh {dict(mesh.shape)} on {jax.process_count()} process(es): loss {float(loss)} (one device: {float(ref_loss)}), "
+print(f"mesh {dict(mesh.shape)} on {jax.process_count()} process(es): loss {float(loss)} "
+      f"(one device: {float(ref_loss)}), "
       f"gradients {'equal' if ok else 'DIFFERENT'}")
 jax_ext.shutdown()
 sys.exit(0 if ok else 1)

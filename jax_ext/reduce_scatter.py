@@ -15,8 +15,8 @@ import numpy as np
 from aioccl import Communicator, ReduceOp
 from aioccl.dtypes import check_op_dtype
 
-from ._primitive import Group, check_dtype, def_batching, define, group_for, varying_in
 from . import _compat
+from ._primitive import Group, check_dtype, def_batching, define, group_for, varying_in
 
 
 def _abstract(x: Any, pos: Any, *, group: Group, op: str) -> Any:

@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT, WORKERS, launch
 
 import aioccl
 import jax_ext
 from jax_ext.runtime import group_layout
+
+from conftest import ROOT, WORKERS, launch
 
 
 def _free_port() -> int:

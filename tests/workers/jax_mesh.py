@@ -101,7 +101,7 @@ for ax in AXES:
     gathers = []
     for axis, tiled in [(0, False), (1, False), (2, False), (0, True), (1, True)]:
         gathers.append((axis, tiled))
-    run(lambda ax=ax: [(jax_ext.all_gather(local((2, 3)), ax, axis=a, tiled=t),
+    run(lambda ax=ax, gathers=gathers: [(jax_ext.all_gather(local((2, 3)), ax, axis=a, tiled=t),
                         lax.all_gather(local((2, 3)), ax, axis=a, tiled=t)) for a, t in gathers], f"all_gather {ax}")
     run(lambda ax=ax, n=n: [
         (jax_ext.psum_scatter(local((n, 3)), ax), lax.psum_scatter(local((n, 3)), ax)),
@@ -111,14 +111,15 @@ for ax in AXES:
         (jax_ext.psum_scatter(local((3, 2 * n)), ax, scatter_dimension=1, tiled=True),
          lax.psum_scatter(local((3, 2 * n)), ax, scatter_dimension=1, tiled=True))], f"psum_scatter {ax}")
     perms = [[(i, (i + 1) % n) for i in range(n)], [(0, n - 1)], [(i, i) for i in range(n)]]
-    run(lambda ax=ax: [(jax_ext.ppermute(local((3,)), ax, p), lax.ppermute(local((3,)), ax, p)) for p in perms],
+    run(lambda ax=ax, perms=perms: [(jax_ext.ppermute(local((3,)), ax, p), lax.ppermute(local((3,)), ax, p))
+                                   for p in perms],
         f"ppermute {ax}")
     a2a = []
     for split, concat, tiled, shape in [(0, 0, False, (n, 3)), (0, 1, False, (n, 3)), (1, 0, False, (3, n)),
                                         (1, 1, False, (2, n)), (0, 0, True, (2 * n, 3)), (0, 1, True, (2 * n, 3)),
                                         (1, 0, True, (3, 2 * n)), (2, 1, True, (2, 3, n))]:
         a2a.append((split, concat, tiled, shape))
-    run(lambda ax=ax: [(jax_ext.all_to_all(local(s), ax, sp, cc, tiled=t),
+    run(lambda ax=ax, a2a=a2a: [(jax_ext.all_to_all(local(s), ax, sp, cc, tiled=t),
                         lax.all_to_all(local(s), ax, sp, cc, tiled=t)) for sp, cc, t, s in a2a], f"all_to_all {ax}")
     # gradients: every differentiable op, against lax's transpose rules
     run(lambda ax=ax, n=n: [
