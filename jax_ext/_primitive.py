@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aioccl import Communicator
-from aioccl.dtypes import dtype_code
+from aioccl import Communicator, ReduceOp
+from aioccl.dtypes import check_op_dtype, dtype_code
 
 from . import _compat, runtime
 
@@ -120,6 +120,29 @@ def check_dtype(api: str, dtype: Any) -> None:
         dtype_code(np.dtype(dtype))
     except Exception as e:  # noqa: BLE001 - re-raised with the API's name
         raise TypeError(f"{api}: {e}") from None
+
+
+def check_reduction(api: str, op: str, dtype: Any) -> None:
+    """The dtype and the op/dtype pair, as aioccl checks them, raised as TypeError at trace time."""
+    check_dtype(api, dtype)
+    try:
+        check_op_dtype(ReduceOp.parse(op), np.dtype(dtype))
+    except ValueError as e:
+        raise TypeError(f"{api}: {e}") from None
+
+
+def def_reduction_jvp(p: Any, api: str) -> None:
+    """Reductions are linear for sum and avg only; the tangent takes the same collective."""
+
+    def jvp(primals: Sequence[Any], tangents: Sequence[Any], *, group: Group, op: str) -> tuple[Any, Any]:
+        if op not in ("sum", "avg"):
+            raise NotImplementedError(f"jax_ext: {api} with op {op!r} has no derivative (only sum and avg; "
+                                      "jax.lax.pmax/pmin have none either)")
+        x, pos = primals
+        return (p.bind(x, pos, group=group, op=op),
+                p.bind(_compat.instantiate_zeros(tangents[0]), pos, group=group, op=op))
+
+    _compat.def_jvp(p, jvp)
 
 
 def varying_in(group: Group, x: Any) -> Any:

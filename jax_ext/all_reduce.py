@@ -15,20 +15,22 @@ import jax
 import numpy as np
 
 from aioccl import Communicator, ReduceOp
-from aioccl.dtypes import check_op_dtype
 
 from . import _compat
-from ._primitive import AxisGroup, Group, check_dtype, def_batching, define, group_for, varying_in
-
-_LINEAR = ("sum", "avg")
+from ._primitive import (
+    AxisGroup,
+    Group,
+    check_reduction,
+    def_batching,
+    def_reduction_jvp,
+    define,
+    group_for,
+    varying_in,
+)
 
 
 def _abstract(x: Any, pos: Any, *, group: Group, op: str) -> Any:
-    check_dtype("all_reduce", x.dtype)
-    try:
-        check_op_dtype(ReduceOp.parse(op), np.dtype(x.dtype))
-    except ValueError as e:
-        raise TypeError(f"all_reduce: {e}") from None
+    check_reduction("all_reduce", op, x.dtype)
     if isinstance(group, AxisGroup) and _compat.check_vma():
         return _compat.with_varying(x, _compat.varying(x) - set(group.axes))
     return x
@@ -44,15 +46,6 @@ def _run(comm: Communicator, ins: list[np.ndarray], outs: list[np.ndarray], same
 all_reduce_p = define("all_reduce", abstract=_abstract, run=_run, alias=True)
 
 
-def _jvp(primals: Any, tangents: Any, *, group: Group, op: str) -> Any:
-    if op not in _LINEAR:
-        raise NotImplementedError(f"jax_ext: all_reduce with op {op!r} has no derivative (only sum and avg; "
-                                  "jax.lax.pmax/pmin have none either)")
-    x, pos = primals
-    return (all_reduce_p.bind(x, pos, group=group, op=op),
-            all_reduce_p.bind(_compat.instantiate_zeros(tangents[0]), pos, group=group, op=op))
-
-
 def _transpose(ct: Any, x: Any, pos: Any, *, group: Group, op: str) -> Any:
     if type(ct) is _compat.Zero:
         return _compat.Zero(x.aval), None
@@ -61,7 +54,7 @@ def _transpose(ct: Any, x: Any, pos: Any, *, group: Group, op: str) -> Any:
     return all_reduce_p.bind(ct, pos, group=group, op=op), None
 
 
-_compat.def_jvp(all_reduce_p, _jvp)
+def_reduction_jvp(all_reduce_p, "all_reduce")
 _compat.def_transpose(all_reduce_p, _transpose)
 def_batching(all_reduce_p, axis0=False)
 

@@ -13,18 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from aioccl import Communicator, ReduceOp
-from aioccl.dtypes import check_op_dtype
 
 from . import _compat
-from ._primitive import Group, check_dtype, def_batching, define, group_for, varying_in
+from ._primitive import Group, check_reduction, def_batching, def_reduction_jvp, define, group_for, varying_in
 
 
 def _abstract(x: Any, pos: Any, *, group: Group, op: str) -> Any:
-    check_dtype("reduce_scatter", x.dtype)
-    try:
-        check_op_dtype(ReduceOp.parse(op), np.dtype(x.dtype))
-    except ValueError as e:
-        raise TypeError(f"reduce_scatter: {e}") from None
+    check_reduction("reduce_scatter", op, x.dtype)
     if x.shape[0] % group.size:
         raise ValueError(f"reduce_scatter: the scattered axis has size {x.shape[0]}, not a multiple of the "
                          f"{group.size} members")
@@ -38,14 +33,6 @@ def _run(comm: Communicator, ins: list[np.ndarray], outs: list[np.ndarray], same
 reduce_scatter_p = define("reduce_scatter", abstract=_abstract, run=_run)
 
 
-def _jvp(primals: Any, tangents: Any, *, group: Group, op: str) -> Any:
-    if op not in ("sum", "avg"):
-        raise NotImplementedError(f"jax_ext: reduce_scatter with op {op!r} has no derivative (only sum, avg)")
-    x, pos = primals
-    return (reduce_scatter_p.bind(x, pos, group=group, op=op),
-            reduce_scatter_p.bind(_compat.instantiate_zeros(tangents[0]), pos, group=group, op=op))
-
-
 def _transpose(ct: Any, x: Any, pos: Any, *, group: Group, op: str) -> Any:
     from .all_gather import all_gather_p
 
@@ -55,7 +42,7 @@ def _transpose(ct: Any, x: Any, pos: Any, *, group: Group, op: str) -> Any:
     return (out / group.size if op == "avg" else out), None
 
 
-_compat.def_jvp(reduce_scatter_p, _jvp)
+def_reduction_jvp(reduce_scatter_p, "reduce_scatter")
 _compat.def_transpose(reduce_scatter_p, _transpose)
 def_batching(reduce_scatter_p, axis0=True)
 
