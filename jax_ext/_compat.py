@@ -44,8 +44,6 @@ from jax._src.interpreters import mlir as _mlir  # noqa: E402
 Primitive = _core.Primitive
 ShapedArray = _core.ShapedArray
 Zero = _ad.Zero
-is_undefined_primal = _ad.is_undefined_primal
-not_mapped = None  # batching.NotMapped is type(None): an unbatched operand has dim None
 instantiate_zeros = _ad.instantiate_zeros
 
 
@@ -144,15 +142,8 @@ class LoweringInfo:
             return ctx_mesh if getattr(ctx_mesh, "devices", None) is not None and ctx_mesh.devices.size else None
         return mesh
 
-    def manual_axes(self) -> frozenset[Any]:
-        return frozenset(getattr(self.axis_context, "manual_axes", ()) or ())
-
 
 # -- shard_map / axis environment ---------------------------------------------------------------------
-def axis_exists(name: Any) -> bool:
-    return _core.get_axis_env().axis_exists(name)
-
-
 def abstract_mesh() -> Any:
     return jax.sharding.get_abstract_mesh()
 
@@ -189,10 +180,6 @@ def pvary(x: Any, axes: tuple[Any, ...]) -> Any:
         return x
     missing = tuple(a for a in axes if a not in varying(_core.typeof(x)))
     return _core.pvary(x, missing) if missing else x
-
-
-def typeof(x: Any) -> Any:
-    return _core.typeof(x)
 
 
 # -- jax.distributed ----------------------------------------------------------------------------------

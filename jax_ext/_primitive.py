@@ -193,6 +193,11 @@ def define(name: str, *, abstract: Callable[..., Any], run: RunFn, alias: bool =
 
 
 # -- autodiff and vmap helpers ----------------------------------------------------------------------------
+def dense(ct: Any) -> Any:
+    """A symbolic zero cotangent as real zeros: every rank must still run the transposed collective."""
+    return jnp.zeros(ct.aval.shape, ct.aval.dtype) if type(ct) is _compat.Zero else ct
+
+
 def def_linear(p: Any, transpose: Callable[..., Any]) -> None:
     """``p`` is linear in its array operand: the tangent goes through ``p`` too; ``transpose(ct, **params)``."""
 
@@ -203,9 +208,7 @@ def def_linear(p: Any, transpose: Callable[..., Any]) -> None:
         return out, p.bind(t, pos, **params)
 
     def trans(ct: Any, x: Any, pos: Any, **params: Any) -> tuple[Any, None]:
-        if type(ct) is _compat.Zero:
-            ct = jnp.zeros(ct.aval.shape, ct.aval.dtype)
-        return transpose(ct, pos, **params), None
+        return transpose(dense(ct), pos, **params), None
 
     _compat.def_jvp(p, jvp)
     _compat.def_transpose(p, trans)

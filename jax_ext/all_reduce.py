@@ -24,6 +24,7 @@ from ._primitive import (
     def_batching,
     def_reduction_jvp,
     define,
+    dense,
     group_for,
     varying_in,
 )
@@ -47,8 +48,7 @@ all_reduce_p = define("all_reduce", abstract=_abstract, run=_run, alias=True)
 
 
 def _transpose(ct: Any, x: Any, pos: Any, *, group: Group, op: str) -> Any:
-    if type(ct) is _compat.Zero:
-        return _compat.Zero(x.aval), None
+    ct = dense(ct)
     if isinstance(group, AxisGroup) and _compat.check_vma():
         return _compat.pvary(ct, group.axes), None  # the invariant -> varying cast, like lax.psum's
     return all_reduce_p.bind(ct, pos, group=group, op=op), None
@@ -60,8 +60,11 @@ def_batching(all_reduce_p, axis0=False)
 
 
 def _bind(api: str, x: Any, op: str, axis_name: Any, comm: Communicator | None) -> Any:
+    return _bind_group(x, op, *group_for(api, axis_name, comm))
+
+
+def _bind_group(x: Any, op: str, group: Group, pos: Any) -> Any:
     op = ReduceOp.parse(op).value
-    group, pos = group_for(api, axis_name, comm)
     return jax.tree_util.tree_map(lambda leaf: all_reduce_p.bind(varying_in(group, leaf), pos, group=group, op=op), x)
 
 
@@ -85,5 +88,5 @@ def pmin(x: Any, axis_name: Any) -> Any:
 
 def pmean(x: Any, axis_name: Any) -> Any:
     """``psum`` divided by the group size, like ``jax.lax.pmean`` (bit for bit)."""
-    group, _ = group_for("pmean", axis_name, None)
-    return jax.tree_util.tree_map(lambda v: v / group.size, psum(x, axis_name))
+    group, pos = group_for("pmean", axis_name, None)
+    return jax.tree_util.tree_map(lambda v: v / group.size, _bind_group(x, "sum", group, pos))

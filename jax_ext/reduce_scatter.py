@@ -15,7 +15,7 @@ import numpy as np
 from aioccl import Communicator, ReduceOp
 
 from . import _compat
-from ._primitive import Group, check_reduction, def_batching, def_reduction_jvp, define, group_for, varying_in
+from ._primitive import Group, check_reduction, def_batching, def_reduction_jvp, define, dense, group_for, varying_in
 
 
 def _abstract(x: Any, pos: Any, *, group: Group, op: str) -> Any:
@@ -36,9 +36,7 @@ reduce_scatter_p = define("reduce_scatter", abstract=_abstract, run=_run)
 def _transpose(ct: Any, x: Any, pos: Any, *, group: Group, op: str) -> Any:
     from .all_gather import all_gather_p
 
-    if type(ct) is _compat.Zero:
-        return _compat.Zero(x.aval), None
-    out = all_gather_p.bind(ct, pos, group=group)
+    out = all_gather_p.bind(dense(ct), pos, group=group)
     return (out / group.size if op == "avg" else out), None
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from aioccl import Communicator
 
 from . import _compat
-from ._primitive import Group, check_dtype, def_batching, define, group_for, varying_in
+from ._primitive import Group, check_dtype, def_batching, define, dense, group_for, varying_in
 from .send import check_peer, check_tag
 
 
@@ -45,9 +45,7 @@ def _jvp(primals: Any, tangents: Any, **params: Any) -> Any:
 
 def _transpose(ct: Any, x: Any, pos: Any, *, group: Group, source: int, dest: int, tag: int,
                shape: tuple[int, ...], dtype: Any) -> Any:
-    if type(ct) is _compat.Zero:
-        ct = jnp.zeros(ct.aval.shape, ct.aval.dtype)
-    back = sendrecv_p.bind(ct, pos, group=group, source=dest, dest=source, tag=tag,
+    back = sendrecv_p.bind(dense(ct), pos, group=group, source=dest, dest=source, tag=tag,
                            shape=tuple(x.aval.shape), dtype=x.aval.dtype)
     return back, None
 
