@@ -10,6 +10,7 @@ from .dtypes import SUPPORTED_DTYPES, ReduceOp
 from .errors import (
     AiocclError,
     BootstrapError,
+    CollectiveMismatch,
     CollectiveTimeout,
     CommAborted,
     InvalidArgument,
@@ -26,6 +27,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "AiocclError",
     "BootstrapError",
+    "CollectiveMismatch",
     "CollectiveTimeout",
     "CommAborted",
     "Communicator",

@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,8 +33,9 @@ from .engine.engine import CollSpec, CommView, Engine
 from .engine.placement import Placement
 from .engine.shm_channel import ShmChannel
 from .engine.shm_executor import ShmOp
-from .errors import CommAborted, InvalidArgument
+from .errors import CollectiveTimeout, CommAborted, InvalidArgument
 from .group import Group, current_group
+from .introspection import FlightRecorder, PendingOp, pending_op
 from .p2p import PointToPointOps
 from .tuning import Tuning
 from .work import Work, completed
@@ -71,6 +73,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         self._lock = threading.Lock()
         self._seq = 0
         self._inflight: set[Work] = set()
+        self._recorder = FlightRecorder()
         self._closed: BaseException | None = None
         self._subs: list[Communicator] = []
         mine = hosts[view.rank]
@@ -222,10 +225,12 @@ class Communicator(CollectiveOps, PointToPointOps):
             raise InvalidArgument(f"peer {peer!r} out of range for a communicator of {self.world_size} ranks")
         return int(peer)
 
-    def _track(self, work: Work, start: Callable[[], Any]) -> Work:
+    def _track(self, work: Work, start: Callable[[], Any], desc: str) -> Work:
         work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
+        work._t0 = time.monotonic()
+        work._desc = desc
         self._inflight.add(work)
-        work.add_done_callback(self._inflight.discard)
+        work.add_done_callback(self._finished)
         pending = current_group.get()
         if pending is not None:
             pending.append((self, start, work))
@@ -233,11 +238,34 @@ class Communicator(CollectiveOps, PointToPointOps):
             self._engine.launch(start)
         return work
 
+    def _finished(self, work: Work) -> None:
+        """Done callback of every op (engine thread): record it; a timeout gets the recorder's story."""
+        self._inflight.discard(work)
+        self._recorder.add(work)
+        exc = work._exc
+        if isinstance(exc, CollectiveTimeout):
+            exc.comm = exc.comm or f"{self._view.ctx:x}"
+            now = time.monotonic()
+            exc.recent = self._recorder.lines() + [f"in flight: {pending_op(w, now)}" for w in list(self._inflight)]
+            _log.warning("%s", exc)
+
+    def pending(self) -> list[PendingOp]:
+        """The ops issued on this communicator and not finished yet, oldest first, with the ranks each
+        is waiting for (communicator ranks; ``None`` while queued behind earlier ops)."""
+        now = time.monotonic()
+        return sorted((pending_op(w, now) for w in list(self._inflight)), key=lambda p: -p.age_s)
+
+    def recent(self) -> list[str]:
+        """The flight recorder: the last finished ops (``AIOCCL_FLIGHT_RECORDER`` of them), oldest first."""
+        return self._recorder.lines()
+
     def _collective(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
                     result: Callable[[], Any], timeout: float | None, in_place: bool = False) -> Work:
         t = self._op_timeout(timeout)
         dt = out.array.dtype
         shm = self._shm
+        desc = f"{count} x {dt}" + (f", {op.name.lower()}" if op is not None else "") + (
+            f", root {root}" if name in ("broadcast", "reduce", "gather", "scatter") else "")
         shm_algo = self._tuning.choose_shm(name, count, dt.itemsize, self.world_size) if shm is not None else None
         with self._lock:
             self._usable()
@@ -251,15 +279,16 @@ class Communicator(CollectiveOps, PointToPointOps):
             sop = ShmOp(name, CODES[name], seq, ssched, inp.flat, out.flat,
                         dtype_code(dt) if name != "barrier" else 0, op, count, root, t, work, result)
             _log.debug("%s seq %d: %d x %s over shared memory, algo %s", name, seq, count, dt, shm_algo)
-            return self._track(work, lambda: shm.submit(sop))
+            work._probe = sop.blocked_on
+            return self._track(work, lambda: shm.submit(sop), desc)
         algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size)
         sched = plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place)
         spec = CollSpec(name, CODES[name], seq, sched, inp.flat, out.flat,
-                        dtype_code(dt) if name != "barrier" else 0, op, t, result)
+                        dtype_code(dt) if name != "barrier" else 0, op, t, result, count, root)
         work = Work(name, seq)
         view, eng = self._view, self._engine
         _log.debug("%s seq %d: %d x %s, algo %s, chunk %d", name, seq, count, dt, algo, chunk)
-        return self._track(work, lambda: eng.run_collective(view, spec, work))
+        return self._track(work, lambda: eng.run_collective(view, spec, work), desc)
 
     # -- groups, split, lifetime -------------------------------------------
     def group(self) -> Group:

@@ -37,16 +37,49 @@ class PeerLost(AiocclError):
 
 
 class CollectiveTimeout(AiocclError, TimeoutError):
-    """An op passed its deadline; names the op, its sequence number and the silent ranks."""
+    """An op passed its deadline; names the op, its sequence number, the communicator and the silent ranks.
 
-    def __init__(self, op: str, seq: int, waiting_for: list[int], timeout: float, detail: str = "") -> None:
+    ``recent`` holds the communicator's flight recorder at the time (its last
+    ops, oldest first), which the message shows too: the op that never
+    matched is often a few calls back on some rank.
+    """
+
+    def __init__(self, op: str, seq: int, waiting_for: list[int], timeout: float, detail: str = "",
+                 comm: str = "") -> None:
         self.op = op
         self.seq = seq
         self.waiting_for = list(waiting_for)
         self.timeout = timeout
-        msg = f"{op} (seq {seq}) timed out after {timeout:g}s waiting for ranks {self.waiting_for}"
-        super().__init__(f"{msg}; {detail}" if detail else msg)
+        self.detail = detail
+        self.comm = comm
+        self.recent: list[str] = []
+        super().__init__(self._headline())
+
+    def _headline(self) -> str:
+        where = f"seq {self.seq}, comm {self.comm}" if self.comm else f"seq {self.seq}"
+        msg = f"{self.op} ({where}) timed out after {self.timeout:g}s waiting for ranks {self.waiting_for}"
+        return f"{msg}; {self.detail}" if self.detail else msg
+
+    def __str__(self) -> str:
+        if not self.recent:
+            return self._headline()
+        return self._headline() + "\nrecent ops on this rank (oldest first):\n  " + "\n  ".join(self.recent)
 
 
-class OpMismatch(AiocclError):
-    """Two ranks disagree on an op (kind, dtype or size) at the same sequence number."""
+class CollectiveMismatch(AiocclError):
+    """Ranks issued different collectives at the same sequence number.
+
+    Raised on every rank of the op, naming both ranks and both calls (op,
+    dtype, count, root); the sequence number is consumed everywhere, so the
+    communicator stays usable for the next op.
+    """
+
+    def __init__(self, message: str, seq: int = -1, ranks: tuple[int, ...] = (),
+                 calls: tuple[str, ...] = ()) -> None:
+        self.seq = seq
+        self.ranks = ranks
+        self.calls = calls
+        super().__init__(message)
+
+
+OpMismatch = CollectiveMismatch  # the name before issue 5; kept for existing code

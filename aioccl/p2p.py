@@ -33,7 +33,7 @@ class PointToPointOps:
 
         def _usable(self) -> None: ...
 
-        def _track(self, work: Work, start: Callable[[], Any]) -> Work: ...
+        def _track(self, work: Work, start: Callable[[], Any], desc: str) -> Work: ...
 
     def _tag(self, tag: int) -> int:
         if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= MAX_TAG:
@@ -49,7 +49,9 @@ class PointToPointOps:
         work = Work(f"send(peer={peer}, tag={tag})", tag, cancellable=True)
         view, eng, code = self._view, self._engine, dtype_code(xb.array.dtype)
         payload = byte_view(xb.array)
-        return self._track(work, lambda: eng.run_send(view, peer, tag, payload, code, t, work, None))
+        work._probe = lambda: [peer]
+        desc = f"{xb.array.size} x {xb.array.dtype}"
+        return self._track(work, lambda: eng.run_send(view, peer, tag, payload, code, t, work, None), desc)
 
     send = isend
 
@@ -63,8 +65,10 @@ class PointToPointOps:
         work = Work(f"recv(peer={peer}, tag={tag})", tag, cancellable=True)
         view, eng, code = self._view, self._engine, dtype_code(bb.array.dtype)
         target = byte_view(bb.array)
+        work._probe = lambda: [peer]
+        desc = f"{bb.array.size} x {bb.array.dtype}"
         return self._track(work, lambda: eng.run_recv(view, peer, tag, target, code, t, work,
-                                                       bb.wrap(bb.array)))
+                                                       bb.wrap(bb.array)), desc)
 
     recv = irecv
 

@@ -30,7 +30,7 @@ class Work:
     """An in-flight op; ``await work`` returns its result or raises its error."""
 
     __slots__ = ("op", "seq", "_lock", "_state", "_result", "_exc", "_callbacks",
-                 "_event", "_cancellable", "_on_cancel", "_engine_thread")
+                 "_event", "_cancellable", "_on_cancel", "_engine_thread", "_t0", "_desc", "_probe")
 
     def __init__(self, op: str, seq: int, *, cancellable: bool = False) -> None:
         self.op = op
@@ -44,6 +44,9 @@ class Work:
         self._cancellable = cancellable
         self._on_cancel: Callable[[], None] | None = None
         self._engine_thread: int | None = None  # wait() on this thread would deadlock
+        self._t0 = 0.0  # time.monotonic() when issued
+        self._desc = ""  # count, dtype, root or peer: for pending() and the flight recorder
+        self._probe: Callable[[], list[int] | None] | None = None  # set by the engine: ranks it waits for now
 
     def __repr__(self) -> str:
         state = ("pending", "running", "done", "cancelled")[self._state]

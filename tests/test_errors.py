@@ -73,7 +73,11 @@ async def test_timeout_names_op_seq_and_silent_rank(comms3):
         await wb
     err = info.value
     assert err.op == "all_reduce" and err.seq == 0 and err.waiting_for == [2]
-    assert "all_reduce (seq 0)" in str(err) and "[2]" in str(err)
+    assert err.comm == f"{b._view.ctx:x}" and f"all_reduce (seq 0, comm {err.comm})" in str(err)
+    assert "[2]" in str(err)
+    # the flight recorder rides along: earlier ops, and this one
+    assert any("all_reduce seq 0 (4 x float64, sum): CollectiveTimeout" in line for line in err.recent), err.recent
+    assert "recent ops on this rank" in str(err)
     with pytest.raises(aioccl.CollectiveTimeout):
         await wa
 
@@ -83,23 +87,54 @@ async def test_recv_timeout_names_peer(comms3):
         await comms3[0].irecv(np.zeros(2), 2, tag=4, timeout=0.3)
 
 
+MISMATCHES = {  # (what ranks 0 and 1 call, what rank 2 calls, words each error must contain)
+    "count": (lambda c: c.all_reduce(np.ones(4, np.float32)), lambda c: c.all_reduce(np.ones(5, np.float32)),
+              ["of 4 x float32", "of 5 x float32"]),
+    "dtype": (lambda c: c.all_reduce(np.ones(4, np.float32)), lambda c: c.all_reduce(np.ones(4, np.int32)),
+              ["float32", "int32"]),
+    "reduction": (lambda c: c.all_reduce(np.ones(4), op="sum"), lambda c: c.all_reduce(np.ones(4), op="max"),
+                  ["sum", "max"]),
+    "kind": (lambda c: c.all_reduce(np.ones(6)), lambda c: c.broadcast(np.ones(6)), ["all_reduce", "broadcast"]),
+    "root": (lambda c: c.broadcast(np.ones(4), root=0), lambda c: c.broadcast(np.ones(4), root=2),
+             ["root 0", "root 2"]),
+    "reduce root": (lambda c: c.reduce(np.ones(4), root=1), lambda c: c.reduce(np.ones(4), root=0),
+                    ["root 1", "root 0"]),
+}
+
+
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
-async def test_size_dtype_and_kind_mismatch_are_named(transport):
-    comms = await make_comms(2, transport=transport)
+@pytest.mark.parametrize("case", sorted(MISMATCHES))
+async def test_mismatch_fails_every_rank_naming_both_calls(transport, case, caplog):
+    same, odd, words = MISMATCHES[case]
+    comms = await make_comms(3, transport=transport, timeout=30)
     try:
-        r = await asyncio.gather(comms[0].all_reduce(np.ones(4, np.float32)),
-                                 comms[1].all_reduce(np.ones(5, np.float32)), return_exceptions=True)
-        assert all(isinstance(e, aioccl.OpMismatch) for e in r), r
-        if transport == "tcp":
-            assert "expected all_reduce of 16 bytes (float32)" in str(r[0]) or "expected" in str(r[1])
-        else:  # both sides see both descriptors
-            assert all("of 5 x float32" in str(e) and "of 4 x float32" in str(e) for e in r), r
-        r = await asyncio.gather(comms[0].all_reduce(np.ones(4, np.float32)),
-                                 comms[1].all_reduce(np.ones(4, np.int32)), return_exceptions=True)
-        assert any(isinstance(e, aioccl.OpMismatch) and "int32" in str(e) for e in r), r
-        r = await asyncio.gather(comms[0].broadcast(np.ones(4)), comms[1].all_reduce(np.ones(4)),
-                                 return_exceptions=True)
-        assert any(isinstance(e, aioccl.OpMismatch) and "broadcast" in str(e) for e in r), r
+        t0 = asyncio.get_running_loop().time()
+        r = await asyncio.gather(same(comms[0]), same(comms[1]), odd(comms[2]), return_exceptions=True)
+        took = asyncio.get_running_loop().time() - t0
+        assert took < 5, f"detected after {took:.1f}s: not from the first frame"  # the deadline is 30 s
+        # a rank whose part was send-only may finish before a mismatched frame reaches it (rooted ops);
+        # every rank that would consume the wrong data raises
+        raised = [e for e in r if isinstance(e, BaseException)]
+        assert all(isinstance(e, aioccl.CollectiveMismatch) for e in raised), r
+        if case in ("root", "reduce root") and transport == "tcp":
+            logged: list[str] = []
+            for _ in range(50):  # the late frame or notice may land just after the ops returned
+                logged = [rec.getMessage() for rec in caplog.records if "collective mismatch" in rec.getMessage()]
+                if raised or logged:
+                    break
+                await asyncio.sleep(0.05)
+            assert raised or logged, (r, caplog.text)
+            raised += [aioccl.CollectiveMismatch(m, 0, (2,), ("a", "b")) for m in logged]
+        else:
+            assert len(raised) == 3, r
+        for e in raised:
+            assert e.seq == 0 and 2 in e.ranks and len(e.calls) == 2, (e, e.ranks)
+            assert all(w in str(e) for w in words), str(e)
+            assert "rank 2 issued" in str(e) or "rank 2" in str(e).split("issued")[-2], str(e)
+        # the sequence number was consumed everywhere: the next collective matches and is exact
+        xs = [np.full(7, c.rank + 1, np.int64) for c in comms]
+        await asyncio.wait_for(asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs, strict=True))), 10)
+        assert all((x == 6).all() for x in xs)
     finally:
         for c in comms:
             c.abort()

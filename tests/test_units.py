@@ -86,10 +86,13 @@ def test_environment_errors_are_clear():
 
 
 def test_frame_header_round_trip():
-    h = Header(COLL, 3, 9, 7, 2**63 - 1, 12345, 1 << 40)
-    assert unpack(h.pack()) == h and len(h.pack()) == 32
-    with pytest.raises(ValueError):
-        unpack(b"\x09" + bytes(31))
+    h = Header(COLL, 3, 9, 7, 2**63 - 1, 12345, 1 << 40, count=1 << 38, root=5, redop=2)
+    assert unpack(h.pack()) == h and len(h.pack()) == 48
+    assert h.fingerprint() == (3, 9, 2, 1 << 38, 5)
+    with pytest.raises(ValueError, match="unknown kind"):
+        unpack(b"\x09" + bytes(47))
+    with pytest.raises(ValueError, match="payload bytes"):
+        unpack(Header(COLL, 1, 1, 0, 1, 0, 1 << 50).pack())
 
 
 def test_tuning_by_size_and_override():

@@ -22,7 +22,7 @@ from ..bootstrap.sockio import Closed
 from ..bootstrap.unique_id import UniqueId
 from ..dtypes import ReduceOp
 from ..errors import AiocclError, CollectiveTimeout, CommAborted, PeerLost
-from ..transport.frames import P2P, Header
+from ..transport.frames import MISMATCH, NOTICE, P2P, Header
 from ..transport.tcp import SelfConnection, TcpConnection
 from ..work import Work
 from .executor import Progress, execute
@@ -56,6 +56,12 @@ class CollSpec:
     op: ReduceOp | None
     timeout: float
     result: Callable[[], Any]
+    count: int = 0
+    root: int = 0
+
+    def fingerprint(self) -> tuple[int, int, int, int, int]:
+        """What every frame of this op carries, so a peer that issued another call notices at once."""
+        return (self.code, self.dtype_code, self.op.code if self.op is not None else 0, self.count, self.root)
 
 
 class Engine:
@@ -66,6 +72,7 @@ class Engine:
         self.size = size
         self.pool = BufferPool()
         self.mailbox = Mailbox(self.loop, self.pool)
+        self.mailbox.notify = self._notify_mismatch
         self.conns: dict[int, TcpConnection | SelfConnection] = {}
         self.table: Table | None = None
         self.tasks: set[asyncio.Task[None]] = set()
@@ -133,11 +140,19 @@ class Engine:
         scratch = (scratch_raw[: spec.sched.scratch * spec.out.itemsize].view(spec.out.dtype)
                    if scratch_raw is not None else spec.out[:0])
         progress = Progress()
+        work._probe = progress.waiting_for
         ok = False
+        fp = spec.fingerprint()
         try:
+            doomed = self.mailbox.begin(comm.ctx, spec.seq, fp, comm.ranks, comm.rank)
+            if doomed is not None:
+                raise doomed
             async with asyncio.timeout(spec.timeout):
-                await execute(self, comm, spec.seq, spec.code, what, spec.sched,
-                              (spec.inp, spec.out, scratch), spec.dtype_code, spec.op, progress)
+                await execute(self, comm, spec.seq, fp, what, spec.sched, (spec.inp, spec.out, scratch), spec.op,
+                              progress)
+            doomed = self.mailbox.end(comm.ctx, spec.seq)
+            if doomed is not None:
+                raise doomed
             ok = True
             work._set_result(spec.result())
         except TimeoutError:
@@ -194,6 +209,23 @@ class Engine:
                 work._set_exception(CollectiveTimeout(what, tag, [peer], timeout))
         except AiocclError as e:
             work._set_exception(e)
+
+    def _notify_mismatch(self, ctx: int, seq: int, active: Any, offender: int,
+                         theirs: tuple[int, int, int, int, int]) -> None:
+        """Tell every other rank of the op that ``offender`` issued ``theirs``: they fail it too."""
+        payload = memoryview(NOTICE.pack(offender, theirs[0], theirs[1], theirs[2], theirs[3], theirs[4]))
+        op, dtype, redop, count, root = active.fp
+        hdr = Header(MISMATCH, op, dtype, 0, ctx, seq, len(payload), count, root, redop).pack()
+
+        async def tell(peer: int) -> None:
+            try:
+                await asyncio.wait_for(self.send(peer, hdr, payload), 5.0)
+            except (AiocclError, TimeoutError):
+                pass  # that peer is gone or stuck: its own deadline will fire
+
+        for peer in active.ranks:
+            if peer != self.rank and peer not in self.mailbox.lost:
+                self._spawn(lambda peer=peer: tell(peer))
 
     # -- teardown ------------------------------------------------------------
     async def shutdown(self) -> None:

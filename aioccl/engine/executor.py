@@ -35,10 +35,12 @@ class Progress:
         return sorted({p for p, f in self.recvs if not f.done() or f.cancelled()} | self.sends)
 
 
-async def execute(engine: Engine, comm: CommView, seq: int, code: int, what: str, sched: Schedule,
-                  bufs: tuple[np.ndarray, np.ndarray, np.ndarray], dtype_code: int, op: ReduceOp | None,
+async def execute(engine: Engine, comm: CommView, seq: int, fp: tuple[int, int, int, int, int], what: str,
+                  sched: Schedule, bufs: tuple[np.ndarray, np.ndarray, np.ndarray], op: ReduceOp | None,
                   progress: Progress) -> None:
-    """``bufs`` = typed flat (IN, OUT, SCRATCH); IN may be OUT."""
+    """``bufs`` = typed flat (IN, OUT, SCRATCH); IN may be OUT. ``fp`` is the op's fingerprint
+    (code, dtype, reduction, count, root), carried by every frame."""
+    code, dtype_code, redop, count, root = fp
     bytes_ = tuple(byte_view(b) for b in bufs)
     item = bufs[1].itemsize
     mailbox, ranks = engine.mailbox, comm.ranks
@@ -69,7 +71,7 @@ async def execute(engine: Engine, comm: CommView, seq: int, code: int, what: str
                 k = sent_k.get(s.peer, 0)
                 sent_k[s.peer] = k + 1
                 payload = raw(s.src)
-                hdr = Header(COLL, code, dtype_code, k, comm.ctx, seq, len(payload)).pack()
+                hdr = Header(COLL, code, dtype_code, k, comm.ctx, seq, len(payload), count, root, redop).pack()
                 sends.append(_send(engine, comm, s.peer, hdr, payload, progress))
             if len(sends) == 1:
                 await sends[0]

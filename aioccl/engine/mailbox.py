@@ -1,7 +1,13 @@
 """Matching incoming frames to posted receives: the engine's only receive-side state.
 
 Collective frames are matched by key ``(peer, ctx, seq, k)``: the op's
-sequence number and the message's index within the op. Point-to-point
+sequence number and the message's index within the op. Every collective
+frame also carries its sender's *fingerprint* (op, dtype, reduction,
+count, root); the first frame whose fingerprint differs from this rank's
+call fails the op with :class:`CollectiveMismatch` and tells every other
+rank of the communicator with a MISMATCH notice, so all of them fail the
+same op at once instead of timing out (no extra round trip when calls
+agree). Point-to-point
 frames are matched per ``(peer, ctx, tag)`` in FIFO order, MPI's
 non-overtaking rule: the i-th message with a tag goes to the i-th receive
 posted for it (a cancelled receive steps aside, so nothing is lost).
@@ -17,20 +23,54 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from ..dtypes import dtype_from_code
-from ..errors import OpMismatch, PeerLost
-from ..transport.frames import COLL, Header
+from .. import log
+from ..dtypes import ReduceOp, dtype_from_code
+from ..errors import CollectiveMismatch, PeerLost
+from ..transport.frames import COLL, MISMATCH, NOTICE, Header
 from ..work import Work
 from .pool import BufferPool
 
+_log = log.get("COLL")
 OP_NAMES = ("?", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
             "gather", "scatter", "all_to_all", "barrier")
+
+
+ROOTED = {2, 3, 6, 7}  # broadcast, reduce, gather, scatter
+Fingerprint = tuple[int, int, int, int, int]  # op, dtype, redop, count, root (Header.fingerprint)
 
 
 def describe(op: int, dtype: int, nbytes: int) -> str:
     dt = dtype_from_code(dtype)
     name = OP_NAMES[op] if 0 <= op < len(OP_NAMES) and op else "send"
     return f"{name} of {nbytes} bytes" + (f" ({dt.name})" if dt is not None else "")
+
+
+def describe_call(fp: Fingerprint) -> str:
+    """``all_reduce(sum) of 10 x float32``: a collective call as its fingerprint tells it."""
+    op, dtype, redop, count, root = fp
+    dt = dtype_from_code(dtype)
+    name = OP_NAMES[op] if 0 < op < len(OP_NAMES) else f"op {op}"
+    args = [o.value for o in ReduceOp if o.code == redop] + ([f"root {root}"] if op in ROOTED else [])
+    return f"{name}({', '.join(args)}) of {count} x {dt.name if dt is not None else '-'}"
+
+
+class Active:
+    """A collective this rank is running: its call, and its communicator's ranks (to name peers)."""
+
+    __slots__ = ("fp", "ranks", "rank")
+
+    def __init__(self, fp: Fingerprint, ranks: tuple[int, ...], rank: int) -> None:
+        self.fp, self.ranks, self.rank = fp, ranks, rank
+
+    def mismatch(self, ctx: int, seq: int, a: int, a_fp: Fingerprint, b: int, b_fp: Fingerprint
+                 ) -> CollectiveMismatch:
+        """World rank ``a`` issued ``a_fp`` where world rank ``b`` issued ``b_fp``."""
+        ra = self.ranks.index(a) if a in self.ranks else a
+        rb = self.ranks.index(b) if b in self.ranks else b
+        ca, cb = describe_call(a_fp), describe_call(b_fp)
+        return CollectiveMismatch(
+            f"collective mismatch at seq {seq} on comm {ctx:x}: rank {ra} issued {ca}, rank {rb} issued {cb}",
+            seq, (ra, rb), (ca, cb))
 
 
 class Posted:
@@ -40,10 +80,10 @@ class Posted:
                  what: str, work: Work | None) -> None:
         self.target, self.fut, self.op, self.dtype, self.what, self.work = target, fut, op, dtype, what, work
 
-    def mismatch(self, peer: int, h: Header) -> OpMismatch | None:
+    def mismatch(self, peer: int, h: Header) -> CollectiveMismatch | None:
         if h.nbytes == len(self.target) and h.op == self.op and (h.dtype == self.dtype or not h.nbytes):
             return None
-        return OpMismatch(f"{self.what}: rank {peer} sent {describe(h.op, h.dtype, h.nbytes)}, "
+        return CollectiveMismatch(f"{self.what}: rank {peer} sent {describe(h.op, h.dtype, h.nbytes)}, "
                           f"this rank expected {describe(self.op, self.dtype, len(self.target))}")
 
     def complete(self) -> None:
@@ -97,17 +137,49 @@ class Mailbox:
         self._partial: dict[int, list[Posted]] = {}  # receives waiting on a frame still arriving
         self._dead: set[tuple[int, int]] = set()
         self._dead_order: deque[tuple[int, int]] = deque()
+        self.active: dict[tuple[int, int], Active] = {}  # (ctx, seq) -> the collective running here
+        self._foreign: dict[tuple[int, int], dict[int, Fingerprint]] = {}  # fingerprints that came early
+        self._doomed: dict[tuple[int, int], CollectiveMismatch] = {}  # failed by a mismatch (bounded)
+        self._finished: dict[tuple[int, int], Active] = {}  # recently completed here (bounded)
+        # engine hook: tell the other ranks of (ctx, seq) that world rank `offender` issued `their_fp`
+        self.notify: Callable[[int, int, Active, int, Fingerprint], None] | None = None
 
     # -- from the connections' readers -----------------------------------
     def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]:
         if h.kind == COLL:
+            op_key = (h.ctx, h.seq)
+            if op_key in self._dead:
+                return self._discard(h)
+            active = self.active.get(op_key)
+            if active is None and op_key in self._finished:
+                # this rank's part ended (a send-only role) before a peer's other call reached it:
+                # it cannot take its result back, but the ranks still waiting must not time out
+                done = self._finished[op_key]
+                if h.fingerprint() != done.fp:
+                    exc = done.mismatch(h.ctx, h.seq, peer, h.fingerprint(), done.ranks[done.rank], done.fp)
+                    _log.error("%s (this rank's part had already finished; the ranks still in it fail)", exc)
+                    if self.notify is not None:
+                        self.notify(h.ctx, h.seq, done, peer, h.fingerprint())
+                return self._discard(h)
+            if active is not None:
+                if h.fingerprint() != active.fp:
+                    exc = active.mismatch(h.ctx, h.seq, peer, h.fingerprint(), active.ranks[active.rank], active.fp)
+                    self.fail_op(h.ctx, h.seq, exc)
+                    if self.notify is not None:
+                        self.notify(h.ctx, h.seq, active, peer, h.fingerprint())
+                    return self._discard(h)
+            else:
+                seen = self._foreign.setdefault(op_key, {})
+                if peer not in seen:
+                    seen[peer] = h.fingerprint()
             key = (peer, h.ctx, h.seq, h.k)
             p = self.posted.pop(key, None)
             if p is None:
-                if (h.ctx, h.seq) in self._dead:
-                    return self._discard(h)
                 e = self.early[key] = Early(peer, h, self.pool)
                 return e.view(), e.finish
+        elif h.kind == MISMATCH:
+            buf = self.pool.acquire(h.nbytes)
+            return memoryview(buf)[: h.nbytes], lambda: self._on_notice(peer, h, buf)
         else:
             key3 = (peer, h.ctx, h.seq)
             p = None
@@ -150,12 +222,75 @@ class Mailbox:
         for listener in self.lost_listeners:
             listener(peer, lost)
 
+    def _on_notice(self, reporter: int, h: Header, buf: bytearray) -> None:
+        """``reporter`` found that ``offender`` issued another call at (ctx, seq): fail ours too."""
+        try:
+            if h.nbytes != NOTICE.size:
+                return
+            offender, *theirs = NOTICE.unpack_from(buf)
+        finally:
+            self.pool.release(buf)
+        op_key = (h.ctx, h.seq)
+        if op_key in self._dead or op_key in self._doomed:
+            return
+        done = self._finished.get(op_key)
+        active = self.active.get(op_key) or done or Active(h.fingerprint(), (), 0)
+        offender_fp = (theirs[0], theirs[1], theirs[2], theirs[3], theirs[4])
+        exc = active.mismatch(h.ctx, h.seq, offender, offender_fp, reporter, h.fingerprint())
+        if done is not None:
+            _log.error("%s (reported by a peer after this rank's part had finished)", exc)
+        self.fail_op(h.ctx, h.seq, exc)
+
+    # -- collectives: fingerprints and mismatches ----------------------------
+    def begin(self, ctx: int, seq: int, fp: Fingerprint, ranks: tuple[int, ...], rank: int
+              ) -> CollectiveMismatch | None:
+        """A collective starts here; returns its error if a peer's frame or notice already doomed it."""
+        op_key = (ctx, seq)
+        doomed = self._doomed.get(op_key)
+        if doomed is not None:
+            return doomed
+        active = self.active[op_key] = Active(fp, ranks, rank)
+        for peer, theirs in self._foreign.pop(op_key, {}).items():
+            if theirs != fp:
+                exc = active.mismatch(ctx, seq, peer, theirs, ranks[rank], fp)
+                self.fail_op(ctx, seq, exc)
+                if self.notify is not None:
+                    self.notify(ctx, seq, active, peer, theirs)
+                return exc
+        return None
+
+    def end(self, ctx: int, seq: int) -> CollectiveMismatch | None:
+        """The collective's schedule ran to its end here; returns its error if a peer's different
+        call reached it meanwhile (a send-only part finishes without noticing otherwise)."""
+        doomed = self._doomed.get((ctx, seq)) if self._doomed else None
+        if doomed is not None:
+            return doomed
+        active = self.active.pop((ctx, seq), None)
+        if active is not None:
+            self._finished[(ctx, seq)] = active
+            if len(self._finished) > 1024:
+                del self._finished[next(iter(self._finished))]
+        return None
+
+    def fail_op(self, ctx: int, seq: int, exc: CollectiveMismatch) -> None:
+        """Fail the collective (ctx, seq): its posted receives now, its later ones when posted."""
+        op_key = (ctx, seq)
+        self._doomed[op_key] = exc
+        if len(self._doomed) > 4096:
+            del self._doomed[next(iter(self._doomed))]
+        for key in [k for k in self.posted if k[1] == ctx and k[2] == seq]:
+            self.posted.pop(key).fail(exc)
+
     # -- from ops ----------------------------------------------------------
     def post(self, peer: int, ctx: int, seq: int, k: int, target: memoryview, op: int, dtype: int,
              what: str) -> asyncio.Future[None]:
         fut = self.loop.create_future()
         p = Posted(target, fut, op, dtype, what, None)
         key = (peer, ctx, seq, k)
+        doomed = self._doomed.get((ctx, seq)) if self._doomed else None
+        if doomed is not None:
+            p.fail(doomed)
+            return fut
         e = self.early.pop(key, None)
         if e is not None:
             self._attach(e, p)
@@ -217,6 +352,8 @@ class Mailbox:
             e = self.early.pop(key)
             if e.done:
                 self.pool.release(e.buf)
+        self.active.pop((ctx, seq), None)
+        self._foreign.pop((ctx, seq), None)
         self._dead.add((ctx, seq))
         self._dead_order.append((ctx, seq))
         if len(self._dead_order) > 4096:

@@ -21,7 +21,7 @@ Failure: an op past its deadline raises :class:`CollectiveTimeout` naming
 the ranks that have not published the step it waits for. A timeout or a
 lost peer leaves the ranks out of step, so the channel is then *broken*:
 later collectives on it fail at once (abort and re-create the communicator,
-as with NCCL). An :class:`OpMismatch` does not break it (see the executor).
+as with NCCL). An :class:`CollectiveMismatch` does not break it (see the executor).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from .. import log
-from ..errors import AiocclError, CollectiveTimeout, CommAborted, OpMismatch
+from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted
 from ..transport.shm import CONTROL_BYTES, CTR, DESC, DESC_LEN, HALF, HEAP, HEAP_OFF, SLEEP, Doorbell, Segment
 from ..transport.shm_heap import Heap
 from .pool import BufferPool
@@ -157,6 +157,7 @@ class ShmChannel:
     # -- running ops ------------------------------------------------------------
     def submit(self, op: ShmOp) -> None:
         """Queue an op (on the engine loop); runs it at once when the channel is idle."""
+        op.chan = self
         self.queue.append(op)
         if not self._pumping and len(self.queue) == 1:
             self._pump()
@@ -202,7 +203,7 @@ class ShmChannel:
             self._release(op)
             self.stats["ops"] += 1
             op.work._set_result(op.result())
-        except OpMismatch as e:
+        except CollectiveMismatch as e:
             op.gen = None
             self._release(op)
             op.work._set_exception(e)

@@ -11,7 +11,7 @@ The first step of every op writes this rank's *descriptor* (op, dtype,
 count, root, algorithm, sequence number, and where its registered buffers
 lie) and waits for every rank, so all ranks read all descriptors at the same
 step: an op issued differently somewhere fails everywhere with
-:class:`~aioccl.errors.OpMismatch` after exactly one step, and the channel
+:class:`~aioccl.errors.CollectiveMismatch` after exactly one step, and the channel
 stays in step for the next op.
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 from ..algorithms.schedule import IN, OUT, SCRATCH, Region
 from ..algorithms.shm import Fetch, ShmSchedule, Src
 from ..dtypes import ReduceOp, dtype_from_code
-from ..errors import OpMismatch
+from ..errors import CollectiveMismatch
 from ..kernels import UFUNCS, scale
 from ..work import Work
 from .mailbox import OP_NAMES
@@ -44,7 +44,7 @@ class ShmOp:
     """One collective handed to the channel (a plain slotted class: it is built on every call)."""
 
     __slots__ = ("name", "code", "seq", "sched", "inp", "out", "dtype_code", "op", "count", "root", "timeout",
-                 "work", "result", "kind", "deadline", "gen", "waiting", "scratch_raw", "_shift")
+                 "work", "result", "kind", "deadline", "gen", "waiting", "scratch_raw", "_shift", "chan")
 
     def __init__(self, name: str, code: int, seq: int, sched: ShmSchedule, inp: np.ndarray, out: np.ndarray,
                  dtype_code: int, op: ReduceOp | None, count: int, root: int, timeout: float, work: Work,
@@ -58,6 +58,14 @@ class ShmOp:
         self.waiting: Wait | None = None
         self.scratch_raw: np.ndarray | None = None
         self._shift: int | None | bool = False  # OUT's element offset inside IN (False: not computed yet)
+        self.chan: ShmChannel | None = None
+
+    def blocked_on(self) -> list[int] | None:
+        """The ranks that have not published the step this op waits for; None while queued."""
+        chan, waiting = self.chan, self.waiting
+        if chan is None or self.gen is None:
+            return None
+        return chan.missing(*waiting) if waiting is not None else []
 
     def out_in_in(self) -> int | None:
         """OUT's element offset inside IN when they share memory (reduce_scatter in place), else None."""
@@ -135,8 +143,10 @@ def execute(ch: ShmChannel, op: ShmOp, scratch: np.ndarray) -> Generator[Wait, N
             for j in others:
                 d = descs[j]
                 if d[:D_IN] != mine[:D_IN]:
-                    raise OpMismatch(f"{op.name} (seq {op.seq}) over shared memory: rank {j} issued "
-                                     f"{describe(d)}; this rank issued {describe(mine)}")
+                    theirs, ours = describe(d), describe(mine)
+                    raise CollectiveMismatch(f"collective mismatch at seq {op.seq} over shared memory: rank {j} "
+                                             f"issued {theirs}, rank {me} issued {ours}", op.seq, (j, me),
+                                             (theirs, ours))
                 any_zero_copy = any_zero_copy or d[D_IN] >= 0 or d[D_OUT] >= 0
             any_zero_copy = any_zero_copy or in_off >= 0 or out_off >= 0
         for rd in step.reads:

@@ -78,8 +78,11 @@ async def _agree(engine: Engine, comm_id: int, step: int, ok: bool, timeout: flo
     flag = np.array([1 if ok else 0], dtype=np.int32)
     sched = plan("all_reduce", 1, rank, n, 0, 1024, "rd")
     scratch = np.zeros(sched.scratch, dtype=np.int32)
-    await execute(engine, view, step, 1, f"shared-memory setup step {step}", sched, (flag, flag, scratch),
-                  dtype_code(flag.dtype), ReduceOp.MIN, Progress())
+    fp = (1, dtype_code(flag.dtype), ReduceOp.MIN.code, 1, 0)
+    engine.mailbox.begin(view.ctx, step, fp, view.ranks, rank)
+    await execute(engine, view, step, fp, f"shared-memory setup step {step}", sched, (flag, flag, scratch),
+                  ReduceOp.MIN, Progress())
+    engine.mailbox.end(view.ctx, step)
     return bool(flag[0])
 
 

@@ -12,15 +12,19 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-HEADER = struct.Struct("<BBBBIQqQ")  # kind, op, dtype, flags, k, ctx, seq_or_tag, nbytes
-HEADER_SIZE = HEADER.size  # 32
+HEADER = struct.Struct("<BBBBIQqQqi4x")  # kind, op, dtype, redop, k, ctx, seq_or_tag, nbytes, count, root
+HEADER_SIZE = HEADER.size  # 48
+NOTICE = struct.Struct("<qBBB5xqq")  # a MISMATCH frame's payload: offender rank, its op, dtype, redop, count, root
 
-COLL, P2P, BYE = 1, 2, 3
-KIND_NAMES = {COLL: "collective", P2P: "p2p", BYE: "bye"}
+COLL, P2P, BYE, MISMATCH = 1, 2, 3, 4
+KIND_NAMES = {COLL: "collective", P2P: "p2p", BYE: "bye", MISMATCH: "mismatch notice"}
 
 
 @dataclass(frozen=True, slots=True)
 class Header:
+    """One frame's header. For a collective, (op, dtype, redop, count, root) is its *fingerprint*:
+    every frame carries the sender's, so a receiver detects a different call from the first frame."""
+
     kind: int
     op: int  # collective code (or 0)
     dtype: int  # dtypes.dtype_code (or 0)
@@ -28,13 +32,25 @@ class Header:
     ctx: int  # communicator context id
     seq: int  # collective sequence number, or p2p tag
     nbytes: int
+    count: int = 0  # the op's element count as its caller gave it
+    root: int = 0
+    redop: int = 0  # ReduceOp.code, 0 for none
 
     def pack(self) -> bytes:
-        return HEADER.pack(self.kind, self.op, self.dtype, 0, self.k, self.ctx, self.seq, self.nbytes)
+        return HEADER.pack(self.kind, self.op, self.dtype, self.redop, self.k, self.ctx, self.seq, self.nbytes,
+                           self.count, self.root)
+
+    def fingerprint(self) -> tuple[int, int, int, int, int]:
+        return (self.op, self.dtype, self.redop, self.count, self.root)
 
 
 def unpack(buf: bytes | bytearray | memoryview) -> Header:
-    kind, op, dtype, _flags, k, ctx, seq, nbytes = HEADER.unpack(buf)
+    kind, op, dtype, redop, k, ctx, seq, nbytes, count, root = HEADER.unpack(buf)
     if kind not in KIND_NAMES:
         raise ValueError(f"corrupt frame: unknown kind {kind}")
-    return Header(kind, op, dtype, k, ctx, seq, nbytes)
+    if nbytes < 0 or nbytes > MAX_FRAME:
+        raise ValueError(f"corrupt frame: {nbytes} payload bytes")
+    return Header(kind, op, dtype, k, ctx, seq, nbytes, count, root, redop)
+
+
+MAX_FRAME = 1 << 46  # no single message is larger than this; anything bigger is a corrupt header
