@@ -33,7 +33,7 @@ from .engine.engine import CollSpec, CommView, Engine
 from .engine.placement import Placement
 from .engine.shm_channel import ShmChannel
 from .engine.shm_executor import ShmOp
-from .errors import CollectiveTimeout, CommAborted, InvalidArgument
+from .errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument
 from .group import Group, current_group
 from .introspection import FlightRecorder, PendingOp, pending_op
 from .p2p import PointToPointOps
@@ -64,7 +64,7 @@ class Communicator(CollectiveOps, PointToPointOps):
     """A group of ranks that run collectives together. Create with :meth:`create` or ``aioccl.init()``."""
 
     def __init__(self, engine: Engine, view: CommView, hosts: list[str], timeout: float, tuning: Tuning,
-                 parent: Communicator | None = None) -> None:
+                 parent: Communicator | None = None, shm: bool = True) -> None:
         self._engine = engine
         self._view = view
         self._timeout = timeout
@@ -75,12 +75,14 @@ class Communicator(CollectiveOps, PointToPointOps):
         self._inflight: set[Work] = set()
         self._recorder = FlightRecorder()
         self._closed: BaseException | None = None
+        self._aborted = False
         self._subs: list[Communicator] = []
         mine = hosts[view.rank]
         same = [r for r in range(view.size) if hosts[r] == mine]
         self._local = (same.index(view.rank), len(same))
         self._hosts = hosts
-        self._shm: ShmChannel | None = engine.shm if parent is None else None
+        self._shm: ShmChannel | None = engine.shm if parent is None and shm else None
+        self._owns_engine = parent is None  # closing it closes the engine (passed on by shrink)
 
     # -- creation ------------------------------------------------------------
     @classmethod
@@ -331,8 +333,56 @@ class Communicator(CollectiveOps, PointToPointOps):
         gathered.add_done_callback(finish)
         return result
 
-    def close(self) -> Work:
-        """Finish in-flight ops, then release the communicator (say goodbye to peers if it owns them)."""
+    def shrink(self, *, timeout: float | None = None) -> Work:
+        """After :class:`PeerLost`: the survivors agree on who is alive and form a new communicator.
+
+        Every surviving rank calls it (it is collective over the survivors);
+        the Work gives the new :class:`Communicator`, with ranks renumbered in
+        the old order. It reuses the existing connections (so it takes
+        milliseconds, not a new bootstrap) and runs over sockets. This
+        communicator is then closed and hands the engine to the new one: close
+        the new one at the end.
+        """
+        t = self._op_timeout(timeout)
+        self._usable()
+        work = Work("shrink", -1)
+        work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
+        eng, view = self._engine, self._view
+
+        async def run() -> None:
+            from .recovery import agree_on_survivors
+
+            try:
+                alive = await agree_on_survivors(eng, view, t)
+            except AiocclError as e:
+                work._set_exception(e)
+                return
+            work._set_result(self._successor(alive))
+
+        eng.launch(run)
+        return work
+
+    def _successor(self, alive: list[int]) -> Communicator:
+        digest = hashlib.blake2b(f"{self._view.ctx}:shrink:{alive}".encode(), digest_size=8).digest()
+        view = CommView(int.from_bytes(digest, "little") >> 1, alive.index(self.rank), len(alive),
+                        tuple(self._view.ranks[r] for r in alive))
+        new = Communicator(self._engine, view, [self._hosts[r] for r in alive], self._timeout, self._tuning,
+                           parent=self._parent, shm=False)
+        new._owns_engine, self._owns_engine = self._owns_engine, False
+        lost = [r for r in range(self.world_size) if r not in alive]
+        with self._lock:
+            self._closed = CommAborted(f"{self!r} was shrunk to {new!r} (lost ranks {lost}); use the new one")
+        _log.warning("shrunk to %d ranks without %s: now rank %d", len(alive), lost, new.rank)
+        return new
+
+    def close(self, *, timeout: float | None = None) -> Work:
+        """Let in-flight ops finish (for at most ``timeout`` s, default the communicator's), then release
+        the communicator, saying goodbye to peers if it owns the connections.
+
+        Past the deadline the ops still running fail with :class:`CommAborted`, the communicator is
+        released anyway, and the returned Work raises :class:`CollectiveTimeout` naming them.
+        """
+        t = self._op_timeout(timeout)
         with self._lock:
             if self._closed is not None:
                 return completed("close", -1, None)
@@ -340,18 +390,35 @@ class Communicator(CollectiveOps, PointToPointOps):
         pending = list(self._inflight)
         work = Work("close", -1)
         work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
-        owns = self._parent is None
+        owns = self._owns_engine
         eng = self._engine
 
         async def run() -> None:
-            for w in pending:
-                try:
-                    await w
-                except BaseException:  # noqa: BLE001 - close reports nothing about earlier ops
-                    pass
-            if owns:
+            late: CollectiveTimeout | None = None
+            try:
+                async with asyncio.timeout(t):
+                    for w in pending:
+                        if w.cancelled():
+                            continue
+                        try:
+                            await w
+                        except Exception:  # noqa: BLE001 - close reports nothing about earlier ops
+                            pass
+            except TimeoutError:
+                left = [w for w in pending if not w.done()]
+                waiting = sorted({r for w in left for r in (pending_op(w, time.monotonic()).waiting_for or [])})
+                late = CollectiveTimeout("close", -1, waiting, t, "still running: " + ", ".join(map(repr, left)),
+                                         f"{self._view.ctx:x}")
+                for w in left:
+                    w._set_exception(CommAborted(f"{w!r} was cut short by close() after {t:g}s"))
+                if owns:
+                    eng.abort_on_loop(CommAborted(f"{self!r} is closed"))
+            if owns and late is None:
                 await eng.shutdown()
-            work._set_result(None)
+            if late is not None:
+                work._set_exception(late)
+            else:
+                work._set_result(None)
             if owns:
                 eng.placement.stop()
 
@@ -362,19 +429,26 @@ class Communicator(CollectiveOps, PointToPointOps):
         return work
 
     def abort(self) -> None:
-        """Fail every in-flight op with CommAborted now and drop the connections (peers see PeerLost)."""
+        """Fail every in-flight op with CommAborted now and drop the connections (peers see PeerLost).
+
+        Never blocks (the engine is told, not waited for), is idempotent, and may be called from any
+        thread, a signal handler's included, or from a done callback.
+        """
         exc = CommAborted(f"{self!r} was aborted")
         with self._lock:
+            if self._aborted:
+                return
+            self._aborted = True
             self._closed = exc
         for w in list(self._inflight):
             w._set_exception(exc)
-        if self._parent is None:
+        if self._owns_engine:
             eng = self._engine
             if eng.placement.on_loop_thread():
                 eng.abort_on_loop(exc)
             elif not eng.loop.is_closed():
                 eng.placement.call(eng.abort_on_loop, exc)
-            eng.placement.stop()
+            eng.placement.stop(join=False)
 
     async def __aenter__(self) -> Communicator:
         return self

@@ -7,15 +7,19 @@ Each child gets ``AIOCCL_RANK``, ``AIOCCL_WORLD_SIZE``, ``AIOCCL_LOCAL_RANK``,
 ``AIOCCL_LOCAL_WORLD_SIZE``, ``AIOCCL_COMM_ID`` and ``AIOCCL_COMM_SECRET``
 (random on one node; on several nodes it must be the same everywhere: set
 ``AIOCCL_COMM_SECRET`` or ``--secret``). Every output line is prefixed with
-``[rank r]``. SIGINT/SIGTERM are forwarded. When a rank exits non-zero, the
-others are terminated (then killed after a grace period) and the launcher
-exits with that rank's code, naming it.
+``[rank r]``. SIGINT/SIGTERM are forwarded. When a rank exits non-zero or
+is killed, the others are terminated (then killed after a grace period) and
+the launcher exits with that rank's code, naming it. If the launcher itself
+dies (even by SIGKILL), the kernel sends its ranks SIGTERM, so no rank
+outlives it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import functools
 import os
 import secrets
 import signal
@@ -66,6 +70,16 @@ def child_envs(ns: argparse.Namespace, base: dict[str, str]) -> list[dict[str, s
     return envs
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the child, before exec: SIGTERM when the launcher dies (Linux's PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return  # not Linux: ranks are still stopped on every path the launcher survives
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os._exit(143)
+
+
 async def _pump(stream: asyncio.StreamReader, out: object, prefix: bytes) -> None:
     buf = out.buffer  # type: ignore[attr-defined]
     while line := await stream.readline():
@@ -80,7 +94,8 @@ async def launch(ns: argparse.Namespace) -> int:
     for env in envs:
         rank = int(env["AIOCCL_RANK"])
         proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE)
+                                                    stderr=asyncio.subprocess.PIPE,
+                                                    preexec_fn=functools.partial(_die_with_parent, os.getpid()))
         prefix = b"" if ns.no_prefix else f"[rank {rank}] ".encode()
         pumps += [asyncio.create_task(_pump(proc.stdout, sys.stdout, prefix)),  # type: ignore[arg-type]
                   asyncio.create_task(_pump(proc.stderr, sys.stderr, prefix))]  # type: ignore[arg-type]
@@ -94,6 +109,8 @@ async def launch(ns: argparse.Namespace) -> int:
         for _, p in procs:
             if p.returncode is None:
                 p.send_signal(sig)
+        if len(signalled) == 1:  # ranks that ignore it are terminated, then killed, after the grace period
+            loop.call_later(GRACE, lambda: asyncio.ensure_future(_stop([q for _, q in procs if q.returncode is None])))
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, forward, sig)
@@ -105,20 +122,28 @@ async def launch(ns: argparse.Namespace) -> int:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         for t in done:
             rank, p = waits[t]
-            if p.returncode and failed is None:
+            if p.returncode and failed is None and not signalled:
                 failed = (rank, p.returncode)
-                sys.stderr.write(f"aioccl-run: rank {rank} exited with code {p.returncode}; "
-                                 f"stopping the other ranks\n")
+                sys.stderr.write(f"aioccl-run: rank {rank} {_how(p.returncode)}; stopping the other ranks\n")
                 sys.stderr.flush()
                 await _stop([q for _, q in procs if q.returncode is None])
     await asyncio.gather(*pumps, return_exceptions=True)
     if failed is not None:
         rank, code = failed
-        sys.stderr.write(f"aioccl-run: failed: rank {rank} exited with code {code}\n")
+        sys.stderr.write(f"aioccl-run: failed: rank {rank} {_how(code)}\n")
         return code if code > 0 else 128 - code
     if signalled:
         return 128 + signalled[0]
     return 0
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 async def _stop(procs: list[asyncio.subprocess.Process]) -> None:

@@ -53,3 +53,16 @@ def test_jax_shard_map_example_one_process_and_two():
     two = run_example(2, "jax_shard_map.py", "--devices", "2")
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
     assert two.stdout.count("on 2 process(es)") == 2 and "DIFFERENT" not in two.stdout
+
+
+def test_elastic_training_continues_on_the_survivors():
+    """A rank is SIGKILLed mid-training; the others see PeerLost fast, shrink, and match 1-process training."""
+    p = subprocess.run([sys.executable, str(ROOT / "examples" / "elastic_training.py"), "--ranks", "4",
+                        "--kill-rank", "1", "--kill-step", "6", "--steps", "20"],
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "exit codes [0, -9, 0, 0]" in p.stdout
+    lost = [ln for ln in p.stdout.splitlines() if "PeerLost(rank 1)" in ln]
+    assert len(lost) == 3 and all(float(ln.split(" after ")[1].split("s;")[0]) < 2.0 for ln in lost), lost
+    assert p.stdout.count("finished 20 steps on 3 ranks") == 3
+    assert p.stdout.count("max |w - single-process w| = ") == 3

@@ -46,3 +46,93 @@ def test_module_target_and_arguments():
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("usage:") == 2 and "[rank 1] usage:" in p.stdout
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _start_holding(n: int) -> tuple[subprocess.Popen[str], list[int]]:
+    """aioccl-run with n ranks that joined over shared memory and now hang; returns their pids."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "aioccl.run", "--nproc-per-node", str(n), "--no-prefix",
+                             str(WORKERS / "shm_hold.py")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    pids: list[int] = []
+    deadline = time.monotonic() + 60
+    assert proc.stdout is not None
+    while len(pids) < n and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("ready pid="):
+            pids.append(int(line.split("=")[1]))
+    assert len(pids) == n, "the ranks did not come up"
+    return proc, pids
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # everything already exited
+    proc.wait(10)
+
+
+def _wait_gone(pids: list[int], within: float) -> None:
+    deadline = time.monotonic() + within
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if _alive(p)], "orphan ranks left behind"
+
+
+def _segments() -> set[str]:
+    from aioccl.transport.shm import SHM_DIR
+
+    return {n for n in os.listdir(SHM_DIR) if n.startswith("aioccl")} if os.path.isdir(SHM_DIR) else set()
+
+
+def test_killed_rank_stops_the_others_within_5s_and_is_named():
+    before = _segments()
+    proc, pids = _start_holding(3)
+    try:
+        with open(f"/proc/{pids[1]}/environ", "rb") as f:
+            rank = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)[b"AIOCCL_RANK"].decode()
+        t0 = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        _kill_group(proc)
+    assert proc.returncode != 0
+    assert f"failed: rank {rank} was killed by SIGKILL" in err, err
+    assert took < 5, f"the launcher took {took:.1f}s to stop the others"
+    _wait_gone(pids, 5)
+    assert _segments() == before
+
+
+def test_ctrl_c_reaches_every_rank_and_leaves_nothing():
+    before = _segments()
+    proc, pids = _start_holding(3)
+    try:
+        proc.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends the launcher
+        _, err = proc.communicate(timeout=30)
+    finally:
+        _kill_group(proc)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert err.count("\nKeyboardInterrupt\n") == 3, err  # each rank got SIGINT itself
+    _wait_gone(pids, 5)
+    assert _segments() == before
+
+
+def test_ranks_die_with_a_killed_launcher():
+    proc, pids = _start_holding(2)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)  # no chance to forward anything
+        proc.wait(10)
+        _wait_gone(pids, 5)
+    finally:
+        _kill_group(proc)

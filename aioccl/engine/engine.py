@@ -23,7 +23,7 @@ from ..bootstrap.unique_id import UniqueId
 from ..dtypes import ReduceOp
 from ..errors import AiocclError, CollectiveTimeout, CommAborted, PeerLost
 from ..transport.frames import MISMATCH, NOTICE, P2P, Header
-from ..transport.tcp import SelfConnection, TcpConnection
+from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
 from ..work import Work
 from .executor import Progress, execute
 from .mailbox import Mailbox
@@ -83,9 +83,10 @@ class Engine:
     async def create(cls, placement: Placement, uid: UniqueId, rank: int, size: int, timeout: float) -> Engine:
         """Bootstrap; must run on ``placement.loop``."""
         self = cls(placement, rank, size)
+        liveness = peer_timeout()
         self.table = await rendezvous(uid, rank, size, timeout)
         for peer, sock in self.table.conns.items():
-            conn = TcpConnection(sock, peer, self.mailbox)
+            conn = TcpConnection(sock, peer, self.mailbox, liveness)
             conn.start()
             self.conns[peer] = conn
         self.conns[rank] = SelfConnection(rank, self.mailbox)

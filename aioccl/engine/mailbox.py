@@ -93,6 +93,7 @@ class Posted:
     def fail(self, exc: BaseException) -> None:
         if not self.fut.done():
             self.fut.set_exception(exc)
+            self.fut.exception()  # its op may have failed already and never await it: no "never retrieved"
 
 
 class Early:

@@ -61,8 +61,12 @@ class Placement:
         elif not self.loop.is_closed():
             self.loop.call_soon_threadsafe(fn, *args)
 
-    def stop(self) -> None:
+    def stop(self, join: bool = True) -> None:
+        """Stop the proxy thread's loop (no-op inline); ``join`` waits for the thread to end."""
         if self.thread is not None and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            if threading.current_thread() is not self.thread:
+            try:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+            except RuntimeError:  # closed meanwhile by the thread itself
+                return
+            if join and threading.current_thread() is not self.thread:
                 self.thread.join(timeout=10)

@@ -17,16 +17,51 @@ for the rest. A lock keeps concurrent senders' frames whole.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from collections.abc import Callable
 from typing import Protocol
 
 from .. import log
 from ..bootstrap.sockio import Closed
+from ..errors import InvalidArgument
 from .frames import BYE, HEADER_SIZE, Header, unpack
 
 _log = log.get("NET")
 READ_BUDGET = 4 << 20
+DEFAULT_PEER_TIMEOUT = 2.0
+
+
+def peer_timeout(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
+    """``AIOCCL_PEER_TIMEOUT``: seconds of silence from a peer's *kernel* before it counts as lost."""
+    raw = env.get("AIOCCL_PEER_TIMEOUT", "")
+    try:
+        value = float(raw) if raw else DEFAULT_PEER_TIMEOUT
+    except ValueError:
+        raise InvalidArgument(f"AIOCCL_PEER_TIMEOUT={raw!r} is not a number of seconds") from None
+    if value < 1:
+        raise InvalidArgument(f"AIOCCL_PEER_TIMEOUT must be at least 1 second, got {raw!r}")
+    return value
+
+
+def watch_liveness(sock: socket.socket, timeout: float) -> None:
+    """Let the kernel declare the peer lost after ``timeout`` s without an acknowledgement.
+
+    A crashed process's kernel closes its sockets at once (EOF here); a dead
+    host or a cut link says nothing, so: keepalive probes every second on an
+    idle connection, and ``TCP_USER_TIMEOUT`` to fail the connection when data
+    or probes stay unacknowledged for ``timeout``. The peer's kernel answers
+    both, so a peer that is merely busy (computing, blocked, stopped in a
+    debugger) is never declared lost; its ops hit their deadline instead.
+    """
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, max(1, int(timeout)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(timeout * 1000))
+    except (OSError, AttributeError) as e:  # not Linux: loss of a host is then found by op deadlines
+        _log.info("cannot set TCP keepalive/user timeout (%s); a lost host is found by op deadlines only", e)
 
 
 class Sink(Protocol):
@@ -35,8 +70,10 @@ class Sink(Protocol):
 
 
 class TcpConnection:
-    def __init__(self, sock: socket.socket, peer: int, sink: Sink) -> None:
+    def __init__(self, sock: socket.socket, peer: int, sink: Sink, liveness: float | None = None) -> None:
         self.sock = sock
+        if liveness is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            watch_liveness(sock, liveness)
         self.peer = peer
         self.sink = sink
         self.loop = asyncio.get_running_loop()
