@@ -12,6 +12,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -78,3 +79,85 @@ def test_two_hosts_two_ranks_each(two_hosts):
     text = outs[0][0] + outs[1][0]
     print(text)
     assert text.count(", 0 failures") == 4, text
+
+
+@pytest.fixture
+def three_hosts(tmp_path):
+    """Three namespaces on a bridge (in a fourth), each with a decoy interface (a veth pair inside it, as this
+    kernel may lack the dummy module) that must not be chosen."""
+    reason = _can_netns()
+    if reason:
+        pytest.skip(reason)
+    tag = os.getpid() % 1000
+    ns = [f"aio3h{tag}{i}" for i in range(3)]
+    bridge_ns = f"aio3b{tag}"
+    dev = [f"e{tag}h{i}" for i in range(3)]
+    subnet = f"10.214.{tag % 250}"
+    addrs = [f"{subnet}.{i + 1}" for i in range(3)]
+    try:
+        _sh("ip", "netns", "add", bridge_ns)
+        _sh("ip", "-n", bridge_ns, "link", "add", "br0", "type", "bridge")
+        _sh("ip", "-n", bridge_ns, "link", "set", "br0", "up")
+        for i, n in enumerate(ns):
+            _sh("ip", "netns", "add", n)
+            _sh("ip", "-n", n, "link", "set", "lo", "up")
+            decoy = f"dm{tag}h{i}"  # created first: a naive "first interface" choice would take it
+            _sh("ip", "-n", n, "link", "add", decoy, "type", "veth", "peer", "name", f"dz{tag}h{i}")  # no dummy module
+            _sh("ip", "-n", n, "addr", "add", f"10.215.{tag % 250}.{i + 1}/24", "dev", decoy)
+            _sh("ip", "-n", n, "link", "set", decoy, "up")
+            _sh("ip", "link", "add", dev[i], "netns", n, "type", "veth", "peer", "name", f"b{tag}h{i}",
+                "netns", bridge_ns)
+            _sh("ip", "-n", bridge_ns, "link", "set", f"b{tag}h{i}", "master", "br0")
+            _sh("ip", "-n", bridge_ns, "link", "set", f"b{tag}h{i}", "up")
+            _sh("ip", "-n", n, "addr", "add", f"{addrs[i]}/24", "dev", dev[i])
+            _sh("ip", "-n", n, "link", "set", dev[i], "up")
+        yield ns, dev, addrs, subnet
+    finally:
+        for n in [*ns, bridge_ns]:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+def test_three_hosts_interface_choice_and_a_cut_link(three_hosts, tmp_path):
+    """aioccl-run --nnodes 3; AIOCCL_SOCKET_IFNAME unset / exclude / exact; then host 2's link goes down
+    mid-collective: every rank fails with PeerLost or CollectiveTimeout within the deadline."""
+    ns, dev, addrs, subnet = three_hosts
+    secret = secrets.token_hex(16)
+    ifnames = [None, "^dm,lo", f"={dev[2]}"]  # automatic (route to the root), exclude, exact
+    procs = []
+    for node in range(3):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TEST_SUBNET": subnet, "TEST_HOST": f"host {node}",
+               "TEST_DIR": str(tmp_path), "AIOCCL_PEER_TIMEOUT": "2"}
+        env.pop("AIOCCL_SOCKET_IFNAME", None)
+        if ifnames[node]:
+            env["AIOCCL_SOCKET_IFNAME"] = ifnames[node]
+        cmd = ["ip", "netns", "exec", ns[node], sys.executable, "-m", "aioccl.run", "--nnodes", "3",
+               "--node-rank", str(node), "--master-addr", addrs[0], "--master-port", "29612",
+               "--nproc-per-node", "1", "--secret", secret, str(WORKERS / "three_hosts.py")]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("looping-*"))) < 3:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                for p in procs:
+                    p.kill()
+                pytest.fail("ranks did not come up:\n" + "\n".join(o + e for o, e in (p.communicate() for p in procs)))
+            time.sleep(0.05)
+        time.sleep(0.3)  # well inside the loop of all_reduces
+        cut = time.time()
+        _sh("ip", "-n", ns[2], "link", "set", dev[2], "down")
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    text = "".join(o for o, _ in outs)
+    print(text)
+    assert text.count(", 0 failures") == 3, text + "".join(e for _, e in outs)
+    failed = [ln for ln in text.splitlines() if "FAILED-AS-DATA" in ln]
+    assert len(failed) == 3, text
+    for ln in failed:
+        when = float(ln.split(" at ")[1].split()[0])
+        assert "PeerLost" in ln or "CollectiveTimeout" in ln
+        print(f"{when - cut:.2f}s after the cut: {ln}")
+        assert when - cut < 4.0 + 1.5, f"{ln}: {when - cut:.2f}s after the cut"  # op deadline 4 s, with slack
+    for p in procs:
+        assert p.returncode == 0
