@@ -25,6 +25,8 @@ from .sockio import Closed, recv_json, send_json, tune
 from .unique_id import UniqueId
 
 _log = log.get("BOOTSTRAP")
+HANDSHAKE_S = 10.0  # a connection must prove the secret and say hello within this
+MAX_HANDSHAKES = 64  # connections being authenticated at once; more are dropped at once
 
 
 def host_identity() -> str:
@@ -66,13 +68,90 @@ async def _connect(host: str, port: int, deadline: float, what: str) -> socket.s
     raise BootstrapError(f"could not connect to {what} at {host}:{port}: {last}")
 
 
+class Gate:
+    """This rank's listening socket, served from the moment it is bound.
+
+    Every connection is authenticated concurrently (at most
+    :data:`MAX_HANDSHAKES` at once, each within :data:`HANDSHAKE_S`), so
+    a slow, silent or hostile stranger neither delays a real peer nor holds
+    anything past its deadline; each one is logged once, with its address,
+    and dropped. A connection that proves the secret and says hello is kept
+    until the table from the root says which peers to expect.
+    """
+
+    def __init__(self, listener: socket.socket, secret: bytes, rank: int) -> None:
+        self.listener, self.secret, self.rank = listener, secret, rank
+        self.comm_id: int | None = None
+        self.want: set[int] = set()
+        self.conns: dict[int, socket.socket] = {}
+        self._table = asyncio.Event()
+        self._arrived = asyncio.Event()
+        self._pending: set[asyncio.Task[None]] = set()
+        self._acceptor = asyncio.get_running_loop().create_task(self._accept_loop())
+
+    def expect(self, comm_id: int, want: set[int]) -> None:
+        self.comm_id, self.want = comm_id, set(want)
+        self._table.set()
+        if not self.want:
+            self._arrived.set()
+
+    async def arrived(self) -> dict[int, socket.socket]:
+        await self._arrived.wait()
+        return self.conns
+
+    def close(self) -> None:
+        """Stop accepting (the caller closes the listener next: its reader must be gone first)."""
+        self._acceptor.cancel()
+        asyncio.get_running_loop().remove_reader(self.listener.fileno())
+        for t in list(self._pending):
+            t.cancel()
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            sock, who = await loop.sock_accept(self.listener)
+            tune(sock)
+            if len(self._pending) >= MAX_HANDSHAKES:
+                _log.warning("rank %d: dropped a connection from %s: %d handshakes already in progress",
+                             self.rank, who, MAX_HANDSHAKES)
+                sock.close()
+                continue
+            t = loop.create_task(self._admit(sock, who))
+            self._pending.add(t)
+            t.add_done_callback(self._pending.discard)
+
+    async def _admit(self, sock: socket.socket, who: Any) -> None:
+        ok = False
+        try:
+            await auth.as_server(sock, self.secret, timeout=HANDSHAKE_S)
+            async with asyncio.timeout(HANDSHAKE_S):
+                hello = await recv_json(sock)
+            j, comm_id = int(hello["rank"]), int(hello["comm_id"])
+            await self._table.wait()  # a peer that knows the secret may get the table before us
+            if comm_id != self.comm_id or j not in self.want:
+                raise ValueError(f"unexpected data connection {hello}")
+            ok = True
+        except (auth.AuthError, Closed, ValueError, KeyError, TypeError, OSError, TimeoutError) as e:
+            _log.warning("rank %d: dropped a connection from %s: %s", self.rank, who, e)
+            return
+        finally:
+            if not ok:
+                sock.close()
+        self.conns[j] = sock
+        self.want.discard(j)
+        if not self.want:
+            self._arrived.set()
+
+
 async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float) -> Table:
     deadline = time.monotonic() + timeout
     addr = local_address(uid.host, uid.port, os.environ.get("AIOCCL_SOCKET_IFNAME"))
     listener = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
     listener.bind((addr, 0))
-    listener.listen(max(16, world_size))
+    listener.listen(max(128, world_size))
     listener.setblocking(False)
+    _log.info("rank %d: listening for peers on %s:%d", rank, addr, listener.getsockname()[1])
+    gate = Gate(listener, uid.secret, rank)
     try:
         root = await _connect(uid.host, uid.port, deadline, "the root")
         try:
@@ -90,15 +169,16 @@ async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float) 
             raise BootstrapError(f"rank {rank}: the root refused: {reply.get('error')}")
         comm_id, peers = int(reply["comm_id"]), reply["peers"]
         _log.info("rank %d: got the table of %d ranks (comm %x)", rank, len(peers), comm_id)
-        conns = await _mesh(listener, uid.secret, comm_id, rank, peers, deadline)
+        conns = await _mesh(gate, uid.secret, comm_id, rank, peers, deadline)
         return Table(comm_id, peers, conns)
     finally:
+        gate.close()
         listener.close()
 
 
-async def _mesh(listener: socket.socket, secret: bytes, comm_id: int, rank: int,
+async def _mesh(gate: Gate, secret: bytes, comm_id: int, rank: int,
                 peers: list[dict[str, Any]], deadline: float) -> dict[int, socket.socket]:
-    loop = asyncio.get_running_loop()
+    """Dial every lower rank; the gate admits every higher one."""
     n = len(peers)
     conns: dict[int, socket.socket] = {}
 
@@ -113,31 +193,14 @@ async def _mesh(listener: socket.socket, secret: bytes, comm_id: int, rank: int,
             raise
         conns[j] = sock
 
-    async def accept_all() -> None:
-        want = set(range(rank + 1, n))
-        while want:
-            sock, who = await loop.sock_accept(listener)
-            tune(sock)
-            try:
-                await auth.as_server(sock, secret, timeout=10.0)
-                async with asyncio.timeout(10.0):
-                    hello = await recv_json(sock)
-                j = int(hello["rank"])
-                if int(hello["comm_id"]) != comm_id or j not in want:
-                    raise ValueError(f"unexpected data connection {hello}")
-            except (auth.AuthError, Closed, ValueError, KeyError, TypeError, OSError, TimeoutError) as e:
-                _log.warning("rank %d: dropped a connection from %s: %s", rank, who, e)
-                sock.close()
-                continue
-            conns[j] = sock
-            want.discard(j)
-
+    gate.expect(comm_id, set(range(rank + 1, n)))
     try:
         async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
-            await asyncio.gather(accept_all(), *(dial(j) for j in range(rank)))
+            accepted, *_ = await asyncio.gather(gate.arrived(), *(dial(j) for j in range(rank)))
+        conns.update(accepted)
     except (TimeoutError, BootstrapError, OSError, auth.AuthError, Closed) as e:
-        for s in conns.values():
+        for s in [*conns.values(), *gate.conns.values()]:
             s.close()
-        missing = sorted(set(range(n)) - set(conns) - {rank})
+        missing = sorted(set(range(n)) - set(conns) - set(gate.conns) - {rank})
         raise BootstrapError(f"rank {rank}: could not connect to ranks {missing}: {e!r}") from e
     return conns

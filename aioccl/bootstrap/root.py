@@ -22,6 +22,8 @@ from .sockio import recv_json, send_json, tune
 
 _log = log.get("BOOTSTRAP")
 DEFAULT_TIMEOUT = 300.0
+HANDSHAKE_S = 10.0  # a connection must prove the secret and say hello within this
+MAX_HANDSHAKES = 256  # connections being authenticated at once; more are dropped at once (a flood)
 
 
 class RootServer:
@@ -62,8 +64,8 @@ class RootServer:
             keep = False
             try:
                 tune(conn)
-                await auth.as_server(conn, self.secret, timeout=10.0)
-                async with asyncio.timeout(10.0):
+                await auth.as_server(conn, self.secret, timeout=HANDSHAKE_S)
+                async with asyncio.timeout(HANDSHAKE_S):
                     hello = await recv_json(conn)
                 rank, size = int(hello["rank"]), int(hello["world_size"])
                 if not world:
@@ -95,6 +97,11 @@ class RootServer:
         async def accept_loop() -> None:
             while True:
                 conn, peer = await loop.sock_accept(self.sock)
+                if len(tasks) >= MAX_HANDSHAKES:
+                    self.rejected += 1
+                    _log.warning("root: dropped connection from %s: %d connections already open", peer, len(tasks))
+                    conn.close()
+                    continue
                 t = loop.create_task(handle(conn, peer))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
@@ -102,6 +109,7 @@ class RootServer:
         acceptor = loop.create_task(accept_loop())
         await complete.wait()
         acceptor.cancel()
+        loop.remove_reader(self.sock.fileno())  # before close: a pending accept would see a dead fd
         self.sock.close()
         size = world[0]
         if len(ranks) == size:
