@@ -190,6 +190,8 @@ class Mailbox:
                 if cand.work is None or cand.work._start():
                     p = cand
                     break
+            if queue is not None and not queue:
+                del self.p2p_posted[key3]  # tags are often unique (a step number): keep no empty queues
             if p is None:
                 e = Early(peer, h, self.pool)
                 self.p2p_early.setdefault(key3, deque()).append(e)
@@ -312,6 +314,8 @@ class Mailbox:
             fut = self.loop.create_future()
             p = Posted(target, fut, 0, dtype, what, work)
             self._attach(early.popleft(), p)
+            if not early:
+                del self.p2p_early[key]
             return fut
         fut = self.loop.create_future()
         p = Posted(target, fut, 0, dtype, what, work)
@@ -336,6 +340,8 @@ class Mailbox:
         queue = self.p2p_posted.get(key)
         if queue and p in queue:
             queue.remove(p)
+            if not queue:
+                del self.p2p_posted[key]
 
     def withdraw(self, peer: int, ctx: int, tag: int, fut: asyncio.Future[None]) -> None:
         """A timed-out p2p receive leaves the queue (its successor takes the next message)."""
@@ -344,6 +350,8 @@ class Mailbox:
             for p in list(queue):
                 if p.fut is fut:
                     queue.remove(p)
+            if not queue:
+                del self.p2p_posted[(peer, ctx, tag)]
 
     def forget_op(self, ctx: int, seq: int) -> None:
         """A failed collective: drop its posted receives and discard its late frames."""
