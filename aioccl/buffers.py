@@ -48,13 +48,17 @@ def adapt(x: Any, name: str) -> Buf:
         raise InvalidArgument(f"{name} is None")
     if isinstance(x, np.ndarray):
         arr, writable, wrap = x, x.flags.writeable, (lambda a, _x=x: _x if a is _x else a)
+    elif hasattr(x, "__cuda_array_interface__"):
+        raise InvalidArgument(f"{name}: {type(x).__name__} lives in GPU memory; this build moves host (CPU) "
+                              "buffers only")
     elif _is_jax(x):
         arr = np.asarray(x)  # zero-copy, read-only on CPU; results go to a fresh array
         writable, wrap = False, _jax_wrap
     elif hasattr(x, "__dlpack__"):
         device = getattr(x, "__dlpack_device__", lambda: (1, 0))()
         if device[0] != 1:  # kDLCPU
-            raise InvalidArgument(f"{name}: device arrays (DLPack device {device}) are not supported yet")
+            raise InvalidArgument(f"{name}: {type(x).__name__} is on DLPack device {tuple(device)}, not the CPU; "
+                                  "this build moves host (CPU) buffers only")
         try:
             arr = np.from_dlpack(x)
         except (BufferError, TypeError, RuntimeError) as e:

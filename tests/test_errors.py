@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 
 import numpy as np
@@ -183,3 +184,111 @@ def test_crashed_process_gives_peer_lost_not_a_hang():
     proc = launch(3, "crash.py", timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.count("PeerLost rank=1") == 2, proc.stdout
+
+
+class _OnGpu:
+    """Looks like a cupy / torch CUDA array to the library (no GPU is touched)."""
+
+    __cuda_array_interface__ = {"shape": (6,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+class _DLPackOnGpu:
+    def __dlpack__(self, stream=None):  # pragma: no cover - never called: the device is checked first
+        raise AssertionError("read a device buffer")
+
+    def __dlpack_device__(self):
+        return (2, 0)  # kDLCUDA
+
+
+def _bad_inputs() -> dict[str, tuple[object, str]]:
+    ro = np.zeros(6, np.float32)
+    ro.flags.writeable = False
+    return {
+        "complex dtype": (np.zeros(6, np.complex64), "dtype"),
+        "object dtype": (np.array([None] * 6), "dtype"),
+        "non-contiguous": (np.zeros(12, np.float32)[::2], "C-contiguous"),
+        "not an array": (object(), "expected a numpy"),
+        "None": (None, "is None"),
+        "cuda array": (_OnGpu(), "GPU memory"),
+        "dlpack on a gpu": (_DLPackOnGpu(), "DLPack device"),
+        "read-only": (ro, "read-only"),
+    }
+
+
+# op -> call with the data argument; read-only only matters where the op writes its input
+EVERY_OP = {
+    "all_reduce": (lambda c, x: c.all_reduce(x), True),
+    "broadcast": (lambda c, x: c.broadcast(x, root=1), True),
+    "reduce": (lambda c, x: c.reduce(x, root=0), True),
+    "all_gather": (lambda c, x: c.all_gather(x), False),
+    "reduce_scatter": (lambda c, x: c.reduce_scatter(x), False),
+    "gather": (lambda c, x: c.gather(x, root=0), False),
+    "scatter": (lambda c, x: c.scatter(x, root=0), False),  # the root keeps its own block where it is
+    "all_to_all": (lambda c, x: c.all_to_all(x), True),
+    "isend": (lambda c, x: c.isend(x, 1), False),
+    "irecv": (lambda c, x: c.irecv(x, 1), True),
+}
+ARG_CASES = {
+    **{f"{op} root {root!r}": (lambda c, op=op, root=root: getattr(c, op)(np.zeros(6, np.float32), root=root),
+                               "root")
+       for op in ("broadcast", "reduce", "gather", "scatter") for root in (3, -1, "0", 1.5, None)},
+    **{f"{op} peer {peer!r}": (lambda c, op=op, peer=peer: getattr(c, op)(np.zeros(6, np.float32), peer), "peer")
+       for op in ("isend", "irecv") for peer in (3, -1, "1", None)},
+    **{f"{op} tag {tag!r}": (lambda c, op=op, tag=tag: getattr(c, op)(np.zeros(6, np.float32), 1, tag=tag), "tag")
+       for op in ("isend", "irecv") for tag in (-1, 2**62, "a", 1.0)},
+    **{f"{op} {rop} on {dt}": (lambda c, op=op, rop=rop, dt=dt: getattr(c, op)(np.zeros(6, dt), op=rop), msg)
+       for op in ("all_reduce", "reduce", "reduce_scatter")
+       for rop, dt, msg in (("avg", np.int32, "avg"), ("xor", np.float32, "xor"), (7, np.float32, "op"))},
+    **{f"{op} out {what}": (lambda c, op=op, out=out: getattr(c, op)(np.zeros(6, np.float32), out=out), msg)
+       for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+       for what, out, msg in (("dtype", np.zeros(6, np.float64), "dtype"), ("shape", np.zeros(5, np.float32),
+                                                                              "shape"),
+                              ("empty", np.zeros(6, np.float32)[:0], "shape"))},
+    "reduce_scatter uneven": (lambda c: c.reduce_scatter(np.zeros(7, np.float32)), "multiple of the 3 ranks"),
+    "all_to_all uneven": (lambda c: c.all_to_all(np.zeros(7, np.float32)), "multiple of the 3 ranks"),
+    "scatter off-root without out": (lambda c: c.scatter(None, root=1), "out="),
+    "timeout zero": (lambda c: c.all_reduce(np.zeros(6, np.float32), timeout=0), "timeout"),
+    "timeout negative": (lambda c: c.isend(np.zeros(6, np.float32), 1, timeout=-1), "timeout"),
+}
+
+
+def _every_invalid_call() -> dict[str, tuple[object, str]]:
+    cases: dict[str, tuple[object, str]] = dict(ARG_CASES)
+    for op, (call, writes) in EVERY_OP.items():
+        for what, (arg, msg) in _bad_inputs().items():
+            if what == "read-only" and not writes:
+                continue
+            cases[f"{op} {what}"] = (lambda c, call=call, arg=arg: call(c, arg), msg)
+    return cases
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+async def test_every_invalid_call_on_every_op_is_refused_before_anything_moves(transport):
+    comms = await make_comms(3, transport=transport)
+    c = comms[0]
+    moved: list[str] = []
+    real_send = c._engine.send
+
+    async def counting_send(*a):
+        moved.append("frame")
+        return await real_send(*a)
+
+    c._engine.send = counting_send
+    if c._shm is not None:
+        real_submit = c._shm.submit
+        c._shm.submit = lambda op: (moved.append("shm op"), real_submit(op))[1]
+    cases = _every_invalid_call()
+    assert len(cases) > 100
+    try:
+        for name, (call, msg) in cases.items():
+            seq = c._seq
+            with pytest.raises(InvalidArgument) as info:
+                call(c)
+            assert re.search(msg, str(info.value)), f"{name}: {info.value}"
+            assert c._seq == seq and c.pending() == [] and not moved, name
+        # the communicator is in step for the next op on every rank
+        xs = [np.full(6, r, np.int64) for r in range(3)]
+        await asyncio.wait_for(asyncio.gather(*(k.all_reduce(x) for k, x in zip(comms, xs, strict=True))), 10)
+        assert all((x == 3).all() for x in xs) and moved
+    finally:
+        await close_all(comms)
