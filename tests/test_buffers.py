@@ -65,7 +65,7 @@ async def test_dlpack_objects_are_written_in_place(pair):
     got = await asyncio.gather(*(c.all_reduce(o) for c, o in zip(pair, objs, strict=True)))
     assert got[0] is objs[0] and got[1] is objs[1]
     assert all((r == 3).all() for r in raws)
-    with pytest.raises(aioccl.InvalidArgument, match="DLPack device \(2, 0\), not the CPU"):
+    with pytest.raises(aioccl.InvalidArgument, match=r"DLPack device \(2, 0\), not the CPU"):
         pair[0].all_reduce(FakeDevice(np.zeros(2)))
 
 
