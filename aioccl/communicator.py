@@ -227,7 +227,7 @@ class Communicator(CollectiveOps, PointToPointOps):
             raise InvalidArgument(f"peer {peer!r} out of range for a communicator of {self.world_size} ranks")
         return int(peer)
 
-    def _track(self, work: Work, start: Callable[[], Any], desc: str) -> Work:
+    def _track(self, work: Work, start: Callable[[], Any], desc: Any) -> Work:
         work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
         work._t0 = time.monotonic()
         work._desc = desc
@@ -243,6 +243,7 @@ class Communicator(CollectiveOps, PointToPointOps):
     def _finished(self, work: Work) -> None:
         """Done callback of every op (engine thread): record it; a timeout gets the recorder's story."""
         self._inflight.discard(work)
+        work._probe = None  # it may reference the op, which references the Work: no cycle for the GC
         self._recorder.add(work)
         exc = work._exc
         if isinstance(exc, CollectiveTimeout):
@@ -266,8 +267,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         t = self._op_timeout(timeout)
         dt = out.array.dtype
         shm = self._shm
-        desc = f"{count} x {dt}" + (f", {op.name.lower()}" if op is not None else "") + (
-            f", root {root}" if name in ("broadcast", "reduce", "gather", "scatter") else "")
+        desc = (count, dt, op, root if name in ("broadcast", "reduce", "gather", "scatter") else None)
         shm_algo = self._tuning.choose_shm(name, count, dt.itemsize, self.world_size) if shm is not None else None
         with self._lock:
             self._usable()

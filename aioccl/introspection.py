@@ -15,6 +15,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from .work import Work
 
@@ -36,6 +37,16 @@ class PendingOp:
         return f"{self.op} seq {self.seq} ({self.detail}), {self.age_s * 1e3:.1f} ms old, {state}"
 
 
+def describe(desc: Any) -> str:
+    """An op's ``(count, dtype, reduction or None, root or None)``, formatted only when somebody reads it
+    (formatting a numpy dtype costs microseconds: too much to do on every op)."""
+    if not isinstance(desc, tuple):
+        return str(desc)
+    count, dtype, op, root = desc
+    return f"{count} x {dtype}" + (f", {op.value}" if op is not None else "") + (
+        f", root {root}" if root is not None else "")
+
+
 def pending_op(work: Work, now: float) -> PendingOp:
     probe = work._probe
     waiting: list[int] | None = None
@@ -45,20 +56,19 @@ def pending_op(work: Work, now: float) -> PendingOp:
             waiting = None if found is None else sorted(found)
         except RuntimeError:  # the engine thread changed it under us: report it as not started
             waiting = None
-    return PendingOp(work.op, work.seq, work._desc, now - work._t0, waiting)
+    return PendingOp(work.op, work.seq, describe(work._desc), now - work._t0, waiting)
 
 
 class FlightRecorder:
     """The last finished ops of one communicator, oldest first (thread-safe appends)."""
 
     def __init__(self, size: int = RECORDER_SIZE) -> None:
-        self._ring: deque[str] = deque(maxlen=max(1, size))
+        self._ring: deque[tuple[str, int, Any, BaseException | None, float]] = deque(maxlen=max(1, size))
 
     def add(self, work: Work) -> None:
-        exc = work._exc
-        status = "ok" if exc is None else f"{type(exc).__name__}"
-        took = (time.monotonic() - work._t0) * 1e3
-        self._ring.append(f"{work.op} seq {work.seq} ({work._desc}): {status} in {took:.1f} ms")
+        """Called for every op: keeps the raw facts; :meth:`lines` formats them."""
+        self._ring.append((work.op, work.seq, work._desc, work._exc, time.monotonic() - work._t0))
 
     def lines(self) -> list[str]:
-        return list(self._ring)
+        return [f"{op} seq {seq} ({describe(desc)}): {'ok' if exc is None else type(exc).__name__} "
+                f"in {took * 1e3:.1f} ms" for op, seq, desc, exc, took in list(self._ring)]

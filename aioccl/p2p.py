@@ -33,7 +33,7 @@ class PointToPointOps:
 
         def _usable(self) -> None: ...
 
-        def _track(self, work: Work, start: Callable[[], Any], desc: str) -> Work: ...
+        def _track(self, work: Work, start: Callable[[], Any], desc: Any) -> Work: ...
 
     def _tag(self, tag: int) -> int:
         if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= MAX_TAG:
@@ -50,7 +50,7 @@ class PointToPointOps:
         view, eng, code = self._view, self._engine, dtype_code(xb.array.dtype)
         payload = byte_view(xb.array)
         work._probe = lambda: [peer]
-        desc = f"{xb.array.size} x {xb.array.dtype}"
+        desc = (xb.array.size, xb.array.dtype, None, None)
         return self._track(work, lambda: eng.run_send(view, peer, tag, payload, code, t, work, None), desc)
 
     send = isend
@@ -66,7 +66,7 @@ class PointToPointOps:
         view, eng, code = self._view, self._engine, dtype_code(bb.array.dtype)
         target = byte_view(bb.array)
         work._probe = lambda: [peer]
-        desc = f"{bb.array.size} x {bb.array.dtype}"
+        desc = (bb.array.size, bb.array.dtype, None, None)
         return self._track(work, lambda: eng.run_recv(view, peer, tag, target, code, t, work,
                                                        bb.wrap(bb.array)), desc)
 

@@ -45,7 +45,7 @@ class Work:
         self._on_cancel: Callable[[], None] | None = None
         self._engine_thread: int | None = None  # wait() on this thread would deadlock
         self._t0 = 0.0  # time.monotonic() when issued
-        self._desc = ""  # count, dtype, root or peer: for pending() and the flight recorder
+        self._desc: Any = ""  # (count, dtype, reduction, root), formatted lazily by pending() and the recorder
         self._probe: Callable[[], list[int] | None] | None = None  # set by the engine: ranks it waits for now
 
     def __repr__(self) -> str:
