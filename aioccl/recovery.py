@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .dtypes import dtype_code
-from .errors import AiocclError, CollectiveTimeout
+from .errors import AiocclError
 from .transport.frames import P2P, Header
 from .work import Work
 
@@ -88,6 +88,6 @@ async def _exchange(engine: Engine, view: CommView, tag: int, mine: np.ndarray, 
         try:
             await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - loop.time()))
             got[r] = bufs[r]
-        except (AiocclError, TimeoutError, CollectiveTimeout):
+        except (AiocclError, TimeoutError):
             engine.mailbox.withdraw(view.ranks[r], view.ctx, tag, fut)
     return got

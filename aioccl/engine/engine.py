@@ -26,7 +26,7 @@ from ..transport.frames import MISMATCH, NOTICE, P2P, Header
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
 from ..work import Work
 from .executor import Progress, execute
-from .mailbox import Mailbox
+from .mailbox import Active, Mailbox
 from .placement import Placement
 from .pool import BufferPool
 from .shm_channel import ShmChannel
@@ -211,7 +211,7 @@ class Engine:
         except AiocclError as e:
             work._set_exception(e)
 
-    def _notify_mismatch(self, ctx: int, seq: int, active: Any, offender: int,
+    def _notify_mismatch(self, ctx: int, seq: int, active: Active, offender: int,
                          theirs: tuple[int, int, int, int, int]) -> None:
         """Tell every other rank of the op that ``offender`` issued ``theirs``: they fail it too."""
         payload = memoryview(NOTICE.pack(offender, theirs[0], theirs[1], theirs[2], theirs[3], theirs[4]))

@@ -170,8 +170,10 @@ class Mailbox:
                         self.notify(h.ctx, h.seq, active, peer, h.fingerprint())
                     return self._discard(h)
             else:
-                seen = self._foreign.setdefault(op_key, {})
-                if peer not in seen:
+                seen = self._foreign.get(op_key)
+                if seen is None:
+                    self._foreign[op_key] = {peer: h.fingerprint()}
+                elif peer not in seen:
                     seen[peer] = h.fingerprint()
             key = (peer, h.ctx, h.seq, h.k)
             p = self.posted.pop(key, None)

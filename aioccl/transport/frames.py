@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 HEADER = struct.Struct("<BBBBIQqQqi4x")  # kind, op, dtype, redop, k, ctx, seq_or_tag, nbytes, count, root
 HEADER_SIZE = HEADER.size  # 48
+MAX_FRAME = 1 << 46  # no single message is larger than this; anything bigger is a corrupt header
 NOTICE = struct.Struct("<qBBB5xqq")  # a MISMATCH frame's payload: offender rank, its op, dtype, redop, count, root
 
 COLL, P2P, BYE, MISMATCH = 1, 2, 3, 4
@@ -52,5 +53,3 @@ def unpack(buf: bytes | bytearray | memoryview) -> Header:
         raise ValueError(f"corrupt frame: {nbytes} payload bytes")
     return Header(kind, op, dtype, k, ctx, seq, nbytes, count, root, redop)
 
-
-MAX_FRAME = 1 << 46  # no single message is larger than this; anything bigger is a corrupt header
