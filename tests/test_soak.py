@@ -1,5 +1,5 @@
 """Soak: 4 ranks, 10,000 random ops (every kind, dtype, size class, root), every element checked;
-memory, file descriptors and the scratch pool stay flat."""
+memory and file descriptors stay flat, the scratch pool bounded."""
 
 from __future__ import annotations
 

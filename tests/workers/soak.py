@@ -4,8 +4,9 @@
 
 Sizes, dtypes, ops and roots are drawn from one seeded generator, so all
 ranks issue the same calls; data are small integers, so every result is
-exact. Private resident memory, open file descriptors and the scratch
-pool are sampled half-way and at the end: they must stay flat.
+exact. Private resident memory and open file descriptors are sampled
+half-way and at the end and must stay flat; the scratch pool must stay
+within a small bound (it fills its size classes as sizes first appear).
 """
 
 from __future__ import annotations
@@ -113,9 +114,11 @@ async def main() -> None:
           f"p2p queues {len(comm._engine.mailbox.p2p_posted) + len(comm._engine.mailbox.p2p_early)}, "
           f"fds {base[1]}->{fds}, pool {base[2]}->{pool} B, pending {len(comm.pending())}, kinds {counts}", flush=True)
     await comm.close()
-    # a leak of 1 KiB per op would add 5 MiB over the second half; the pool may meet one new size class
+    # a leak of 1 KiB per op would add 5 MiB over the second half. The scratch pool fills its power-of-two
+    # size classes lazily (a rare large op may first come late), so it is held to a bound, not to flatness:
+    # a leaked scratch buffer per op would pass the bound within a few hundred ops.
     problems = [what for what, bad in (("wrong results", wrong), ("memory grew", rss - base[0] > 4 * 1024),
-                                       ("fds grew", fds != base[1]), ("pool grew", pool - base[2] > 2 << 20)) if bad]
+                                       ("fds grew", fds != base[1]), ("pool over 16 MiB", pool > 16 << 20)) if bad]
     if problems:
         sys.exit(f"rank {r}: {', '.join(problems)}")
 
