@@ -1,0 +1,129 @@
+"""The GPU reduction kernels' CUDA source, checked without a GPU.
+
+The operation strings that ``aioccl.kernels.gpu`` hands to cupy are valid C
+as well (that is by design), so gcc compiles the very same strings into a
+shared library here and every (op, dtype) pair runs against numpy on edge
+cases (wrap-around, NaN, every bfloat16 and float16 rounding case sampled),
+compared bit for bit. What this cannot check is cupy's own float16 class and
+NVRTC; scripts/gpu-check.sh covers those on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from aioccl.dtypes import SUPPORTED_DTYPES, ReduceOp, is_float
+from aioccl.kernels import cpu
+from aioccl.kernels.gpu import BF16, combine_spec, scale_spec, storage_dtype
+
+C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int32": "int", "uint32": "unsigned int",
+           "int64": "long long", "uint64": "unsigned long long", "float16": "_Float16",
+           "uint16": "unsigned short", "float32": "float", "float64": "double"}
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or sys.platform != "linux",
+                                reason="needs gcc (x86-64 Linux, for _Float16) to compile the kernel source as C")
+
+
+def _param_type(params: str) -> str:
+    return C_TYPES[params.split()[0]]
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kernels")
+    parts = ["#define __device__ static", "#define float16 _Float16"]
+    preamble_added = False
+    for dt in SUPPORTED_DTYPES:
+        for op in ReduceOp:
+            spec = combine_spec(op, dt)
+            if spec.preamble and not preamble_added:
+                parts.append(spec.preamble)
+                preamble_added = True
+            t = _param_type(spec.in_params)
+            parts.append(f"void {spec.name}(const {t}* A, const {t}* B, {t}* C, long n) {{\n"
+                         f"  for (long i = 0; i < n; i++) {{ {t} a = A[i], b = B[i], c; {spec.operation} C[i] = c; }}\n}}")
+        if is_float(dt):
+            spec = scale_spec(dt)
+            t = _param_type(spec.out_params)
+            parts.append(f"void {spec.name}(double n, {t}* C, long len) {{\n"
+                         f"  for (long i = 0; i < len; i++) {{ {t} c = C[i]; {spec.operation} C[i] = c; }}\n}}")
+    src = d / "kernels.c"
+    src.write_text("\n".join(parts) + "\n")
+    so = d / "kernels.so"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-fno-fast-math", "-o", str(so), str(src)], check=True)
+    return ctypes.CDLL(str(so))
+
+
+def _samples(dt: np.dtype, rng: np.random.Generator, n: int = 4096) -> np.ndarray:
+    """Edge cases first, then random bit patterns (floats) or the full range (integers)."""
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        edges = np.array([0, 1, info.max, info.min, info.max - 1, info.min + 1], dtype=dt)
+        rand = rng.integers(info.min, info.max, size=n, dtype=dt, endpoint=True)
+        return np.concatenate([edges, rand])
+    bits = np.dtype(f"u{dt.itemsize}")
+    raw = rng.integers(0, np.iinfo(bits).max, size=n, dtype=bits, endpoint=True).view(dt)
+    edges = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 3.0, 0.5], dtype=dt)
+    small = rng.integers(-50, 50, size=n).astype(dt)  # exact sums and products, the tests' kind of data
+    return np.concatenate([edges, raw, small])
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    if is_float(want.dtype):
+        with np.errstate(invalid="ignore"):
+            gnan, wnan = np.isnan(got.astype(np.float64)), np.isnan(want.astype(np.float64))
+        assert (gnan == wnan).all(), np.flatnonzero(gnan != wnan)[:5]
+        got, want = got[~wnan], want[~wnan]
+    bits = np.dtype(f"u{want.dtype.itemsize}")
+    bad = np.flatnonzero(got.view(bits) != want.view(bits))
+    assert bad.size == 0, (bad[:5], got[bad[:5]], want[bad[:5]])
+
+
+@pytest.mark.parametrize("op", list(ReduceOp), ids=lambda o: o.value)
+@pytest.mark.parametrize("dt", SUPPORTED_DTYPES, ids=lambda d: d.name)
+def test_combine_kernel_source_matches_numpy_bit_for_bit(lib, dt, op):
+    if op is ReduceOp.AVG and not is_float(dt):
+        pytest.skip("integer avg is refused before any kernel runs")
+    rng = np.random.default_rng(hash((dt.name, op.value)) % 2**32)
+    a, b = _samples(dt, rng), _samples(dt, rng)[::-1].copy()
+    want = np.empty_like(a)
+    with np.errstate(all="ignore"):
+        cpu.combine(op, want, a, b)
+    sd = storage_dtype(dt)
+    got = np.full(a.size, 0x5A, dtype=np.uint8).repeat(dt.itemsize).view(sd)  # poisoned
+    fn = getattr(lib, combine_spec(op, dt).name)
+    fn(a.view(sd).ctypes.data_as(ctypes.c_void_p), b.view(sd).ctypes.data_as(ctypes.c_void_p),
+       got.ctypes.data_as(ctypes.c_void_p), ctypes.c_long(a.size))
+    _same_bits(got.view(dt), want)
+
+
+@pytest.mark.parametrize("dt", [d for d in SUPPORTED_DTYPES if is_float(d)], ids=lambda d: d.name)
+@pytest.mark.parametrize("nranks", [1, 3, 8])
+def test_scale_kernel_source_matches_numpy(lib, dt, nranks):
+    buf = _samples(dt, np.random.default_rng(nranks))
+    want = buf.copy()
+    with np.errstate(all="ignore"):
+        cpu.scale(ReduceOp.AVG, want, nranks)
+    got = buf.view(storage_dtype(dt)).copy()
+    getattr(lib, scale_spec(dt).name)(ctypes.c_double(nranks), got.ctypes.data_as(ctypes.c_void_p),
+                                      ctypes.c_long(got.size))
+    _same_bits(got.view(dt), want)
+
+
+def test_every_dtype_has_a_storage_type_cupy_knows():
+    assert storage_dtype(BF16) == np.uint16
+    assert storage_dtype(ml_dtypes.bfloat16).itemsize == 2
+    for dt in SUPPORTED_DTYPES:
+        assert storage_dtype(dt).itemsize == dt.itemsize
+        assert storage_dtype(dt) != BF16
+
+
+def test_kernel_names_are_unique_per_op_and_dtype():
+    names = {combine_spec(op, dt).name for dt in SUPPORTED_DTYPES for op in ReduceOp}
+    assert len(names) == len(SUPPORTED_DTYPES) * len(ReduceOp)
