@@ -1,9 +1,10 @@
 """Turn what users pass (numpy, JAX, DLPack or buffer-protocol objects) into one view.
 
-Everything below the API works on :class:`Buf`: a C-contiguous numpy array
-(the caller's memory, never a copy, unless the input is immutable) plus a
-function that turns the filled array back into what the caller expects to
-get: the same numpy array, the same torch tensor, or a new JAX array.
+Everything below the API works on :class:`Buf`: a C-contiguous numpy array,
+or for GPU memory a :class:`~aioccl.gpu.arrays.DevArray` (the caller's
+memory, never a copy, unless the input is immutable) plus a function that
+turns the filled array back into what the caller expects to get: the same
+numpy or cupy array, the same torch tensor, or a new JAX array.
 Validation lives here so every op rejects bad input *before* a byte moves.
 """
 
@@ -21,15 +22,20 @@ from .errors import InvalidArgument
 
 @dataclass(slots=True)
 class Buf:
-    array: np.ndarray  # C-contiguous view of the user's memory (or a private copy if immutable)
+    array: Any  # np.ndarray or DevArray: C-contiguous view of the user's memory (or a private copy if immutable)
     writable: bool  # whether results may be written into the user's memory
     wrap: Callable[[np.ndarray], Any]  # filled array -> what the caller gets back
     owner: Any = None  # the user's object
     immutable: bool = False  # JAX arrays: results always go to a new array
 
     @property
-    def flat(self) -> np.ndarray:
+    def flat(self) -> Any:
         return self.array.reshape(-1)
+
+    @property
+    def device(self) -> int | None:
+        """The CUDA device ordinal of GPU buffers; None for host memory."""
+        return None if isinstance(self.array, np.ndarray) else self.array.device
 
 
 def _is_jax(x: Any) -> bool:
@@ -48,17 +54,22 @@ def adapt(x: Any, name: str) -> Buf:
         raise InvalidArgument(f"{name} is None")
     if isinstance(x, np.ndarray):
         arr, writable, wrap = x, x.flags.writeable, (lambda a, _x=x: _x if a is _x else a)
-    elif hasattr(x, "__cuda_array_interface__"):
-        raise InvalidArgument(f"{name}: {type(x).__name__} lives in GPU memory; this build moves host (CPU) "
-                              "buffers only")
+    elif _on_gpu(x):
+        from .gpu.arrays import adapt_device
+
+        arr, writable, wrap, immutable = adapt_device(x, name)
+        dtype_code(arr.dtype)
+        if not arr.flags.c_contiguous:
+            raise InvalidArgument(f"{name} is not C-contiguous (strides {arr.data.strides}); make a contiguous copy")
+        return Buf(arr, writable, wrap, x, immutable)
     elif _is_jax(x):
         arr = np.asarray(x)  # zero-copy, read-only on CPU; results go to a fresh array
         writable, wrap = False, _jax_wrap
     elif hasattr(x, "__dlpack__"):
         device = getattr(x, "__dlpack_device__", lambda: (1, 0))()
-        if device[0] != 1:  # kDLCPU
-            raise InvalidArgument(f"{name}: {type(x).__name__} is on DLPack device {tuple(device)}, not the CPU; "
-                                  "this build moves host (CPU) buffers only")
+        if device[0] != 1:  # kDLCPU (CUDA devices were taken above)
+            raise InvalidArgument(f"{name}: {type(x).__name__} is on DLPack device {tuple(device)}, which is "
+                                  "neither the CPU nor a CUDA GPU")
         try:
             arr = np.from_dlpack(x)
         except (BufferError, TypeError, RuntimeError) as e:
@@ -94,16 +105,49 @@ def check_same(a: Buf, b: Buf, what: str, shape: tuple[int, ...] | None = None) 
         raise InvalidArgument(f"{what}: shape {b.array.shape} does not match the expected shape {want}")
 
 
+def _on_gpu(x: Any) -> bool:
+    from .gpu.arrays import is_device_object  # no cupy import: it only looks at the object
+
+    return is_device_object(x)
+
+
 def fresh(shape: tuple[int, ...], like: Buf) -> Buf:
-    """A new output array shaped ``shape`` returned in ``like``'s flavour (numpy or JAX)."""
+    """A new output array shaped ``shape`` returned in ``like``'s flavour (numpy, cupy or JAX), on its device."""
+    if like.device is not None:
+        from .gpu.arrays import empty
+
+        dev = empty(shape, like.array.dtype, like.device)
+        return Buf(dev, True, like.wrap if like.immutable else (lambda a: a.data), immutable=False)
     arr = np.empty(shape, dtype=like.array.dtype)
     if like.wrap is _jax_wrap:
         return Buf(arr, True, _jax_wrap)
     return Buf(arr, True, lambda a: a)
 
 
-def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.size > 0 and b.size > 0 and np.shares_memory(a, b)
+def overlaps(a: Any, b: Any) -> bool:
+    """Whether two buffers share memory (a host and a GPU buffer never do)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.size > 0 and b.size > 0 and np.shares_memory(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return False
+    from .gpu.arrays import same_memory
+
+    return same_memory(a, b)
+
+
+def address(arr: Any) -> int:
+    """The first byte's address (host or device)."""
+    return int(arr.__array_interface__["data"][0]) if isinstance(arr, np.ndarray) else arr.ptr
+
+
+def same_device(what: str, *bufs: Buf) -> int | None:
+    """The one device all ``bufs`` are on (None: host); mixing devices is an :class:`InvalidArgument`."""
+    devices = {b.device for b in bufs}
+    if len(devices) > 1:
+        names = sorted("host" if d is None else f"cuda:{d}" for d in devices)
+        raise InvalidArgument(f"{what}: buffers on different devices ({', '.join(names)}); pass all of one "
+                              "call's buffers on the same device")
+    return devices.pop()
 
 
 def byte_view(arr: np.ndarray) -> memoryview:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .buffers import Buf, adapt, check_same, fresh, need_writable, overlaps
+from .buffers import Buf, adapt, address, check_same, fresh, need_writable, overlaps
 from .dtypes import ReduceOp, check_op_dtype, dtype_code
 from .errors import InvalidArgument
 from .work import Work
@@ -197,6 +197,6 @@ class CollectiveOps:
             return
         n = small.array.size
         exact = big.array.reshape(-1)[block * n:(block + 1) * n]
-        if small.array.reshape(-1).__array_interface__["data"][0] != exact.__array_interface__["data"][0]:
+        if address(small.array) != address(exact):
             raise InvalidArgument("input and output overlap other than at this rank's own block")
 

@@ -1,0 +1,152 @@
+"""GPU buffers as the rest of aioccl sees them.
+
+:class:`DevArray` is the GPU counterpart of the numpy array inside a
+:class:`~aioccl.buffers.Buf`: it answers ``shape``, ``dtype``, ``size``,
+slicing and ``reshape`` the way the argument checks in ``collectives.py``
+expect, so every op validates GPU and host buffers with the same code.
+
+cupy has no bfloat16, so a bfloat16 buffer is stored as a uint16 cupy array
+and its logical dtype travels beside it (``DevArray.dtype``); the kernels in
+``aioccl.kernels.gpu`` pick their code by the logical dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from ..kernels.gpu import storage_dtype
+from .probe import load_cupy
+
+KDL_CUDA, KDL_CUDA_MANAGED = 2, 13  # DLPack device types aioccl can use as GPU memory
+
+
+class DevArray:
+    """A C-contiguous cupy array (``data``) with its logical numpy dtype and device ordinal."""
+
+    __slots__ = ("data", "dtype", "device")
+
+    def __init__(self, data: Any, dtype: np.dtype, device: int) -> None:
+        self.data = data
+        self.dtype = np.dtype(dtype)
+        self.device = device
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    @property
+    def ptr(self) -> int:
+        return int(self.data.data.ptr)
+
+    @property
+    def flags(self) -> Any:
+        return self.data.flags
+
+    def reshape(self, *shape: Any) -> DevArray:
+        return DevArray(self.data.reshape(*shape), self.dtype, self.device)
+
+    def __getitem__(self, key: Any) -> DevArray:
+        return DevArray(self.data[key], self.dtype, self.device)
+
+    def __setitem__(self, key: Any, value: DevArray) -> None:
+        self.data[key] = value.data
+
+    def __repr__(self) -> str:
+        return f"<DevArray {self.dtype.name}{list(self.shape)} on cuda:{self.device}>"
+
+
+def is_device_object(x: Any) -> bool:
+    """Whether ``x`` lives in GPU memory, judged without importing cupy."""
+    if hasattr(x, "__cuda_array_interface__"):
+        return True
+    dev = getattr(x, "__dlpack_device__", None)
+    if dev is None or isinstance(x, np.ndarray):
+        return False
+    try:
+        return int(dev()[0]) in (KDL_CUDA, KDL_CUDA_MANAGED)
+    except Exception:  # noqa: BLE001 - an odd object: let the host path judge it
+        return False
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype, device: int) -> DevArray:
+    """A new GPU array on ``device`` (from cupy's pool: results handed back to the caller)."""
+    cp = load_cupy("a GPU output")
+    with cp.cuda.Device(device):
+        return DevArray(cp.empty(shape, dtype=storage_dtype(dtype)), dtype, device)
+
+
+def adapt_device(x: Any, name: str) -> tuple[DevArray, bool, Callable[[DevArray], Any], bool]:
+    """View GPU object ``x`` as a DevArray without copying: ``(array, writable, wrap, immutable)``."""
+    cp = load_cupy(f"{name} ({type(x).__name__}, in GPU memory)")
+    is_jax = type(x).__module__.startswith(("jax", "jaxlib"))
+    if isinstance(x, cp.ndarray):
+        arr = DevArray(x, _logical(x, x.dtype), x.device.id)
+        return arr, True, (lambda a, _x=x: _x if a.data is _x else a.data), False
+    if hasattr(x, "__cuda_array_interface__"):
+        arr, readonly = _from_cai(cp, x, name)
+    else:
+        try:
+            data = cp.from_dlpack(x)
+        except Exception as e:  # noqa: BLE001 - cupy raises several kinds
+            raise InvalidArgument(f"{name}: cannot view {type(x).__name__} through DLPack: {e}") from None
+        arr, readonly = DevArray(data, _logical(x, data.dtype), data.device.id), False
+    if is_jax:
+        return arr, False, _jax_wrap, True
+    owner = x
+    return arr, not readonly, (lambda a, _x=owner, _d=arr.data: _x if a.data is _d else a.data), False
+
+
+def _logical(x: Any, fallback: Any) -> np.dtype:
+    """The object's own numpy dtype where it has one (JAX, XLA buffers: bfloat16 included), else ``fallback``."""
+    try:
+        return np.dtype(x.dtype)
+    except TypeError:  # torch.dtype and friends
+        return np.dtype(fallback)
+
+
+def _from_cai(cp: Any, x: Any, name: str) -> tuple[DevArray, bool]:
+    cai = x.__cuda_array_interface__
+    shape = tuple(int(d) for d in cai["shape"])
+    logical = _logical(x, cai["typestr"])
+    try:
+        stored = storage_dtype(logical)
+    except KeyError:
+        stored = np.dtype(cai["typestr"])  # unsupported: dtype_code() names it next
+    strides = cai.get("strides")
+    if strides is not None:
+        want = tuple(int(s) for s in np.empty(shape, dtype=stored).strides) if shape else ()
+        if tuple(int(s) for s in strides) != want and int(np.prod(shape)) > 1:
+            raise InvalidArgument(f"{name} is not C-contiguous (strides {tuple(strides)}); make a contiguous copy")
+    ptr, readonly = cai["data"]
+    nbytes = int(np.prod(shape)) * stored.itemsize
+    mem = cp.cuda.UnownedMemory(int(ptr), nbytes, x) if nbytes else None
+    device = cp.cuda.runtime.pointerGetAttributes(int(ptr)).device if nbytes else cp.cuda.runtime.getDevice()
+    memptr = cp.cuda.MemoryPointer(mem, 0) if mem is not None else None
+    data = cp.ndarray(shape, dtype=stored, memptr=memptr)
+    return DevArray(data, logical, int(device)), bool(readonly)
+
+
+def _jax_wrap(a: DevArray) -> Any:
+    import jax.dlpack
+
+    out = jax.dlpack.from_dlpack(a.data)
+    return out.view(a.dtype) if out.dtype != a.dtype else out
+
+
+def same_memory(a: DevArray, b: DevArray) -> bool:
+    """Whether two GPU arrays share any byte (same device, intersecting address ranges)."""
+    if a.device != b.device or not a.size or not b.size:
+        return False
+    return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
