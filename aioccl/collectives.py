@@ -1,5 +1,8 @@
 """The collectives' argument handling: shapes, in place or not, which buffer is IN and OUT.
 
+The same checks serve host and GPU buffers; ``stream=`` orders an op on GPU
+buffers on that CUDA stream (default: the current one, see docs/gpu.md).
+
 A mixin of :class:`~aioccl.communicator.Communicator`: each method validates
 (raising :class:`InvalidArgument` before anything is sent), decides the
 buffers and the result, and hands them to ``Communicator._collective``.
@@ -26,7 +29,8 @@ class CollectiveOps:
         def _root(self, root: int) -> int: ...
 
         def _collective(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
-                        result: Callable[[], Any], timeout: float | None, in_place: bool = False) -> Work: ...
+                        result: Callable[[], Any], timeout: float | None, in_place: bool = False,
+                        stream: Any = None) -> Work: ...
 
     @staticmethod
     def _output_like(x: Buf, out: Any, shape: tuple[int, ...], name: str = "out") -> Buf:
@@ -39,7 +43,8 @@ class CollectiveOps:
 
     @staticmethod
     def _in_place(x: Buf, name: str = "x") -> Buf:
-        """The buffer an in-place op writes: ``x`` itself, or a fresh copy for immutable (JAX) arrays."""
+        """The buffer an in-place op writes: ``x`` itself, or a fresh copy for immutable (JAX) arrays
+        (on a GPU, the copy is queued on the current stream)."""
         if x.immutable:
             copy = fresh(x.array.shape, x)
             copy.array[...] = x.array
@@ -56,7 +61,7 @@ class CollectiveOps:
 
     # -- collectives -----------------------------------------------------------
     def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
-                   timeout: float | None = None) -> Work:
+                   timeout: float | None = None, stream: Any = None) -> Work:
         """Reduce ``x`` across ranks; in place unless ``out`` is given. Awaits to the result."""
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
@@ -65,9 +70,11 @@ class CollectiveOps:
         if out is not None and ob.array is not xb.array and overlaps(ob.array, xb.array):
             raise InvalidArgument("out partially overlaps x; pass the same array for in place, or disjoint memory")
         inp = ob if (out is None and xb.immutable) else xb
-        return self._collective("all_reduce", xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout)
+        return self._collective("all_reduce", xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout,
+                                stream=stream)
 
-    def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None) -> Work:
+    def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
+                  stream: Any = None) -> Work:
         """Copy root's ``x`` into every rank's ``x``, or into ``out`` where given (a new array for JAX)."""
         root = self._root(root)
         xb = adapt(x, "x")
@@ -80,10 +87,11 @@ class CollectiveOps:
         else:
             ob = self._in_place(xb)
         inp = xb if self.rank == root else ob
-        return self._collective("broadcast", xb.array.size, root, inp, ob, None, lambda: ob.wrap(ob.array), timeout)
+        return self._collective("broadcast", xb.array.size, root, inp, ob, None, lambda: ob.wrap(ob.array), timeout,
+                                stream=stream)
 
     def reduce(self, x: Any, root: int = 0, op: ReduceOp | str = "sum", out: Any = None, *,
-               timeout: float | None = None) -> Work:
+               timeout: float | None = None, stream: Any = None) -> Work:
         """Reduce onto ``root`` (into ``out`` or, by default, root's ``x``); None on other ranks."""
         root = self._root(root)
         xb = adapt(x, "x")
@@ -98,19 +106,21 @@ class CollectiveOps:
         is_root = self.rank == root
         inp = ob if (out is None and xb.immutable and is_root) else xb
         return self._collective("reduce", xb.array.size, root, inp, ob, rop,
-                                lambda: ob.wrap(ob.array) if is_root else None, timeout)
+                                lambda: ob.wrap(ob.array) if is_root else None, timeout, stream=stream)
 
-    def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None) -> Work:
+    def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None,
+                  stream: Any = None) -> Work:
         """Concatenate every rank's ``x`` along axis 0 (0-d inputs give shape ``(n,)``)."""
         xb = adapt(x, "x")
         shape = xb.array.shape
         oshape = (self.world_size * shape[0], *shape[1:]) if shape else (self.world_size,)
         ob = self._output_like(xb, out, oshape)
         self._no_foreign_overlap(xb, ob, self.rank)
-        return self._collective("all_gather", xb.array.size, 0, xb, ob, None, lambda: ob.wrap(ob.array), timeout)
+        return self._collective("all_gather", xb.array.size, 0, xb, ob, None, lambda: ob.wrap(ob.array), timeout,
+                                stream=stream)
 
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
-                       timeout: float | None = None) -> Work:
+                       timeout: float | None = None, stream: Any = None) -> Work:
         """Reduce ``x`` (n blocks along axis 0) and keep block ``rank``; by default in x's own block."""
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
@@ -125,9 +135,11 @@ class CollectiveOps:
             ob = self._output_like(xb, out, bshape)
             self._no_foreign_overlap(ob, xb, self.rank)
         count = int(np.prod(bshape))
-        return self._collective("reduce_scatter", count, 0, xb, ob, rop, lambda: ob.wrap(ob.array), timeout)
+        return self._collective("reduce_scatter", count, 0, xb, ob, rop, lambda: ob.wrap(ob.array), timeout,
+                                stream=stream)
 
-    def gather(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None) -> Work:
+    def gather(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
+                  stream: Any = None) -> Work:
         """``all_gather`` onto ``root`` only; other ranks get None."""
         root = self._root(root)
         xb = adapt(x, "x")
@@ -140,9 +152,10 @@ class CollectiveOps:
             ob = xb
         is_root = self.rank == root
         return self._collective("gather", xb.array.size, root, xb, ob, None,
-                                lambda: ob.wrap(ob.array) if is_root else None, timeout)
+                                lambda: ob.wrap(ob.array) if is_root else None, timeout, stream=stream)
 
-    def scatter(self, x: Any = None, root: int = 0, out: Any = None, *, timeout: float | None = None) -> Work:
+    def scatter(self, x: Any = None, root: int = 0, out: Any = None, *, timeout: float | None = None,
+                  stream: Any = None) -> Work:
         """Root's ``x`` holds n blocks along axis 0; rank i gets block i (in ``out``, or in its own
         ``x``'s block i when every rank passes a full-size ``x``)."""
         root = self._root(root)
@@ -167,9 +180,10 @@ class CollectiveOps:
         else:
             raise InvalidArgument("scatter: non-root ranks must pass out= (or a full-size x to scatter into)")
         count = ob.array.size
-        return self._collective("scatter", count, root, xb, ob, None, lambda: ob.wrap(ob.array), timeout)
+        return self._collective("scatter", count, root, xb, ob, None, lambda: ob.wrap(ob.array), timeout, stream=stream)
 
-    def all_to_all(self, x: Any, out: Any = None, *, timeout: float | None = None) -> Work:
+    def all_to_all(self, x: Any, out: Any = None, *, timeout: float | None = None,
+                  stream: Any = None) -> Work:
         """Block j of ``x`` goes to rank j; block i of the result came from rank i. In place by default."""
         xb = adapt(x, "x")
         bshape = self._blocks(xb)
@@ -184,7 +198,7 @@ class CollectiveOps:
         count = int(np.prod(bshape))
         inp = ob if in_place else xb
         return self._collective("all_to_all", count, 0, inp, ob, None, lambda: ob.wrap(ob.array), timeout,
-                                in_place=in_place)
+                                in_place=in_place, stream=stream)
 
     def barrier(self, *, timeout: float | None = None) -> Work:
         """Completes once every rank has entered the barrier."""

@@ -26,7 +26,7 @@ from . import log
 from .algorithms import plan
 from .algorithms.shm import shm_plan
 from .bootstrap.unique_id import UniqueId
-from .buffers import Buf
+from .buffers import Buf, same_device
 from .collectives import CollectiveOps
 from .dtypes import ReduceOp, dtype_code
 from .engine.engine import CollSpec, CommView, Engine
@@ -83,6 +83,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         self._hosts = hosts
         self._shm: ShmChannel | None = engine.shm if parent is None and shm else None
         self._owns_engine = parent is None  # closing it closes the engine (passed on by shrink)
+        self._gpu: Any = None  # GpuRunner, made by the first op on GPU buffers
 
     # -- creation ------------------------------------------------------------
     @classmethod
@@ -263,8 +264,16 @@ class Communicator(CollectiveOps, PointToPointOps):
         return self._recorder.lines()
 
     def _collective(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
-                    result: Callable[[], Any], timeout: float | None, in_place: bool = False) -> Work:
+                    result: Callable[[], Any], timeout: float | None, in_place: bool = False,
+                    stream: Any = None) -> Work:
         t = self._op_timeout(timeout)
+        if same_device(name, inp, out) is not None:
+            self._usable()
+            work, start = self._gpu_runner().prepare(name, count, root, inp, out, op, result, t, stream)
+            desc = (count, out.array.dtype, op, root if name in ("broadcast", "reduce", "gather", "scatter") else None)
+            return self._track(work, start, desc)
+        if stream is not None:
+            raise InvalidArgument(f"{name}: stream= orders ops on GPU buffers; these buffers are in host memory")
         dt = out.array.dtype
         shm = self._shm
         desc = (count, dt, op, root if name in ("broadcast", "reduce", "gather", "scatter") else None)
@@ -291,6 +300,20 @@ class Communicator(CollectiveOps, PointToPointOps):
         view, eng = self._view, self._engine
         _log.debug("%s seq %d: %d x %s, algo %s, chunk %d", name, seq, count, dt, algo, chunk)
         return self._track(work, lambda: eng.run_collective(view, spec, work), desc)
+
+    def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
+                 stream: Any) -> Work:
+        work, start = self._gpu_runner().prepare_p2p(kind, buf, peer, tag, result, timeout, stream)
+        return self._track(work, start, (buf.array.size, buf.array.dtype, None, None))
+
+    def _gpu_runner(self) -> Any:
+        """The GPU path, set up by the first op on GPU buffers (which every rank issues at the same point:
+        setting up takes a collective on this communicator)."""
+        if self._gpu is None:
+            from .gpu.runner import GpuRunner  # imports nothing from cupy until here
+
+            self._gpu = GpuRunner(self)
+        return self._gpu
 
     # -- groups, split, lifetime -------------------------------------------
     def group(self) -> Group:
@@ -413,6 +436,8 @@ class Communicator(CollectiveOps, PointToPointOps):
                     w._set_exception(CommAborted(f"{w!r} was cut short by close() after {t:g}s"))
                 if owns:
                     eng.abort_on_loop(CommAborted(f"{self!r} is closed"))
+            if self._gpu is not None:
+                self._gpu.release()
             if owns and late is None:
                 await eng.shutdown()
             if late is not None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .buffers import adapt, byte_view, need_writable
+from .buffers import Buf, adapt, byte_view, need_writable
 from .dtypes import dtype_code
 from .errors import InvalidArgument
 from .work import Work
@@ -35,17 +35,23 @@ class PointToPointOps:
 
         def _track(self, work: Work, start: Callable[[], Any], desc: Any) -> Work: ...
 
+        def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
+                     stream: Any) -> Work: ...
+
     def _tag(self, tag: int) -> int:
         if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= MAX_TAG:
             raise InvalidArgument(f"tag must be an int in [0, 2**62), got {tag!r}")
         return int(tag)
 
-    def isend(self, x: Any, peer: int, tag: int = 0, *, timeout: float | None = None) -> Work:
+    def isend(self, x: Any, peer: int, tag: int = 0, *, timeout: float | None = None, stream: Any = None) -> Work:
         """Send ``x`` to ``peer``; done once the data is handed to the transport."""
         peer, tag = self._peer(peer), self._tag(tag)
         xb = adapt(x, "x")
         t = self._op_timeout(timeout)
         self._usable()
+        if xb.device is not None:
+            return self._gpu_p2p("send", xb, peer, tag, lambda: None, t, stream)
+        _host_only(stream)
         work = Work(f"send(peer={peer}, tag={tag})", tag, cancellable=True)
         view, eng, code = self._view, self._engine, dtype_code(xb.array.dtype)
         payload = byte_view(xb.array)
@@ -55,13 +61,17 @@ class PointToPointOps:
 
     send = isend
 
-    def irecv(self, buf: Any, peer: int, tag: int = 0, *, timeout: float | None = None) -> Work:
+    def irecv(self, buf: Any, peer: int, tag: int = 0, *, timeout: float | None = None,
+              stream: Any = None) -> Work:
         """Receive into ``buf`` from ``peer``; sizes and dtypes must match the send exactly."""
         peer, tag = self._peer(peer), self._tag(tag)
         bb = adapt(buf, "buf")
         need_writable(bb, "buf")
         t = self._op_timeout(timeout)
         self._usable()
+        if bb.device is not None:
+            return self._gpu_p2p("recv", bb, peer, tag, lambda: bb.wrap(bb.array), t, stream)
+        _host_only(stream)
         work = Work(f"recv(peer={peer}, tag={tag})", tag, cancellable=True)
         view, eng, code = self._view, self._engine, dtype_code(bb.array.dtype)
         target = byte_view(bb.array)
@@ -72,3 +82,8 @@ class PointToPointOps:
 
     recv = irecv
 
+
+
+def _host_only(stream: Any) -> None:
+    if stream is not None:
+        raise InvalidArgument("stream= orders ops on GPU buffers; this op's buffers are in host memory")

@@ -30,7 +30,8 @@ class Work:
     """An in-flight op; ``await work`` returns its result or raises its error."""
 
     __slots__ = ("op", "seq", "_lock", "_state", "_result", "_exc", "_callbacks",
-                 "_event", "_cancellable", "_on_cancel", "_engine_thread", "_t0", "_desc", "_probe")
+                 "_event", "_cancellable", "_on_cancel", "_engine_thread", "_t0", "_desc", "_probe",
+                 "event")
 
     def __init__(self, op: str, seq: int, *, cancellable: bool = False) -> None:
         self.op = op
@@ -47,6 +48,7 @@ class Work:
         self._t0 = 0.0  # time.monotonic() when issued
         self._desc: Any = ""  # (count, dtype, reduction, root), formatted lazily by pending() and the recorder
         self._probe: Callable[[], list[int] | None] | None = None  # set by the engine: ranks it waits for now
+        self.event: Any = None  # ops on GPU buffers: a CUDA event recorded right after the results, once done
 
     def __repr__(self) -> str:
         state = ("pending", "running", "done", "cancelled")[self._state]

@@ -33,6 +33,11 @@ class FakeDevice(DLPackOnly):
         return (2, 0)  # kDLCUDA
 
 
+class OtherDevice(DLPackOnly):
+    def __dlpack_device__(self):
+        return (4, 0)  # kDLOpenCL
+
+
 @pytest.fixture
 async def pair():
     comms = await make_comms(2)
@@ -65,8 +70,10 @@ async def test_dlpack_objects_are_written_in_place(pair):
     got = await asyncio.gather(*(c.all_reduce(o) for c, o in zip(pair, objs, strict=True)))
     assert got[0] is objs[0] and got[1] is objs[1]
     assert all((r == 3).all() for r in raws)
-    with pytest.raises(aioccl.InvalidArgument, match=r"DLPack device \(2, 0\), not the CPU"):
+    with pytest.raises(aioccl.InvalidArgument, match=r"FakeDevice, in GPU memory"):  # no GPU, or not viewable
         pair[0].all_reduce(FakeDevice(np.zeros(2)))
+    with pytest.raises(aioccl.InvalidArgument, match=r"DLPack device \(4, 0\), which is neither the CPU nor a CUDA"):
+        pair[0].all_reduce(OtherDevice(np.zeros(2)))
 
 
 async def test_buffer_protocol_objects(pair):

@@ -210,7 +210,7 @@ def _bad_inputs() -> dict[str, tuple[object, str]]:
         "not an array": (object(), "expected a numpy"),
         "None": (None, "is None"),
         "cuda array": (_OnGpu(), "GPU memory"),
-        "dlpack on a gpu": (_DLPackOnGpu(), "DLPack device"),
+        "dlpack on a gpu": (_DLPackOnGpu(), "GPU memory"),
         "read-only": (ro, "read-only"),
     }
 

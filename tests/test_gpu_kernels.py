@@ -46,8 +46,9 @@ def lib(tmp_path_factory):
                 parts.append(spec.preamble)
                 preamble_added = True
             t = _param_type(spec.in_params)
+            body = f"{t} a = A[i], b = B[i], c; {spec.operation} C[i] = c;"
             parts.append(f"void {spec.name}(const {t}* A, const {t}* B, {t}* C, long n) {{\n"
-                         f"  for (long i = 0; i < n; i++) {{ {t} a = A[i], b = B[i], c; {spec.operation} C[i] = c; }}\n}}")
+                         f"  for (long i = 0; i < n; i++) {{ {body} }}\n}}")
         if is_float(dt):
             spec = scale_spec(dt)
             t = _param_type(spec.out_params)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from aioccl.dtypes import ReduceOp
-from aioccl.gpu.plans import ipc_pieces, consume, publish, reads_input, stage_pieces, writes_output
+from aioccl.gpu.plans import consume, ipc_pieces, publish, reads_input, stage_pieces, writes_output
 from aioccl.kernels import cpu
 
 OPS = ["all_reduce", "reduce", "broadcast", "all_gather", "gather", "reduce_scatter", "scatter", "all_to_all"]

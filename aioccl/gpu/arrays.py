@@ -94,13 +94,19 @@ def adapt_device(x: Any, name: str) -> tuple[DevArray, bool, Callable[[DevArray]
     if isinstance(x, cp.ndarray):
         arr = DevArray(x, _logical(x, x.dtype), x.device.id)
         return arr, True, (lambda a, _x=x: _x if a.data is _x else a.data), False
+    what = f"{name} ({type(x).__name__}, in GPU memory)"
     if hasattr(x, "__cuda_array_interface__"):
-        arr, readonly = _from_cai(cp, x, name)
+        try:
+            arr, readonly = _from_cai(cp, x, what)
+        except InvalidArgument:
+            raise
+        except Exception as e:  # noqa: BLE001 - a bad pointer: the CUDA runtime says why
+            raise InvalidArgument(f"{what}: cannot view it through __cuda_array_interface__: {e}") from None
     else:
         try:
             data = cp.from_dlpack(x)
         except Exception as e:  # noqa: BLE001 - cupy raises several kinds
-            raise InvalidArgument(f"{name}: cannot view {type(x).__name__} through DLPack: {e}") from None
+            raise InvalidArgument(f"{what}: cannot view it through DLPack: {e}") from None
         arr, readonly = DevArray(data, _logical(x, data.dtype), data.device.id), False
     if is_jax:
         return arr, False, _jax_wrap, True

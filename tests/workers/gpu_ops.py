@@ -1,0 +1,142 @@
+"""Every op on GPU buffers, every dtype, exact data, poisoned outputs: the GPU path end to end.
+
+    aioccl-run --nproc-per-node 3 gpu_ops.py [COUNT ...]
+
+Ranks share the machine's GPU(s) as separate processes (CUDA IPC allows it).
+With the real cupy this is the GPU test that ``scripts/gpu-check.sh`` runs;
+``tests/test_gpu.py`` runs it with ``tests/fakecupy`` on machines without a
+GPU, which checks the orchestration (tickets, staging, the IPC exchange,
+plans) but not CUDA. Prints ``GPU_OK rank=<r> checks=<n> path=<ipc|staged>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import cupy as cp
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import aioccl  # noqa: E402
+
+from _check import DTYPES, Checker, data, ops_for, poison, reduced  # noqa: E402
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+class Bf16OnGpu:
+    """A bfloat16 GPU buffer as JAX and torch present one (cupy itself has no bfloat16)."""
+
+    dtype = BF16
+
+    def __init__(self, storage: cp.ndarray) -> None:
+        self.storage = storage
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return self.storage.__cuda_array_interface__
+
+
+def dev(a: np.ndarray):
+    a = np.ascontiguousarray(a)
+    if a.dtype == BF16:
+        return Bf16OnGpu(cp.asarray(a.view(np.uint16)))
+    return cp.asarray(a)
+
+
+def host(x, dt) -> np.ndarray:
+    if isinstance(x, Bf16OnGpu):
+        return cp.asnumpy(x.storage).view(BF16)
+    return cp.asnumpy(x).view(dt)
+
+
+async def run_dtype(comm: aioccl.Communicator, chk: Checker, dt: type, count: int) -> None:
+    r, n = comm.rank, comm.world_size
+    tag = f"{np.dtype(dt).name} x{count}"
+    for op in ops_for(dt):
+        out = dev(poison(count, dt))
+        w = comm.all_reduce(dev(data(r, count, dt, op)), op, out=out)
+        await w
+        assert w.event is not None, "a finished GPU op carries its CUDA event"
+        chk.same(f"all_reduce {op} {tag}", host(out, dt), reduced(n, count, dt, op))
+    root = n - 1
+    out = dev(poison(count, dt))
+    await comm.reduce(dev(data(r, count, dt)), root, "sum", out=out)
+    chk.same(f"reduce {tag}", host(out, dt), reduced(n, count, dt, "sum") if r == root else poison(count, dt))
+    x = dev(data(0, count, dt) if r == 0 else poison(count, dt))
+    await comm.broadcast(x, 0)
+    chk.same(f"broadcast {tag}", host(x, dt), data(0, count, dt))
+    out = dev(poison(n * count, dt))
+    await comm.all_gather(dev(data(r, count, dt)), out=out)
+    chk.same(f"all_gather {tag}", host(out, dt), np.concatenate([data(i, count, dt) for i in range(n)]))
+    groot = 1 % n
+    out = dev(poison(n * count, dt))
+    await comm.gather(dev(data(r, count, dt)), groot, out=out if r == groot else None)
+    if r == groot:
+        chk.same(f"gather {tag}", host(out, dt), np.concatenate([data(i, count, dt) for i in range(n)]))
+    out = dev(poison(count, dt))
+    await comm.reduce_scatter(dev(data(r, n * count, dt)), "sum", out=out)
+    chk.same(f"reduce_scatter {tag}", host(out, dt), reduced(n, n * count, dt, "sum")[r * count:(r + 1) * count])
+    out = dev(poison(count, dt))
+    await comm.scatter(dev(data(0, n * count, dt)) if r == 0 else None, 0, out=out)
+    chk.same(f"scatter {tag}", host(out, dt), data(0, n * count, dt)[r * count:(r + 1) * count])
+    out = dev(poison(n * count, dt))
+    await comm.all_to_all(dev(data(r, n * count, dt)), out=out)
+    chk.same(f"all_to_all {tag}", host(out, dt),
+             np.concatenate([data(i, n * count, dt)[r * count:(r + 1) * count] for i in range(n)]))
+    if n > 1:
+        out = dev(poison(count, dt))
+        s = comm.isend(dev(data(r, count, dt)), (r + 1) % n, tag=7)
+        await comm.irecv(out, (r - 1) % n, tag=7)
+        await s
+        chk.same(f"send/recv {tag}", host(out, dt), data((r - 1) % n, count, dt))
+
+
+async def extras(comm: aioccl.Communicator, chk: Checker) -> None:
+    r, n = comm.rank, comm.world_size
+    x = cp.asarray(data(r, 10, np.float32))
+    got = await comm.all_reduce(x)  # in place: the same cupy array comes back
+    assert got is x
+    chk.same("all_reduce in place", cp.asnumpy(x), reduced(n, 10, np.float32, "sum"))
+    stream = cp.cuda.Stream(non_blocking=True)
+    y = cp.asarray(data(r, 10, np.int32))
+    await comm.all_reduce(y, "max", stream=stream)
+    chk.same("all_reduce on stream=", cp.asnumpy(y), reduced(n, 10, np.int32, "max"))
+    fresh = await comm.all_gather(cp.asarray(data(r, 4, np.int64)))
+    assert isinstance(fresh, cp.ndarray)
+    chk.same("all_gather into a new cupy array", cp.asnumpy(fresh), np.concatenate([data(i, 4, np.int64)
+                                                                                       for i in range(n)]))
+    for bad, why in ((lambda: comm.all_reduce(cp.zeros(4, np.float32), out=np.zeros(4, np.float32)),
+                      "different devices"),
+                     (lambda: comm.all_reduce(np.zeros(4, np.float32), stream=stream), "stream= orders"),
+                     (lambda: comm.all_reduce(cp.zeros(4, np.int32), "avg"), "avg")):
+        try:
+            bad()
+        except aioccl.InvalidArgument as e:
+            assert why in str(e), e
+            chk.count += 1
+        else:
+            raise AssertionError(f"accepted a call that should fail with {why!r}")
+    z = cp.asarray(data(r, 3, np.float64))
+    await comm.all_reduce(z)  # still usable after the refusals
+    chk.same("usable after refusals", cp.asnumpy(z), reduced(n, 3, np.float64, "sum"))
+
+
+async def main() -> None:
+    counts = [int(c) for c in sys.argv[1:]] or [1, 7, 1500]
+    comm = await aioccl.init(timeout=120)
+    chk = Checker(comm.rank)
+    for count in counts:
+        for dt in DTYPES:
+            await run_dtype(comm, chk, dt, count)
+    await extras(comm, chk)
+    path = comm._gpu.path if comm._gpu is not None else "none"
+    await comm.close()
+    chk.finish(f"rank {comm.rank} GPU ops")
+    print(f"GPU_OK rank={comm.rank} checks={chk.count} path={path}", flush=True)
+
+
+asyncio.run(main())
