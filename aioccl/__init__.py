@@ -4,6 +4,7 @@
     y = await comm.all_reduce(x)        # every op returns an awaitable Work at once
 """
 
+from . import gpu  # the probe only: cupy is imported by the first GPU buffer, never here
 from .bootstrap.unique_id import UniqueId
 from .communicator import Communicator
 from .dtypes import SUPPORTED_DTYPES, ReduceOp
@@ -38,6 +39,7 @@ __all__ = [
     "ReduceOp",
     "UniqueId",
     "Work",
+    "gpu",
     "init",
     "init_sync",
 ]

@@ -39,7 +39,7 @@ class Buf:
 
 
 def _is_jax(x: Any) -> bool:
-    return type(x).__module__.startswith(("jax", "jaxlib"))
+    return type(x).__module__.split(".")[0] in ("jax", "jaxlib")
 
 
 def _jax_wrap(arr: np.ndarray) -> Any:

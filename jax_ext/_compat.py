@@ -143,6 +143,14 @@ class LoweringInfo:
         return mesh
 
 
+def callback_stream(exec_ctx: Any) -> int:
+    """The CUDA stream XLA runs the callback's computation on (``ExecutionContext.stream``, jaxlib 0.7+)."""
+    stream = getattr(exec_ctx, "stream", None)
+    if stream is None:
+        raise NotImplementedError("this jaxlib's buffer callback exposes no CUDA stream (ctx.stream)")
+    return int(stream)
+
+
 # -- shard_map / axis environment ---------------------------------------------------------------------
 def abstract_mesh() -> Any:
     return jax.sharding.get_abstract_mesh()

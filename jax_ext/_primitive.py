@@ -151,32 +151,40 @@ def varying_in(group: Group, x: Any) -> Any:
 
 
 # -- lowering ------------------------------------------------------------------------------------------
-def _as_numpy(platform: str, buf: Any) -> np.ndarray:
-    if platform != "cpu":
-        raise NotImplementedError("jax_ext on GPU needs aioccl's GPU path (cupy buffers on XLA's stream), "
-                                  "which is not built yet")
-    return np.asarray(buf)
-
-
 def callback_factory(run: RunFn) -> Callable[..., _compat.HostCallback]:
-    """Build ``make_callback`` for :func:`_compat.def_lowering` from a ``run`` on numpy views."""
+    """Build ``make_callback`` for :func:`_compat.def_lowering` from a ``run`` on array views
+    (numpy on CPU; on GPU cupy views, with XLA's stream current: see ``_gpu.py``)."""
 
     def make(info: _compat.LoweringInfo, *, group: Group, **params: Any) -> _compat.HostCallback:
         resolve = group.resolver(info)
-        platform = info.platform
+        on_gpu = info.platform != "cpu"
 
-        def host(exec_ctx: Any, ins: Sequence[Any], outs: Sequence[Any]) -> None:
-            *arrays, pos = (_as_numpy(platform, b) for b in ins)
-            comm = resolve(int(pos))
+        def call(comm: Communicator, arrays: list[Any], out_arrays: list[Any], same: bool) -> None:
             if comm._engine.placement.thread_id == threading.get_ident():
                 raise RuntimeError(f"{comm!r}: a jax_ext collective ran on its communicator's engine thread, "
                                    "where waiting would deadlock; create it with engine='thread'")
-            out_arrays = [_as_numpy(platform, b) for b in outs]
-            same = bool(arrays and out_arrays and out_arrays[0].size
-                        and arrays[0].__array_interface__["data"][0] == out_arrays[0].__array_interface__["data"][0])
             STATS["calls"] += 1
             STATS["in_place"] += same
             run(comm, arrays, out_arrays, same, **params)
+
+        def host(exec_ctx: Any, ins: Sequence[Any], outs: Sequence[Any]) -> None:
+            if on_gpu:
+                from . import _gpu
+
+                with _gpu.on_stream(_compat.callback_stream(exec_ctx)) as (cp, stream):
+                    *bufs, pos = ins
+                    comm = resolve(_gpu.read_scalar(cp, stream, pos))
+                    arrays = [_gpu.view(cp, b) for b in bufs]
+                    out_arrays = [_gpu.view(cp, b) for b in outs]
+                    same = bool(arrays and out_arrays and int(np.prod(out_arrays[0].shape))
+                                and _gpu.address(arrays[0]) == _gpu.address(out_arrays[0]))
+                    call(comm, arrays, out_arrays, same)
+                return
+            *arrays, pos = (np.asarray(b) for b in ins)
+            out_arrays = [np.asarray(b) for b in outs]
+            same = bool(arrays and out_arrays and out_arrays[0].size
+                        and arrays[0].__array_interface__["data"][0] == out_arrays[0].__array_interface__["data"][0])
+            call(resolve(int(pos)), arrays, out_arrays, same)
 
         return host
 

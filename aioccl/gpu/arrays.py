@@ -90,7 +90,7 @@ def empty(shape: tuple[int, ...], dtype: np.dtype, device: int) -> DevArray:
 def adapt_device(x: Any, name: str) -> tuple[DevArray, bool, Callable[[DevArray], Any], bool]:
     """View GPU object ``x`` as a DevArray without copying: ``(array, writable, wrap, immutable)``."""
     cp = load_cupy(f"{name} ({type(x).__name__}, in GPU memory)")
-    is_jax = type(x).__module__.startswith(("jax", "jaxlib"))
+    is_jax = type(x).__module__.split(".")[0] in ("jax", "jaxlib")
     if isinstance(x, cp.ndarray):
         arr = DevArray(x, _logical(x, x.dtype), x.device.id)
         return arr, True, (lambda a, _x=x: _x if a.data is _x else a.data), False

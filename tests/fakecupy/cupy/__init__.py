@@ -67,6 +67,10 @@ class ndarray:  # noqa: N801 - cupy's name
 def asarray(x: Any, dtype: Any = None) -> ndarray:
     if isinstance(x, ndarray):
         return x
+    if hasattr(x, "__cuda_array_interface__"):  # zero-copy, as cupy does
+        cai = x.__cuda_array_interface__
+        mem = cuda.UnownedMemory(cai["data"][0], 0, x)
+        return ndarray(tuple(cai["shape"]), np.dtype(cai["typestr"]), cuda.MemoryPointer(mem, 0))
     return ndarray(_arr=np.array(x, dtype=dtype))
 
 

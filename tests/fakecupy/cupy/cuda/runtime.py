@@ -4,8 +4,8 @@ processes; copies are synchronous memmoves (tests only)."""
 from __future__ import annotations
 
 import ctypes
-import os
 import mmap
+import os
 from typing import Any
 
 memcpyDefault = 4  # noqa: N816 - cupy's name
