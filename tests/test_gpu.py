@@ -178,3 +178,11 @@ def test_jax_on_a_real_gpu():
                   env={"JAX_PLATFORMS": "cuda", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert proc.stdout.count("JAXP OK") == 2
+
+
+def test_aioccl_info_prints_the_gpu_reason():
+    proc = subprocess.run([sys.executable, "-m", "aioccl.tools.info"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}", "FAKECUPY_NO_DEVICE": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "gpu: unavailable: cupy 0-fake found no usable CUDA driver: cudaErrorNoDevice" in proc.stdout
+    assert "transport shm: " in proc.stdout

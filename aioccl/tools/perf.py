@@ -60,6 +60,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-a", "--average", type=int, default=1, choices=(0, 1, 2, 3))
     p.add_argument("--np", type=int, default=2, help="ranks to start when not under a launcher")
     p.add_argument("--engine", choices=("inline", "thread"), default="inline")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="gpu: cupy buffers on the current GPU (times include the results reaching the GPU)")
     p.add_argument("--registered", action="store_true",
                    help="buffers from comm.alloc: zero-copy between ranks on one host (like NCCL's registration)")
     p.add_argument("--json", metavar="FILE")
@@ -98,9 +100,11 @@ async def _measure(comm: Any, case: Any, ns: argparse.Namespace) -> tuple[float,
     await comm.barrier()
     per_iter = []
     t_loop = time.perf_counter()
+    sync = _gpu_sync() if ns.device == "gpu" else (lambda: None)
     for _ in range(ns.iters):
         t0 = time.perf_counter()
         await case.run()
+        sync()
         per_iter.append(time.perf_counter() - t0)
     loop = (time.perf_counter() - t_loop) / ns.iters
     sums = np.array([loop, wrong], np.float64)  # -> average time, total #wrong
@@ -113,6 +117,14 @@ async def _measure(comm: Any, case: Any, ns: argparse.Namespace) -> tuple[float,
     await comm.broadcast(first, root=0)
     combined = {0: first[0], 1: sums[0] / comm.world_size, 2: mins[0], 3: maxs[0]}[ns.average]
     return combined, maxs[1], int(sums[1])
+
+
+def _gpu_sync() -> Any:
+    """Wait for the current stream: an op's Work completes when its results are *enqueued*."""
+    from ..gpu.probe import load_cupy
+
+    cp = load_cupy("aioccl-perf --device gpu")
+    return lambda: cp.cuda.get_current_stream().synchronize()
 
 
 def _cols(t: float | None, nbytes: int, factor: float, wrong: int | None) -> tuple[str, dict[str, Any]]:
@@ -130,11 +142,15 @@ async def run_rank(ns: argparse.Namespace) -> int:
     n, r = comm.world_size, comm.rank
     say = (lambda s: print(s, flush=True)) if r == 0 else (lambda s: None)
     root = ns.root if ns.op in ROOTED else -1
+    if ns.device == "gpu" and ns.dtype.name == "bfloat16":
+        say("# --device gpu: cupy has no bfloat16 arrays to allocate; bfloat16 GPU buffers come from JAX or torch")
+        return 2
     if ns.op in ROOTED and not 0 <= ns.root < n:
         say(f"# -r {ns.root} is not a rank of {n}")
         return 2
     say(f"# aioccl-perf {__version__}: {ns.op}, {n} ranks ({comm.local_world_size} on this host), "
         f"engine {comm.engine_placement}, transport {comm.transport}{', registered buffers' if ns.registered else ''}, "
+        f"{'GPU buffers, ' if ns.device == 'gpu' else ''}"
         f"iters {ns.iters}, warmup {ns.warmup_iters}, check {ns.check}")
     say(f"# {'':52}{'out-of-place':^33}{'in-place':^33}")
     timing = f" {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
@@ -149,7 +165,7 @@ async def run_rank(ns: argparse.Namespace) -> int:
         count = 0
         for in_place in (False, True):
             case = None  # the previous case's buffers go back first (registered memory is finite)
-            case = make(comm, ns.op, size, ns.dtype, ns.redop, ns.root, in_place, ns.registered)
+            case = make(comm, ns.op, size, ns.dtype, ns.redop, ns.root, in_place, ns.registered, ns.device)
             if case is None:
                 texts.append(_cols(None, 0, factor, None)[0])
                 continue
@@ -175,6 +191,7 @@ async def run_rank(ns: argparse.Namespace) -> int:
         report = {"tool": "aioccl-perf", "version": __version__, "op": ns.op, "dtype": ns.dtype.name,
                   "redop": ns.redop, "root": root, "nranks": n, "local_nranks": comm.local_world_size,
                   "engine": comm.engine_placement, "transport": comm.transport, "registered": ns.registered,
+                  "device": ns.device, "gpu_path": comm._gpu.path if comm._gpu is not None else None,
                   "iters": ns.iters, "warmup": ns.warmup_iters,
                   "average": ns.average, "busbw_factor": factor, "python": platform.python_version(),
                   "numpy": np.__version__, "host": platform.node(),

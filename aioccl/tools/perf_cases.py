@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ def poison(count: int, dt: np.dtype) -> np.ndarray:
     return np.full(count, np.iinfo(dt).max if dt.kind == "u" else -1, dt)
 
 
-def wrong(got: np.ndarray, want: np.ndarray) -> int:
+def _wrong(got: np.ndarray, want: np.ndarray) -> int:
     """Elements that differ bit for bit (NaN poison left behind counts as wrong)."""
     if got.size == 0:
         return 0
@@ -67,16 +68,32 @@ def wrong(got: np.ndarray, want: np.ndarray) -> int:
 
 
 def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, root: int,
-         in_place: bool, registered: bool = False) -> Case | None:
+         in_place: bool, registered: bool = False, device: str = "cpu") -> Case | None:
     """None where the size gives an empty buffer for this op (nccl-tests skips those too).
-    ``registered``: buffers from ``comm.alloc`` (zero-copy between same-host ranks)."""
+    ``registered``: buffers from ``comm.alloc`` (zero-copy between same-host ranks);
+    ``device="gpu"``: cupy arrays on the current GPU (checked on the host, bit for bit)."""
     n, r = comm.world_size, comm.rank
+    cp = _cupy() if device == "gpu" else None
 
-    def alloc(count: int, fill: float | None = None, _dt: np.dtype = dt) -> np.ndarray:
+    def alloc(count: int, fill: float | None = None, _dt: np.dtype = dt) -> Any:
+        if cp is not None:
+            return _filled(cp.empty(count, _dt), fill)
         a = comm.alloc(count, _dt) if registered else np.empty(count, _dt)
+        return _filled(a, fill)
+
+    def _filled(a: Any, fill: float | None) -> Any:
         if fill is not None:
-            a[...] = fill
+            put(a, fill)
         return a
+
+    def put(a: Any, v: Any) -> None:
+        if cp is not None:
+            a.set(np.broadcast_to(np.asarray(v, dtype=a.dtype), a.shape).copy())
+        else:
+            a[...] = v
+
+    def wrong(got: Any, want: np.ndarray) -> int:
+        return _wrong(cp.asnumpy(got) if cp is not None else got, want)
 
     total = nbytes // dt.itemsize
     neutral = 1 if redop == "prod" else 0
@@ -93,12 +110,12 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
         dst = None if in_place else out
 
         async def check() -> int:
-            x[...] = values(r, total, dt, redop)
+            put(x, values(r, total, dt, redop))
             if not in_place:
-                out[...] = poison(total, dt)
+                put(out, poison(total, dt))
             res = await comm.all_reduce(x, op=redop, out=dst)
             e = wrong(res, reduced(n, total, dt, redop))
-            x[...] = neutral
+            put(x, neutral)
             return e
 
         return Case(total, lambda: comm.all_reduce(x, op=redop, out=dst), check)
@@ -109,14 +126,14 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
 
         async def check() -> int:
             if op == "broadcast":
-                x[...] = values(root, total, dt, redop) if r == root else poison(total, dt)
+                put(x, values(root, total, dt, redop) if r == root else poison(total, dt))
                 res = await comm.broadcast(x, root=root, out=dst)
                 e = wrong(res, values(root, total, dt, redop))
             else:
-                x[...] = values(r, total, dt, redop)
+                put(x, values(r, total, dt, redop))
                 res = await comm.reduce(x, root=root, op=redop, out=dst)
                 e = wrong(res, reduced(n, total, dt, redop)) if r == root else 0
-            x[...] = neutral
+            put(x, neutral)
             return e
 
         if op == "broadcast":
@@ -128,8 +145,8 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
         x = out[r * block:(r + 1) * block] if in_place else alloc(block, 0)
 
         async def check() -> int:
-            out[...] = poison(total, dt)
-            x[...] = values(r, block, dt, redop)
+            put(out, poison(total, dt))
+            put(x, values(r, block, dt, redop))
             res = await comm.all_gather(x, out=out)
             return wrong(res, np.concatenate([values(j, block, dt, redop) for j in range(n)]))
 
@@ -140,10 +157,10 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
         dst = None if in_place else out
 
         async def check() -> int:
-            x[...] = values(r, total, dt, redop)
+            put(x, values(r, total, dt, redop))
             res = await comm.reduce_scatter(x, op=redop, out=dst)
             e = wrong(res, reduced(n, total, dt, redop)[r * block:(r + 1) * block])
-            x[...] = neutral
+            put(x, neutral)
             return e
 
         return Case(total, lambda: comm.reduce_scatter(x, op=redop, out=dst), check)
@@ -153,7 +170,7 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
         dst = None if in_place else out
 
         async def check() -> int:
-            x[...] = (np.arange(total) + 10 * r).astype(np.int64) % 100
+            put(x, (np.arange(total) + 10 * r).astype(np.int64) % 100)
             res = await comm.all_to_all(x, out=dst)
             want = np.concatenate([((np.arange(total) + 10 * j) % 100)[r * block:(r + 1) * block]
                                    for j in range(n)]).astype(dt)
@@ -173,12 +190,18 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
             await recv
 
         async def check() -> int:
-            x[...] = values(r, total, dt, redop)
-            out[...] = poison(total, dt)
+            put(x, values(r, total, dt, redop))
+            put(out, poison(total, dt))
             await one()
             e = wrong(out, values(left, total, dt, redop))
-            x[...] = 0
+            put(x, 0)
             return e
 
         return Case(total, one, check)
     raise ValueError(f"unknown op {op!r}")
+
+
+def _cupy() -> Any:
+    from ..gpu.probe import load_cupy
+
+    return load_cupy("aioccl-perf --device gpu")

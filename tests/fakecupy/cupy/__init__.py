@@ -60,6 +60,11 @@ class ndarray:  # noqa: N801 - cupy's name
     def get(self) -> np.ndarray:
         return self._a.copy()
 
+    def set(self, arr: np.ndarray) -> None:
+        if arr.shape != self._a.shape:
+            raise ValueError("Shape mismatch")
+        self._a[...] = arr
+
     def __len__(self) -> int:
         return len(self._a)
 
@@ -78,7 +83,7 @@ def asnumpy(x: ndarray) -> np.ndarray:
     return x.get()
 
 
-def empty(shape: Any, dtype: Any = float) -> ndarray:
+def empty(shape: Any, dtype: Any = float) -> ndarray:  # poisoned, so nothing passes by luck
     return ndarray(_arr=np.full(shape, 0x5A, np.uint8).repeat(np.dtype(dtype).itemsize).view(dtype).reshape(shape)
                    if np.prod(shape) else np.empty(shape, dtype))
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Everything aioccl's GPU path promises, on a machine with a GPU (and nothing without one).
+#
+#   scripts/gpu-check.sh [NPROC]          # default 2 ranks sharing the GPU(s), as separate processes
+#
+# 1. the probe (what aioccl-info prints);
+# 2. tests/workers/gpu_ops.py: every op x every dtype on cupy buffers, exact data, both paths
+#    (CUDA IPC, and the staged path with AIOCCL_GPU_IPC=0), small scratch so ops run in many pieces;
+# 3. JAX on GPU: tests/workers/jax_process.py with JAX_PLATFORMS=cuda;
+# 4. aioccl-perf all_reduce on GPU buffers, 8 B .. 64 MiB, JSON in $OUT (or ./gpu-check-out);
+# 5. where the nvidia-nccl wheel is present, the same sweep through cupy.cuda.nccl for comparison
+#    (NCCL refuses two ranks on one GPU; with fewer GPUs than ranks it says so and is skipped).
+# Exits non-zero on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NPROC="${1:-2}"
+PY="${PYTHON:-python3}"
+OUTDIR="${OUT:-gpu-check-out}"
+mkdir -p "$OUTDIR"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes share one GPU
+
+echo "== 1. probe"
+"$PY" -c "import aioccl, sys; s = aioccl.gpu.status(); print(s.reason); sys.exit(0 if s.available else 3)"
+
+echo "== 2. every op x dtype on GPU buffers ($NPROC ranks)"
+for ipc in 1 0; do
+  AIOCCL_GPU_IPC=$ipc "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/gpu_ops.py 1 7 1500 100000 \
+    | tee "$OUTDIR/gpu_ops_ipc$ipc.txt" | grep -E "GPU_OK|FAIL|failures"
+  AIOCCL_GPU_IPC=$ipc AIOCCL_GPU_SCRATCH=65536 AIOCCL_GPU_STAGE_PIECE=65536 \
+    "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/gpu_ops.py 100000 | grep -E "GPU_OK|FAIL"
+done
+
+echo "== 3. JAX on GPU"
+JAX_PLATFORMS=cuda "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/jax_process.py | tail -n "$NPROC"
+
+echo "== 4. aioccl-perf on GPU buffers"
+for ipc in 1 0; do
+  AIOCCL_GPU_IPC=$ipc "$PY" -m aioccl.tools.perf all_reduce --device gpu --np "$NPROC" -b 8 -e 64M -f 4 \
+    -n 20 -w 5 --engine thread --json "$OUTDIR/perf_all_reduce_gpu_ipc$ipc.json" | tee "$OUTDIR/perf_ipc$ipc.txt"
+done
+
+echo "== 5. NCCL through cupy.cuda.nccl, where available"
+"$PY" scripts/nccl_sweep.py --np "$NPROC" --json "$OUTDIR/perf_all_reduce_nccl.json" || echo "(NCCL sweep skipped)"
+echo "gpu-check: all passed; results in $OUTDIR"
