@@ -11,11 +11,11 @@ nvidia-nccl wheel or cupy's nccl module.
 from __future__ import annotations
 
 import argparse
-import warnings
 import json
 import multiprocessing as mp
 import sys
 import time
+import warnings
 
 
 def _rank(rank: int, n: int, uid: bytes, sizes: list[int], iters: int, q: mp.Queue) -> None:
