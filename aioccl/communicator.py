@@ -267,7 +267,8 @@ class Communicator(CollectiveOps, PointToPointOps):
                     result: Callable[[], Any], timeout: float | None, in_place: bool = False,
                     stream: Any = None) -> Work:
         t = self._op_timeout(timeout)
-        if same_device(name, inp, out) is not None:
+        if not (isinstance(inp.array, np.ndarray) and isinstance(out.array, np.ndarray)):  # GPU, or mixed
+            same_device(name, inp, out)  # raises for mixed devices
             self._usable()
             work, start = self._gpu_runner().prepare(name, count, root, inp, out, op, result, t, stream)
             desc = (count, out.array.dtype, op, root if name in ("broadcast", "reduce", "gather", "scatter") else None)

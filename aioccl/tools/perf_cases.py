@@ -67,6 +67,9 @@ def _wrong(got: np.ndarray, want: np.ndarray) -> int:
     return int(np.any(g != w, axis=1).sum())
 
 
+wrong = _wrong  # the public name (tests); inside make() a device-aware wrapper shadows it
+
+
 def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, root: int,
          in_place: bool, registered: bool = False, device: str = "cpu") -> Case | None:
     """None where the size gives an empty buffer for this op (nccl-tests skips those too).
