@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -62,7 +63,8 @@ def test_elastic_training_continues_on_the_survivors():
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "exit codes [0, -9, 0, 0]" in p.stdout
-    lost = [ln for ln in p.stdout.splitlines() if "PeerLost(rank 1)" in ln]
-    assert len(lost) == 3 and all(float(ln.split(" after ")[1].split("s;")[0]) < 2.0 for ln in lost), lost
+    # the three survivors print concurrently into one pipe, so lines may run together: match, don't split
+    lost = re.findall(r"PeerLost\(rank 1\) after ([0-9.]+)s;", p.stdout)
+    assert len(lost) == 3 and all(float(t) < 2.0 for t in lost), p.stdout
     assert p.stdout.count("finished 20 steps on 3 ranks") == 3
     assert p.stdout.count("max |w - single-process w| = ") == 3
