@@ -31,7 +31,6 @@ from typing import Any
 BLOCKED = ("reduce_scatter", "scatter", "all_to_all")  # rank j's part is block j of the input
 ROOT_PUBLISHES = ("broadcast", "scatter")  # only the root has input
 ROOT_CONSUMES = ("reduce", "gather")  # only the root gets output
-REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 _log = log.get("GPU")
 SCRATCH_DEFAULT = 64 << 20
 STAGE_PIECE_DEFAULT = 4 << 20
-H2D, D2H, D2D = 1, 2, 3  # cudaMemcpyKind
+H2D, D2H = 1, 2  # cudaMemcpyKind
 
 
 def _env_bytes(name: str, default: int) -> int:
@@ -174,31 +174,41 @@ class GpuRunner:
         g.staged_in = (block, events)
 
     # -- host phase (engine loop) ------------------------------------------------------------------
-    async def _run(self, g: GpuOp, dev: int) -> None:
+    async def _complete(self, g: GpuOp, body: Callable[[], Awaitable[None]], waiting: Callable[[], list[int]]) -> None:
+        """Run ``body`` within the op's deadline and end its Work: the result, the error, or a
+        CollectiveTimeout naming the ranks ``waiting()`` reports."""
         t0 = time.monotonic()
         try:
             async with asyncio.timeout(g.timeout):
-                await self._wait_turn(g.ticket)
-                try:
-                    side = await self._side
-                    if g.staged_in is None and self._ipc is None:
-                        await self._setup_ipc(side, dev, g.timeout)
-                    if g.staged_in is None and isinstance(self._ipc, IpcState):
-                        await self._run_ipc(g, side, dev, self._ipc)
-                    else:
-                        await self._run_staged(g, side, dev)
-                finally:
-                    self._next_turn(g.ticket)
+                await body()
             g.work._set_result(g.result())
         except TimeoutError:
-            side_pending = self._side.result().pending() if self._side.done() and not self._side.exception() else []
-            waiting = sorted({r for p in side_pending for r in (p.waiting_for or [])})
             g.work._set_exception(CollectiveTimeout(
-                g.work.op, g.ticket, waiting, g.timeout,
-                f"GPU op (ticket {g.ticket}) still in its host phase after {time.monotonic() - t0:.1f}s",
+                g.work.op, g.ticket, waiting(), g.timeout,
+                f"GPU op (ticket {g.ticket}) not done after {time.monotonic() - t0:.1f}s",
                 f"{self._comm._view.ctx:x}"))
         except Exception as e:  # noqa: BLE001 - aioccl and CUDA errors alike end on the Work
             g.work._set_exception(e)
+
+    def _side_waiting(self) -> list[int]:
+        side_pending = self._side.result().pending() if self._side.done() and not self._side.exception() else []
+        return sorted({r for p in side_pending for r in (p.waiting_for or [])})
+
+    async def _run(self, g: GpuOp, dev: int) -> None:
+        async def body() -> None:
+            await self._wait_turn(g.ticket)
+            try:
+                side = await self._side
+                if g.staged_in is None and self._ipc is None:
+                    await self._setup_ipc(side, dev, g.timeout)
+                if g.staged_in is None and isinstance(self._ipc, IpcState):
+                    await self._run_ipc(g, side, dev, self._ipc)
+                else:
+                    await self._run_staged(g, side, dev)
+            finally:
+                self._next_turn(g.ticket)
+
+        await self._complete(g, body, self._side_waiting)
 
     async def _wait_turn(self, ticket: int) -> None:
         if self._turn == ticket:
@@ -229,39 +239,33 @@ class GpuRunner:
     async def _run_p2p(self, g: GpuOp, dev: int, tag: int) -> None:
         """Post the host send/recv in ticket order, then let the turn go: a send must not hold up the
         receive its peer is waiting for."""
-        t0 = time.monotonic()
-        try:
-            async with asyncio.timeout(g.timeout):
-                await self._wait_turn(g.ticket)
-                try:
-                    side = await self._side
-                    if g.name == "send":
-                        assert g.staged_in is not None
-                        block, events = g.staged_in
-                        for ev in events:
-                            await wait_event(ev)
-                        host = side.isend(block.view(g.inp.array.dtype, g.inp.array.size), g.root, tag,
-                                          timeout=g.timeout)
-                    else:
-                        block = self._pinned.take(max(1, g.out.array.nbytes))
-                        g.blocks.append(block)
-                        host = side.irecv(block.view(g.out.array.dtype, g.out.array.size), g.root, tag,
-                                          timeout=g.timeout)
-                finally:
-                    self._next_turn(g.ticket)
-                await host
-                if g.name == "recv" and g.out.array.nbytes:
-                    with self._cp.cuda.Device(dev):
-                        self._cp.cuda.runtime.memcpyAsync(g.out.array.ptr, block.ptr, g.out.array.nbytes, H2D,
-                                                          g.stream.ptr)
-                self._finish(g, dev)
-            g.work._set_result(g.result())
-        except TimeoutError:
-            g.work._set_exception(CollectiveTimeout(g.work.op, g.ticket, [g.root], g.timeout,
-                                                    f"GPU p2p not done after {time.monotonic() - t0:.1f}s",
-                                                    f"{self._comm._view.ctx:x}"))
-        except Exception as e:  # noqa: BLE001 - aioccl and CUDA errors alike end on the Work
-            g.work._set_exception(e)
+
+        async def body() -> None:
+            await self._wait_turn(g.ticket)
+            try:
+                side = await self._side
+                if g.name == "send":
+                    assert g.staged_in is not None
+                    block, events = g.staged_in
+                    for ev in events:
+                        await wait_event(ev)
+                    host = side.isend(block.view(g.inp.array.dtype, g.inp.array.size), g.root, tag,
+                                      timeout=g.timeout)
+                else:
+                    block = self._pinned.take(max(1, g.out.array.nbytes))
+                    g.blocks.append(block)
+                    host = side.irecv(block.view(g.out.array.dtype, g.out.array.size), g.root, tag,
+                                      timeout=g.timeout)
+            finally:
+                self._next_turn(g.ticket)
+            await host
+            if g.name == "recv" and g.out.array.nbytes:
+                with self._cp.cuda.Device(dev):
+                    self._cp.cuda.runtime.memcpyAsync(g.out.array.ptr, block.ptr, g.out.array.nbytes, H2D,
+                                                      g.stream.ptr)
+            self._finish(g, dev)
+
+        await self._complete(g, body, lambda: [g.root])
 
     # -- staged ------------------------------------------------------------------------------------
     async def _run_staged(self, g: GpuOp, side: Communicator, dev: int) -> None:
