@@ -17,6 +17,7 @@ import hashlib
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ from .errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument
 from .group import Group, current_group
 from .introspection import FlightRecorder, PendingOp, pending_op
 from .p2p import PointToPointOps
+from .transport.ib.connection import IbConnection
 from .tuning import Tuning
 from .work import Work, completed
 
@@ -178,16 +180,31 @@ class Communicator(CollectiveOps, PointToPointOps):
 
     @property
     def transport(self) -> str:
-        """``"shm"`` when the collectives run over shared memory, else ``"tcp"``."""
-        return "shm" if self._shm is not None else "tcp"
+        """``"shm"`` when the collectives run over shared memory; else how this rank reaches its peers:
+        ``"tcp"``, ``"ib"``, or ``"ib+tcp"`` when some pairs run over each."""
+        if self._shm is not None:
+            return "shm"
+        kinds = {self.transport_to(p) for p in range(self.world_size) if p != self.rank}
+        return "+".join(sorted(kinds)) if kinds else "tcp"
+
+    def transport_to(self, peer: int) -> str:
+        """``"self"``, ``"tcp"`` or ``"ib"``: what carries this rank's messages to ``peer``
+        (point-to-point always; collectives too unless they run over shared memory)."""
+        peer = self._peer(peer)
+        if peer == self.rank:
+            return "self"
+        conn = self._engine.conns.get(self._view.ranks[peer])
+        return "ib" if isinstance(conn, IbConnection) else "tcp"
 
     def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """A zeroed array in this rank's registered shared memory (like ``ncclMemAlloc``).
 
         Same-host peers read it where it lies, so collectives on it skip the
         staging copy. Without shared memory (other hosts, ``AIOCCL_SHM_DISABLE``)
-        it is an ordinary array and everything still works. Freed when the last
-        view of it is gone; ``MemoryError`` names ``AIOCCL_SHM_HEAP`` when full.
+        it is an ordinary array, registered with the RDMA port when some peers
+        are reached over ib (sends from it are then zero copy), and everything
+        still works. Freed when the last view of it is gone; ``MemoryError``
+        names ``AIOCCL_SHM_HEAP`` when full.
         """
         shape_t = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape_t):
@@ -196,7 +213,12 @@ class Communicator(CollectiveOps, PointToPointOps):
         dtype_code(dt)
         self._usable()
         if self._shm is None:
-            return np.zeros(shape_t, dtype=dt)
+            arr = np.zeros(shape_t, dtype=dt)
+            port = self._engine.ib_port
+            if port is not None and arr.nbytes:  # registered once, for zero-copy RDMA writes
+                region = port.register(arr.ctypes.data, arr.nbytes)
+                weakref.finalize(arr, port.deregister, region)
+            return arr
         arr = self._shm.alloc(tuple(int(d) for d in shape_t), dt)
         arr[...] = 0
         return arr

@@ -25,21 +25,32 @@ def launch(n: int, script: str, *args: str, env: dict[str, str] | None = None,
                           timeout=timeout)
 
 
+TRANSPORT_ENV = {
+    "shm": {"AIOCCL_SHM_DISABLE": "0", "AIOCCL_NET": "socket"},
+    "tcp": {"AIOCCL_SHM_DISABLE": "1", "AIOCCL_NET": "socket"},
+    # the ib transport over the in-process loopback backend: a test of its protocol, not of a NIC
+    "ib": {"AIOCCL_SHM_DISABLE": "1", "AIOCCL_NET": "ib", "AIOCCL_IB_BACKEND": "loopback"},
+}
+
+
 async def make_comms(n: int, engine: str = "inline", timeout: float = 20,
                      transport: str = "shm") -> list[aioccl.Communicator]:
-    """n communicators in this process and loop, over shared memory (the default for one host) or,
-    with ``transport="tcp"``, over real loopback sockets only."""
+    """n communicators in this process and loop, over shared memory (the default for one host),
+    over real loopback sockets only (``transport="tcp"``), or over the ib transport on its loopback
+    verbs backend (``transport="ib"``)."""
     uid = aioccl.UniqueId.new(host="127.0.0.1")
-    saved = os.environ.get("AIOCCL_SHM_DISABLE")
-    os.environ["AIOCCL_SHM_DISABLE"] = "1" if transport == "tcp" else "0"
+    env = TRANSPORT_ENV[transport]
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         comms = list(await asyncio.gather(*(aioccl.Communicator.create(uid, r, n, timeout=timeout, engine=engine)
                                             for r in range(n))))
     finally:
-        if saved is None:
-            del os.environ["AIOCCL_SHM_DISABLE"]
-        else:
-            os.environ["AIOCCL_SHM_DISABLE"] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     assert n == 1 or all(c.transport == transport for c in comms), [c.transport for c in comms]
     return comms
 

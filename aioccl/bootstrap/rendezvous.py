@@ -143,7 +143,9 @@ class Gate:
             self._arrived.set()
 
 
-async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float) -> Table:
+async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float,
+                     extra: dict[str, Any] | None = None) -> Table:
+    """``extra`` joins this rank's entry in the table every rank gets (e.g. what transports it can use)."""
     deadline = time.monotonic() + timeout
     addr = local_address(uid.host, uid.port, os.environ.get("AIOCCL_SOCKET_IFNAME"))
     listener = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
@@ -158,7 +160,7 @@ async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float) 
             await auth.as_client(root, uid.secret, timeout=max(1.0, deadline - time.monotonic()))
             await send_json(root, {"rank": rank, "world_size": world_size, "addr": addr,
                                    "port": listener.getsockname()[1], "host": host_identity(),
-                                   "pid": os.getpid()})
+                                   "pid": os.getpid(), **(extra or {})})
             async with asyncio.timeout(max(0.1, deadline - time.monotonic()) + 1.0):
                 reply = await recv_json(root)
         except (auth.AuthError, Closed, OSError, TimeoutError) as e:

@@ -23,6 +23,10 @@ from ..bootstrap.unique_id import UniqueId
 from ..dtypes import ReduceOp
 from ..errors import AiocclError, CollectiveTimeout, CommAborted, PeerLost
 from ..transport.frames import MISMATCH, NOTICE, P2P, Header
+from ..transport.ib import setup as ib_setup
+from ..transport.ib.connection import IbConnection
+from ..transport.ib.detect import detect as ib_detect
+from ..transport.ib.port import Port
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
 from ..work import Work
 from .executor import Progress, execute
@@ -73,7 +77,8 @@ class Engine:
         self.pool = BufferPool()
         self.mailbox = Mailbox(self.loop, self.pool)
         self.mailbox.notify = self._notify_mismatch
-        self.conns: dict[int, TcpConnection | SelfConnection] = {}
+        self.conns: dict[int, TcpConnection | SelfConnection | IbConnection] = {}
+        self.ib_port: Port | None = None  # the opened RDMA port, when some pairs run over ib
         self.table: Table | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.aborted: BaseException | None = None
@@ -84,9 +89,17 @@ class Engine:
         """Bootstrap; must run on ``placement.loop``."""
         self = cls(placement, rank, size)
         liveness = peer_timeout()
-        self.table = await rendezvous(uid, rank, size, timeout)
+        ib_settings, verdict = ib_setup.settings(), ib_detect()
+        self.table = await rendezvous(uid, rank, size, timeout, ib_setup.hello(verdict))
+        ib_peers = ib_setup.choose(self.table.peers, rank, ib_settings.net)
+        ib_conns: dict[int, IbConnection] = {}
+        if ib_peers:
+            self.ib_port, ib_conns = await ib_setup.connect(self, ib_peers, verdict, ib_settings, liveness, timeout)
+            if self.ib_port is not None:
+                port = self.ib_port
+                self.pool.on_new = lambda b: port.register(b.ctypes.data, b.nbytes) if b.nbytes >= 1 << 16 else None
         for peer, sock in self.table.conns.items():
-            conn = TcpConnection(sock, peer, self.mailbox, liveness)
+            conn = ib_conns.get(peer) or TcpConnection(sock, peer, self.mailbox, liveness)
             conn.start()
             self.conns[peer] = conn
         self.conns[rank] = SelfConnection(rank, self.mailbox)
@@ -234,6 +247,8 @@ class Engine:
         if self.shm is not None:
             self.shm.close()
         await asyncio.gather(*(c.close(graceful=True) for c in self.conns.values()))
+        if self.ib_port is not None:
+            self.ib_port.close()
         for t in list(self.tasks):
             t.cancel()
 
@@ -244,6 +259,8 @@ class Engine:
             self.shm.close()
         for c in self.conns.values():
             c.abort()
+        if self.ib_port is not None:
+            self.ib_port.close()
         self.mailbox.fail_all(exc)
         for t in list(self.tasks):
             t.cancel()

@@ -8,6 +8,8 @@ allocates nothing: a buffer freed by one op is the next op's scratch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 MIN_CLASS = 4096
@@ -21,6 +23,7 @@ class BufferPool:
     def __init__(self) -> None:
         self._free: dict[int, list[np.ndarray]] = {}
         self.allocated_bytes = 0  # total ever allocated (a flat line in steady state)
+        self.on_new: Callable[[np.ndarray], object] | None = None  # e.g. register it with the RDMA port, once
 
     def acquire(self, nbytes: int) -> np.ndarray:
         """A uint8 array of at least ``nbytes`` (its ``base`` size is the class)."""
@@ -29,7 +32,10 @@ class BufferPool:
         if free:
             return free.pop()
         self.allocated_bytes += cls
-        return np.empty(cls, dtype=np.uint8)
+        buf = np.empty(cls, dtype=np.uint8)
+        if self.on_new is not None:
+            self.on_new(buf)
+        return buf
 
     def release(self, buf: np.ndarray) -> None:
         self._free.setdefault(buf.size, []).append(buf)

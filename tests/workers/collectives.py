@@ -183,4 +183,5 @@ async def main() -> None:
     ck.finish(f"collectives n={comm.world_size} algo={os.environ.get('AIOCCL_ALGO', 'auto')}")
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,1 @@
+"""RDMA (InfiniBand / RoCE) transport: see README.md in this folder."""
