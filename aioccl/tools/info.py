@@ -26,7 +26,10 @@ def collect() -> dict[str, Any]:
 
     import aioccl
 
+    from aioccl.transport.ib.detect import detect
+
     gpu = aioccl.gpu.status()
+    ib = detect()
     shm_off = os.environ.get("AIOCCL_SHM_DISABLE", "0") not in ("", "0")
     shm_ok = os.access("/dev/shm", os.W_OK)
     return {
@@ -40,6 +43,7 @@ def collect() -> dict[str, Any]:
             "tcp": "available",
             "shm": "disabled by AIOCCL_SHM_DISABLE" if shm_off else
                    ("available" if shm_ok else "unavailable: /dev/shm is not writable"),
+            "ib": ("available: " if ib.usable else "unavailable: ") + ib.reason,
         },
         "gpu": {"available": gpu.available, "detail": gpu.reason, "devices": gpu.devices},
     }

@@ -13,6 +13,7 @@ what skipped ``rdma`` tests give as their reason. Settings, as NCCL's:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -98,6 +99,20 @@ def _pick_gid(ctx: Any, port: int, attr: Any, wanted: int | None) -> tuple[int |
     return (best, "") if best is not None else (None, "no usable GID (no IP address on the netdev?)")
 
 
+def import_pyverbs() -> ModuleType:
+    """``import pyverbs.device``, undoing what importing pyverbs does to the application's logging
+    (it calls ``logging.basicConfig(level=INFO)`` on the root logger)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        import pyverbs.device
+
+        return pyverbs.device
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 def probe(env: Mapping[str, str], verbs: ModuleType | None = None) -> Verdict:
     """The detection itself, uncached; ``verbs`` stands in for ``pyverbs.device`` in tests."""
     if _truthy(env.get("AIOCCL_IB_DISABLE")):
@@ -114,7 +129,7 @@ def probe(env: Mapping[str, str], verbs: ModuleType | None = None) -> Verdict:
     wanted = int(raw_gid) if raw_gid else None
     if verbs is None:
         try:
-            import pyverbs.device as verbs
+            verbs = import_pyverbs()
         except ImportError as e:
             return Verdict(False, f"pyverbs not installed ({e}); on Debian/Ubuntu: apt install python3-pyverbs")
     try:
