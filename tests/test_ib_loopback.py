@@ -27,6 +27,7 @@ from conftest import WORKERS, close_all, make_comms
 
 sys.path.insert(0, str(WORKERS))
 import collectives as matrix_worker  # noqa: E402
+
 from _check import DTYPES, Checker  # noqa: E402
 
 
@@ -107,8 +108,8 @@ def test_receiver_not_ready_is_retried_then_reported(fabric):
 # -- whole communicators over ib ---------------------------------------------------------------------
 async def _matrix(comms: list[aioccl.Communicator], dtypes: list[type], sizes: list[int]) -> None:
     cks = [Checker(c.rank) for c in comms]
-    await asyncio.gather(*(matrix_worker.registered(c, ck) for c, ck in zip(comms, cks)))
-    await asyncio.gather(*(matrix_worker.matrix(c, ck, dtypes, sizes) for c, ck in zip(comms, cks)))
+    await asyncio.gather(*(matrix_worker.registered(c, ck) for c, ck in zip(comms, cks, strict=False)))
+    await asyncio.gather(*(matrix_worker.matrix(c, ck, dtypes, sizes) for c, ck in zip(comms, cks, strict=False)))
     failures = [f for ck in cks for f in ck.failures]
     assert not failures, failures[:10]
     assert all(ck.count > 300 for ck in cks), [ck.count for ck in cks]
@@ -141,7 +142,7 @@ async def test_zero_copy_sends_from_registered_arrays(fabric):
         assert port is not None and port.find(xs[0].ctypes.data, xs[0].nbytes) is not None
         for r, x in enumerate(xs):
             x[:] = np.arange(n) % 1000 + r
-        outs = await asyncio.gather(*(c.all_gather(x) for c, x in zip(comms, xs)))
+        outs = await asyncio.gather(*(c.all_gather(x) for c, x in zip(comms, xs, strict=False)))
         want = np.concatenate([np.arange(n) % 1000 + r for r in range(2)]).astype(np.int32)
         for o in outs:
             np.testing.assert_array_equal(o, want)

@@ -15,8 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aioccl.transport.frames import COLL, HEADER_SIZE, Header
-from aioccl.transport.ib.protocol import (MASK32, ProtocolError, Reassembler, RecvWindow, SendWindow, chunk_plan,
-                                          recv_depth, split_wr_id, wr_id)
+from aioccl.transport.ib.protocol import (
+    MASK32,
+    ProtocolError,
+    Reassembler,
+    RecvWindow,
+    SendWindow,
+    chunk_plan,
+    recv_depth,
+    split_wr_id,
+    wr_id,
+)
 
 
 def test_chunk_plan_covers_the_payload_once_and_fills_slots():
@@ -144,7 +153,7 @@ def _run(sizes: list[int], slot: int, nslots: int, seed: int) -> None:
         else:
             tx.on_write_done(pending_done.pop(rng.randrange(len(pending_done))))
     assert [h.k for h, _ in got] == list(range(len(sizes)))
-    for (h, payload), n in zip(got, sizes):
+    for (h, payload), n in zip(got, sizes, strict=False):
         assert payload == _frame(h.k, n)[1]
     assert not reasm.mid_frame() and tx.idle()
 

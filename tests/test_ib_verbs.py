@@ -222,8 +222,8 @@ async def test_rdma_every_op_in_process_over_a_real_port(monkeypatch):
     _need_rdma()
     from test_ib_loopback import _matrix
 
-    from conftest import close_all, make_comms
     from _check import DTYPES
+    from conftest import close_all, make_comms
 
     monkeypatch.setitem(__import__("conftest").TRANSPORT_ENV, "ib",
                         {"AIOCCL_SHM_DISABLE": "1", "AIOCCL_NET": "ib", "AIOCCL_IB_BACKEND": "pyverbs"})

@@ -25,7 +25,6 @@ def collect() -> dict[str, Any]:
     import numpy as np
 
     import aioccl
-
     from aioccl.transport.ib.detect import detect
 
     gpu = aioccl.gpu.status()
