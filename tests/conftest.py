@@ -59,9 +59,10 @@ async def close_all(comms: list[aioccl.Communicator]) -> None:
     await asyncio.gather(*(c.close() for c in comms))
 
 
-@pytest.fixture(params=["tcp", "shm"])
+@pytest.fixture(params=["tcp", "shm", "ib"])
 async def comms3(request):
-    """Three communicators in this process, once over sockets and once over shared memory."""
+    """Three communicators in this process: over sockets, over shared memory, and over the ib transport
+    on its loopback verbs backend."""
     comms = await make_comms(3, transport=request.param)
     yield comms
     await close_all(comms)

@@ -103,7 +103,7 @@ MISMATCHES = {  # (what ranks 0 and 1 call, what rank 2 calls, words each error 
 }
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("transport", ["tcp", "shm", "ib"])
 @pytest.mark.parametrize("case", sorted(MISMATCHES))
 async def test_mismatch_fails_every_rank_naming_both_calls(transport, case, caplog):
     same, odd, words = MISMATCHES[case]
@@ -117,7 +117,7 @@ async def test_mismatch_fails_every_rank_naming_both_calls(transport, case, capl
         # every rank that would consume the wrong data raises
         raised = [e for e in r if isinstance(e, BaseException)]
         assert all(isinstance(e, aioccl.CollectiveMismatch) for e in raised), r
-        if case in ("root", "reduce root") and transport == "tcp":
+        if case in ("root", "reduce root") and transport in ("tcp", "ib"):  # frame transports
             logged: list[str] = []
             for _ in range(50):  # the late frame or notice may land just after the ops returned
                 logged = [rec.getMessage() for rec in caplog.records if "collective mismatch" in rec.getMessage()]
@@ -141,7 +141,7 @@ async def test_mismatch_fails_every_rank_naming_both_calls(transport, case, capl
             c.abort()
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("transport", ["tcp", "shm", "ib"])
 async def test_abort_fails_peers_with_peer_lost(transport):
     comms = await make_comms(3, transport=transport)
     # a broadcast from rank 0 reaches ranks 1 and 2 directly (binomial tree): both need rank 0
@@ -262,7 +262,7 @@ def _every_invalid_call() -> dict[str, tuple[object, str]]:
     return cases
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("transport", ["tcp", "shm", "ib"])
 async def test_every_invalid_call_on_every_op_is_refused_before_anything_moves(transport):
     comms = await make_comms(3, transport=transport)
     c = comms[0]

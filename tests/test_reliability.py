@@ -111,7 +111,7 @@ async def test_per_op_timeout_and_env_default(monkeypatch):
             c.abort()
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("transport", ["tcp", "shm", "ib"])
 async def test_pending_names_the_silent_rank_and_the_recorder_keeps_history(transport):
     comms = await make_comms(N, transport=transport)
     try:
@@ -132,7 +132,7 @@ async def test_pending_names_the_silent_rank_and_the_recorder_keeps_history(tran
         await close_all(comms)
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("transport", ["tcp", "shm", "ib"])
 async def test_shrink_after_a_lost_rank_and_carry_on(transport):
     comms = await make_comms(N, transport=transport)
     a, dead, b = comms
