@@ -25,6 +25,7 @@ import numpy as np
 from .. import log
 from ..algorithms import plan
 from ..dtypes import ReduceOp, dtype_code
+from ..envvars import env_int
 from ..errors import InvalidArgument
 from ..transport.shm import SHM_DIR, Doorbell, Segment, segment_name, sweep_stale
 from .executor import Progress, execute
@@ -42,19 +43,6 @@ SETUP_CTX_SALT = 0x53484D5345545550  # keeps the setup messages apart from any c
 TSO_MACHINES = ("x86_64", "AMD64", "i686", "i386")
 
 
-def _int_env(env: Mapping[str, str], name: str, default: int, low: int) -> int:
-    raw = env.get(name)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidArgument(f"{name}={raw!r} is not an integer") from None
-    if value < low:
-        raise InvalidArgument(f"{name} must be at least {low}")
-    return value
-
-
 def settings(env: Mapping[str, str]) -> dict[str, Any]:
     spin = env.get("AIOCCL_SHM_SPIN_US")
     try:
@@ -63,8 +51,8 @@ def settings(env: Mapping[str, str]) -> dict[str, Any]:
         raise InvalidArgument(f"AIOCCL_SHM_SPIN_US={spin!r} is not a number") from None
     return {
         "disabled": env.get("AIOCCL_SHM_DISABLE", "0").strip().lower() not in ("", "0", "false", "no"),
-        "half": _int_env(env, "AIOCCL_SHM_BUFFSIZE", DEFAULT_HALF, 4096) // 64 * 64,
-        "heap": _int_env(env, "AIOCCL_SHM_HEAP", DEFAULT_HEAP, 0) // 4096 * 4096,
+        "half": env_int(env, "AIOCCL_SHM_BUFFSIZE", DEFAULT_HALF, 4096) // 64 * 64,
+        "heap": env_int(env, "AIOCCL_SHM_HEAP", DEFAULT_HEAP, 0) // 4096 * 4096,
         "spin_s": max(0.0, spin_us) * 1e-6,
     }
 

@@ -38,7 +38,8 @@ import numpy as np
 from .. import log
 from ..buffers import Buf
 from ..dtypes import ReduceOp
-from ..errors import CollectiveTimeout, InvalidArgument
+from ..envvars import env_int
+from ..errors import CollectiveTimeout
 from ..kernels import gpu as kernels
 from ..work import Work
 from . import plans
@@ -55,19 +56,6 @@ _log = log.get("GPU")
 SCRATCH_DEFAULT = 64 << 20
 STAGE_PIECE_DEFAULT = 4 << 20
 H2D, D2H = 1, 2  # cudaMemcpyKind
-
-
-def _env_bytes(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidArgument(f"{name}={raw!r} is not a number of bytes") from None
-    if value < 4096:
-        raise InvalidArgument(f"{name} must be at least 4096 bytes, got {value}")
-    return value
 
 
 @dataclass
@@ -111,8 +99,8 @@ class GpuRunner:
         self._skipped: set[int] = set()  # tickets whose op timed out before its turn: passed over
         self._same_host = comm.local_world_size == comm.world_size
         self._ipc: IpcState | None | bool = None  # None: not tried yet; False: refused by some rank
-        self._scratch_bytes = _env_bytes("AIOCCL_GPU_SCRATCH", SCRATCH_DEFAULT)
-        self._piece_bytes = _env_bytes("AIOCCL_GPU_STAGE_PIECE", STAGE_PIECE_DEFAULT)
+        self._scratch_bytes = env_int(os.environ, "AIOCCL_GPU_SCRATCH", SCRATCH_DEFAULT, 4096)
+        self._piece_bytes = env_int(os.environ, "AIOCCL_GPU_STAGE_PIECE", STAGE_PIECE_DEFAULT, 4096)
         rt = self._cp.cuda.runtime
         self._pinned = PinnedPool(lambda n: rt.hostAlloc(n, 0), rt.freeHost)
 

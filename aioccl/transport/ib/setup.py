@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import log
 from ...bootstrap.sockio import recv_json, send_json
+from ...envvars import env_int
 from ...errors import BootstrapError, InvalidArgument
 from .connection import IbConnection
 from .detect import Verdict
@@ -54,30 +55,17 @@ class Settings:
     tc: int
 
 
-def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise InvalidArgument(f"{name}={raw!r} is not an integer") from None
-    if not low <= v <= high:
-        raise InvalidArgument(f"{name}={v} is outside [{low}, {high}]")
-    return v
-
-
 def settings(env: Mapping[str, str] = os.environ) -> Settings:
     net = (env.get("AIOCCL_NET", "") or "auto").strip().lower()
     if net not in ("auto", "ib", "socket"):
         raise InvalidArgument(f"AIOCCL_NET={net!r} is not one of auto, ib, socket")
     return Settings(net,
-                    _int(env, "AIOCCL_IB_BUFFSIZE", DEFAULT_SLOT, 4096, 16 << 20) // 64 * 64,
-                    _int(env, "AIOCCL_IB_SLOTS", DEFAULT_SLOTS, 2, 1024),
-                    _int(env, "AIOCCL_IB_TIMEOUT", 20, 1, 31),
-                    _int(env, "AIOCCL_IB_RETRY_CNT", 7, 0, 7),
-                    _int(env, "AIOCCL_IB_SL", 0, 0, 15),
-                    _int(env, "AIOCCL_IB_TC", 0, 0, 255))
+                    env_int(env, "AIOCCL_IB_BUFFSIZE", DEFAULT_SLOT, 4096, 16 << 20) // 64 * 64,
+                    env_int(env, "AIOCCL_IB_SLOTS", DEFAULT_SLOTS, 2, 1024),
+                    env_int(env, "AIOCCL_IB_TIMEOUT", 20, 1, 31),
+                    env_int(env, "AIOCCL_IB_RETRY_CNT", 7, 0, 7),
+                    env_int(env, "AIOCCL_IB_SL", 0, 0, 15),
+                    env_int(env, "AIOCCL_IB_TC", 0, 0, 255))
 
 
 def hello(v: Verdict) -> dict[str, str]:
