@@ -215,16 +215,20 @@ class IbConnection:
         if self.closed:
             return
         graceful = graceful or self.side.bye_received
-        self.closed = True
         self.error = f"ib connection to rank {self.peer}: {why}"
         _log.log(20 if graceful else 30, "%s", self.error)
-        for f in self._waiters:
-            if not f.done():
-                f.set_exception(Closed(self.error))
-        self._waiters.clear()
+        self._shut(self.error)
         self.side.abort()  # the peer learns at once (EOF) instead of at its deadline
-        self._release()
         self.sink.on_lost(self.peer, Closed(self.error), graceful)
+
+    def _shut(self, why: str) -> None:
+        """Closed for good: wake every waiting sender with ``why``, give the QP and memory back."""
+        self.closed = True
+        waiters, self._waiters = self._waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_exception(Closed(why))
+        self._release()
 
     def _release(self) -> None:
         self.port.handlers.pop(self.id, None)
@@ -234,19 +238,12 @@ class IbConnection:
     async def close(self, graceful: bool) -> None:
         if self.closed:
             return
-        self.closed = True
+        self.closed = True  # no new sends while the goodbye goes out
         await self.side.close(graceful)
-        self._release()
-        for f in self._waiters:
-            if not f.done():
-                f.set_exception(Closed("connection closed"))
+        self._shut("connection closed")
 
     def abort(self) -> None:
         if self.closed:
             return
-        self.closed = True
         self.side.abort()
-        self._release()
-        for f in self._waiters:
-            if not f.done():
-                f.set_exception(Closed("connection aborted"))
+        self._shut("connection aborted")

@@ -229,6 +229,8 @@ class LoopDevice:
     def deregister(self, region: Region) -> None:
         with self.fabric.lock:
             self.fabric.regions.pop(region.rkey, None)
+        if region in self._regions:
+            self._regions.remove(region)
 
     def create_qp(self, depth: int) -> LoopQp:
         return LoopQp(self, depth)
@@ -262,9 +264,8 @@ class LoopDevice:
         return got
 
     def close(self) -> None:
-        for r in self._regions:
+        for r in list(self._regions):
             self.deregister(r)
-        self._regions.clear()
         try:
             os.close(self._fd)
         except OSError:

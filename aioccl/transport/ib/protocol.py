@@ -157,9 +157,8 @@ class Reassembler:
         self._got = 0
         self._want = 0
 
-    def feed(self, chunk: memoryview) -> Header | None:
-        """One slot's bytes, in chunk order. Returns the header when this chunk started a frame."""
-        h: Header | None = None
+    def feed(self, chunk: memoryview) -> None:
+        """One slot's bytes, in chunk order."""
         if self._done is None:  # a new frame
             if len(chunk) < HEADER_SIZE:
                 raise ProtocolError(f"a frame's first chunk has {len(chunk)} bytes, less than a header")
@@ -181,7 +180,6 @@ class Reassembler:
             done, self._done, self._target = self._done, None, None
             assert done is not None
             done()
-        return h
 
     def mid_frame(self) -> bool:
         return self._done is not None
