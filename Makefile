@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	# torch's CPU build first (this machine keeps its wheel on disk); a bare 'torch' would pull a CUDA build of GBs
+	$(PY) -m pip install --quiet 'torch==2.13.0' || $(PY) -m pip install --quiet torch --index-url https://download.pytorch.org/whl/cpu
 	$(PY) -m pip install --quiet -e '.[test]'
 	sh scripts/provide-pyverbs.sh $(VENV)
 	touch $(STAMP)

@@ -4,7 +4,8 @@ Everything below the API works on :class:`Buf`: a C-contiguous numpy array,
 or for GPU memory a :class:`~aioccl.gpu.arrays.DevArray` (the caller's
 memory, never a copy, unless the input is immutable) plus a function that
 turns the filled array back into what the caller expects to get: the same
-numpy or cupy array, the same torch tensor, or a new JAX array.
+numpy or cupy array, the same torch tensor (CPU ones through
+:mod:`aioccl.interop.torch`), or a new JAX array.
 Validation lives here so every op rejects bad input *before* a byte moves.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from .dtypes import dtype_code
 from .errors import InvalidArgument
+from .interop import torch as _torch
 
 
 @dataclass(slots=True)
@@ -62,6 +64,10 @@ def adapt(x: Any, name: str) -> Buf:
         if not arr.flags.c_contiguous:
             raise InvalidArgument(f"{name} is not C-contiguous (strides {arr.data.strides}); make a contiguous copy")
         return Buf(arr, writable, wrap, x, immutable)
+    elif _torch.is_tensor(x):
+        arr = _torch.view(x, name)
+        # the tensor itself when the result is all of it; a tensor over the slice otherwise (scatter's block)
+        writable, wrap = True, (lambda a, _x=x, _a=arr: _x if a is _a else _torch.new_tensor(a))
     elif _is_jax(x):
         arr = np.asarray(x)  # zero-copy, read-only on CPU; results go to a fresh array
         writable, wrap = False, _jax_wrap
@@ -121,6 +127,8 @@ def fresh(shape: tuple[int, ...], like: Buf) -> Buf:
     arr = np.empty(shape, dtype=like.array.dtype)
     if like.wrap is _jax_wrap:
         return Buf(arr, True, _jax_wrap)
+    if _torch.is_tensor(like.owner):
+        return Buf(arr, True, _torch.new_tensor)
     return Buf(arr, True, lambda a: a)
 
 

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -68,3 +70,11 @@ def test_elastic_training_continues_on_the_survivors():
     assert len(lost) == 3 and all(float(t) < 2.0 for t in lost), p.stdout
     assert p.stdout.count("finished 20 steps on 3 ranks") == 3
     assert p.stdout.count("max |w - single-process w| = ") == 3
+
+
+def test_torch_data_parallel_matches_single_process_training():
+    pytest.importorskip("torch", reason="torch is not installed (make test installs the CPU build)")
+    p = run_example(2, "torch_data_parallel.py", "--steps", "20")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "2 processes, 20 steps: replicas identical" in p.stdout
+    assert "Warning" not in p.stderr, p.stderr[-2000:]

@@ -1,0 +1,49 @@
+"""torch CPU tensors, viewed in place through DLPack.
+
+torch is never imported here: a tensor can only reach us if the caller
+already imported it, so ``sys.modules`` has it. Two details need more than a
+plain ``np.from_dlpack``: tensors that require grad refuse to export (so we
+view ``detach()``, which shares the storage; like torch.distributed, the op
+is invisible to autograd), and numpy has no bfloat16 for DLPack to name (so
+bfloat16 travels as int16 bits and is re-labelled with ml_dtypes' bfloat16).
+CUDA tensors never come here; :mod:`aioccl.gpu.arrays` takes them first.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import InvalidArgument
+
+
+def is_tensor(x: Any) -> bool:
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "__dlpack__")
+
+
+def view(x: Any, name: str) -> np.ndarray:
+    """A numpy view of ``x``'s memory (writable: results land in the tensor)."""
+    torch = sys.modules["torch"]
+    t = x.detach()
+    if t.device.type != "cpu":
+        raise InvalidArgument(f"{name}: torch tensor on device {t.device}; aioccl takes CPU and CUDA tensors")
+    if not t.is_contiguous():
+        raise InvalidArgument(f"{name}: torch tensor is not contiguous (strides {t.stride()}); pass "
+                              f"{name}.contiguous() and copy the result back if you need it in place")
+    try:
+        if t.dtype == torch.bfloat16:
+            return np.from_dlpack(t.view(torch.int16)).view(ml_dtypes.bfloat16)
+        return np.from_dlpack(t)
+    except (BufferError, TypeError, RuntimeError) as e:
+        raise InvalidArgument(f"{name}: cannot view torch tensor of {t.dtype} through DLPack: {e}") from None
+
+
+def new_tensor(arr: np.ndarray) -> Any:
+    """A tensor sharing ``arr``'s memory: the fresh outputs of ops given torch inputs."""
+    torch = sys.modules["torch"]
+    if arr.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
