@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import log
+from . import async_libs, log
 from .algorithms import plan
 from .algorithms.shm import shm_plan
 from .bootstrap.unique_id import UniqueId
@@ -90,12 +90,19 @@ class Communicator(CollectiveOps, PointToPointOps):
     # -- creation ------------------------------------------------------------
     @classmethod
     async def create(cls, uid: Any, rank: int, world_size: int, timeout: float | None = None, *,
-                     engine: str = "inline") -> Communicator:
+                     engine: str = "auto") -> Communicator:
         """Join the communicator named by ``uid`` as ``rank`` of ``world_size``.
 
-        ``engine="inline"`` runs the engine on the calling loop; ``"thread"``
-        on a private proxy thread (overlaps transfers with blocking work).
+        ``engine="inline"`` runs the engine on the calling asyncio loop (lowest latency);
+        ``"thread"`` on a private proxy thread (overlaps transfers with blocking work, and is
+        how trio programs use aioccl); ``"auto"`` is inline under asyncio, thread under trio.
         """
+        lib = async_libs.current()
+        if engine == "auto":
+            engine = "inline" if lib == "asyncio" else "thread"
+        elif engine == "inline" and lib != "asyncio":
+            raise InvalidArgument(f"engine='inline' runs on the caller's asyncio loop, but this is {lib}; "
+                                  "use engine='thread' (or 'auto')")
         uid, timeout = cls._check_create(uid, rank, world_size, timeout, engine)
         log.configure_from_env()
         log.set_rank(rank)
@@ -106,7 +113,7 @@ class Communicator(CollectiveOps, PointToPointOps):
             try:
                 fut = asyncio.run_coroutine_threadsafe(
                     Engine.create(placement, uid, rank, world_size, timeout), placement.loop)
-                eng = await asyncio.wrap_future(fut)
+                eng = await async_libs.wait_future(fut)
             except BaseException:
                 placement.stop()
                 raise
@@ -139,7 +146,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise InvalidArgument(f"rank {rank!r} out of range for world_size {world_size}")
         if engine not in ("inline", "thread"):
-            raise InvalidArgument(f"engine must be 'inline' or 'thread', got {engine!r}")
+            raise InvalidArgument(f"engine must be 'auto', 'inline' or 'thread', got {engine!r}")
         timeout = _env_timeout() if timeout is None else float(timeout)
         if timeout <= 0:
             raise InvalidArgument("timeout must be positive")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 
-from . import environment, log
+from . import async_libs, environment, log
 from .bootstrap.root import RootServer
 from .bootstrap.unique_id import UniqueId
 from .communicator import Communicator
@@ -40,11 +39,14 @@ def _root_done(server: RootServer | None) -> None:
         server.thread.join(timeout=5.0)
 
 
-async def init(timeout: float | None = None, *, engine: str = "inline") -> Communicator:
-    """Form the world communicator from the launcher's environment (rank 0 hosts the root)."""
+async def init(timeout: float | None = None, *, engine: str = "auto") -> Communicator:
+    """Form the world communicator from the launcher's environment (rank 0 hosts the root).
+
+    Works under asyncio and trio; ``engine`` is as in :meth:`Communicator.create`.
+    """
     uid, env, server = _prepare(timeout)
     comm = await Communicator.create(uid, env.rank, env.world_size, timeout, engine=engine)
-    await asyncio.to_thread(_root_done, server)
+    await async_libs.to_thread(lambda: _root_done(server))
     return comm
 
 

@@ -4,7 +4,8 @@ A :class:`Work` is completed by the engine, which may run on another thread
 and another event loop than the caller's. It is therefore a small
 thread-safe future: awaitable from *any* asyncio loop (each awaiter gets a
 future on its own loop, woken with ``call_soon_threadsafe`` when needed), and
-blockable with :meth:`wait` from plain threads.
+blockable with :meth:`wait` from plain threads. Under trio, awaiting parks
+the task through :func:`aioccl.async_libs.trio_wait`.
 
 Awaiting is *shielded*: cancelling the task that awaits a Work does not
 cancel the op, because peers are already counting on it. :meth:`cancel`
@@ -20,6 +21,8 @@ import threading
 import time
 from collections.abc import Callable, Generator
 from typing import Any
+
+from . import async_libs
 
 _PENDING, _RUNNING, _DONE, _CANCELLED = range(4)
 FAIRNESS_S = 0.001
@@ -142,6 +145,11 @@ class Work:
         return self.result()
 
     def __await__(self) -> Generator[Any, None, Any]:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio: trio (through the proxy-thread engine), or a clear error
+            async_libs.current()
+            return (yield from async_libs.trio_wait(self).__await__())
         if self.done():
             # ops that completed inside the call (shared memory) never suspend the awaiting task;
             # give the loop a turn at least every FAIRNESS_S so other tasks are not starved
@@ -151,7 +159,6 @@ class Work:
                 yield from asyncio.sleep(0).__await__()
         else:
             _turns.last = time.perf_counter()
-            loop = asyncio.get_running_loop()
             fut: asyncio.Future[None] = loop.create_future()
             me = threading.get_ident()
 

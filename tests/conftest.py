@@ -3,16 +3,34 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 import aioccl
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector, name, obj):
+    """pytest-asyncio runs in strict mode so that anyio's plugin owns the tests marked ``anyio`` (run on
+    asyncio and trio); every other ``async def test_*`` is marked for pytest-asyncio here, unasked."""
+    if inspect.iscoroutinefunction(obj) and collector.funcnamefilter(name):
+        marks = _mark_names(obj) | _mark_names(collector.module if isinstance(collector, pytest.Class) else
+                                               collector.obj)
+        if not marks & {"anyio", "asyncio"}:
+            pytest.mark.asyncio(obj)
+
+
+def _mark_names(obj: object) -> set[str]:
+    marks = getattr(obj, "pytestmark", [])
+    return {m.name for m in (marks if isinstance(marks, list) else [marks])}
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
@@ -59,7 +77,7 @@ async def close_all(comms: list[aioccl.Communicator]) -> None:
     await asyncio.gather(*(c.close() for c in comms))
 
 
-@pytest.fixture(params=["tcp", "shm", "ib"])
+@pytest_asyncio.fixture(params=["tcp", "shm", "ib"])
 async def comms3(request):
     """Three communicators in this process: over sockets, over shared memory, and over the ib transport
     on its loopback verbs backend."""

@@ -7,6 +7,7 @@ import asyncio
 
 import numpy as np
 import pytest
+import pytest_asyncio
 
 import aioccl
 
@@ -38,7 +39,7 @@ class OtherDevice(DLPackOnly):
         return (4, 0)  # kDLOpenCL
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def pair():
     comms = await make_comms(2)
     yield comms

@@ -1,6 +1,12 @@
 """``aioccl-info``: what this machine gives aioccl, one line each, with the reason where a feature is off.
 
     aioccl-info [--json]
+
+Meant to be pasted into bug reports: versions, optional libraries (and why
+one is missing or unusable), network interfaces and the one a rank would
+use, shared-memory limits, GPU and RDMA detection, and the value in effect
+of every ``AIOCCL_*`` variable, with any that fail to parse or that aioccl
+does not know (a typo, most often).
 """
 
 from __future__ import annotations
@@ -10,59 +16,175 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
+# optional distribution -> how to get it
+OPTIONAL = {
+    "jax": "pip install 'aioccl[jax]'",
+    "cupy": "pip install 'aioccl[gpu]' (needs an NVIDIA driver)",
+    "torch": "pip install 'aioccl[torch]'",
+    "anyio": "pip install anyio",
+    "trio": "pip install trio",
+}
 
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
+
+def _version(*dists: str) -> str | None:
+    for d in dists:
+        try:
+            return metadata.version(d)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
-def collect() -> dict[str, Any]:
+def libraries(gpu: Any, ib: Any) -> dict[str, dict[str, Any]]:
+    """Each library's version, and why it cannot serve (missing, or no driver / device behind it)."""
+    import ml_dtypes
     import numpy as np
 
+    out: dict[str, dict[str, Any]] = {
+        "numpy": {"version": np.__version__, "usable": True, "detail": ""},
+        "ml_dtypes": {"version": ml_dtypes.__version__, "usable": True, "detail": ""},
+    }
+    for name, how in OPTIONAL.items():
+        v = _version(*(("cupy-cuda12x", "cupy-cuda11x", "cupy") if name == "cupy" else (name,)))
+        out[name] = {"version": v, "usable": v is not None, "detail": "" if v else f"not installed: {how}"}
+    if out["cupy"]["version"] and not gpu.available:
+        out["cupy"].update(usable=False, detail=gpu.reason)
+    found = "pyverbs not installed" not in ib.reason  # Debian's python3-pyverbs has no pip metadata
+    out["pyverbs"] = {"version": _version("pyverbs") or ("found" if found else None), "usable": ib.usable,
+                      "detail": "" if ib.usable else ib.reason}
+    return out
+
+
+def network(env: Mapping[str, str]) -> dict[str, Any]:
+    from aioccl.bootstrap import netif
+    from aioccl.errors import AiocclError
+
+    spec = env.get("AIOCCL_SOCKET_IFNAME", "").strip()
+    interfaces = [{"name": n, "address": a} for n, a in netif.ipv4_interfaces()]
+    root = env.get("AIOCCL_COMM_ID", "").strip()
+    try:
+        if spec:
+            chosen, why = netif.pick_by_name(spec), f"AIOCCL_SOCKET_IFNAME={spec}"
+        elif root:
+            host, _, port = root.rpartition(":")
+            chosen, why = netif.route_to(host, int(port or 0)), f"the route to the root {root}"
+        else:
+            chosen, why = netif.default_advertised(None), "the first interface that is not lo/docker/veth/virbr " \
+                                                          "(what a new UniqueId advertises)"
+    except (AiocclError, ValueError, OSError) as e:
+        chosen, why = None, str(e)
+    return {"interfaces": interfaces, "chosen": chosen, "why": why}
+
+
+def shared_memory(env: Mapping[str, str]) -> dict[str, Any]:
+    path = "/dev/shm"
+    if env.get("AIOCCL_SHM_DISABLE", "0").strip().lower() not in ("", "0", "false", "no"):
+        state = "disabled by AIOCCL_SHM_DISABLE"
+    elif not os.access(path, os.W_OK):
+        state = f"unavailable: {path} is not writable"
+    else:
+        state = "available"
+    try:
+        st = os.statvfs(path)
+        size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    except OSError:
+        size = free = None
+    return {"state": state, "path": path, "size_bytes": size, "free_bytes": free}
+
+
+def check_knobs(env: Mapping[str, str]) -> list[str]:
+    """The error each knob's own parser raises for the values set now (none when all parse)."""
+    from aioccl.communicator import _env_timeout
+    from aioccl.engine import shm_setup
+    from aioccl.errors import AiocclError
+    from aioccl.transport import tcp
+    from aioccl.transport.ib import setup as ib_setup
+    from aioccl.tuning import Tuning
+
+    checks: list[Callable[[], object]] = [
+        _env_timeout, lambda: tcp.peer_timeout(dict(env)), lambda: Tuning.from_env(env),
+        lambda: shm_setup.settings(env), lambda: ib_setup.settings(env)]
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except (AiocclError, ValueError) as e:
+            problems.append(str(e))
+    return problems
+
+
+def collect(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     import aioccl
+    from aioccl import knobs
     from aioccl.transport.ib.detect import detect
 
+    env = os.environ if env is None else env
     gpu = aioccl.gpu.status()
     ib = detect()
-    shm_off = os.environ.get("AIOCCL_SHM_DISABLE", "0") not in ("", "0")
-    shm_ok = os.access("/dev/shm", os.W_OK)
+    shm = shared_memory(env)
     return {
         "aioccl": aioccl.__version__,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "jax": _version("jax"),
-        "cupy": next((v for d in ("cupy-cuda12x", "cupy-cuda11x", "cupy") if (v := _version(d))), None),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "platform": platform.platform(),
         "host": platform.node(),
+        "libraries": libraries(gpu, ib),
+        "network": network(env),
+        "shm": shm,
         "transports": {
             "tcp": "available",
-            "shm": "disabled by AIOCCL_SHM_DISABLE" if shm_off else
-                   ("available" if shm_ok else "unavailable: /dev/shm is not writable"),
+            "shm": shm["state"],
             "ib": ("available: " if ib.usable else "unavailable: ") + ib.reason,
         },
         "gpu": {"available": gpu.available, "detail": gpu.reason, "devices": gpu.devices},
+        "env": {k.name: {"value": v, "set": s, "default": k.default, "meaning": k.meaning}
+                for k, v, s in knobs.effective(env)},
+        "env_unknown": knobs.unknown(env),
+        "env_errors": check_knobs(env),
     }
 
 
+def _size(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def render(info: dict[str, Any]) -> list[str]:
+    lines = [f"aioccl {info['aioccl']}  {info['python']}  on {info['host']} ({info['platform']})"]
+    for name, lib in info["libraries"].items():
+        state = lib["version"] or "-"
+        lines.append(f"  {name:10s} {state}" + (f"  ({lib['detail']})" if lib["detail"] else ""))
+    net = info["network"]
+    lines.append("network: " + ", ".join(f"{i['name']}={i['address']}" for i in net["interfaces"]))
+    lines.append(f"  a rank would use {net['chosen'] or '(none)'}: {net['why']}")
+    shm = info["shm"]
+    lines.append(f"shared memory: {shm['path']} {_size(shm['size_bytes'])}, {_size(shm['free_bytes'])} free")
+    for name, state in info["transports"].items():
+        lines.append(f"transport {name}: {state}")
+    g = info["gpu"]
+    lines.append(f"gpu: {'available' if g['available'] else 'unavailable'}: {g['detail']}")
+    lines.append("environment (* = set):")
+    for name, e in info["env"].items():
+        lines.append(f"  {'*' if e['set'] else ' '} {name}={e['value']}")
+    for name in info["env_unknown"]:
+        lines.append(f"  ! {name} is set but aioccl does not read it (a typo?)")
+    for problem in info["env_errors"]:
+        lines.append(f"  ! {problem}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="aioccl-info", description=__doc__.splitlines()[0])
-    p.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    p = argparse.ArgumentParser(prog="aioccl-info", description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print JSON (for bug reports) instead of lines")
     ns = p.parse_args(argv)
     info = collect()
     if ns.json:
         json.dump(info, sys.stdout, indent=1)
         print()
         return
-    print(f"aioccl {info['aioccl']}  python {info['python']}  numpy {info['numpy']}  "
-          f"jax {info['jax'] or '-'}  cupy {info['cupy'] or '-'}  on {info['host']}")
-    for name, state in info["transports"].items():
-        print(f"transport {name}: {state}")
-    g = info["gpu"]
-    print(f"gpu: {'available' if g['available'] else 'unavailable'}: {g['detail']}")
+    print("\n".join(render(info)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+"""Every ``AIOCCL_*`` environment variable aioccl reads, with its default, in one table.
+
+The modules that read a knob parse it themselves (next to the code it
+steers); this table is what ``aioccl-info`` prints and what the tests hold
+the code and ``docs/env.md`` to, so a new knob cannot go undocumented.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    name: str
+    default: str  # as a user would write it; "unset" where absence means something
+    group: str  # launch, behaviour, shm, ib, gpu, debug
+    meaning: str
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("AIOCCL_RANK", "unset", "launch", "this rank (set by aioccl-run)"),
+    Knob("AIOCCL_WORLD_SIZE", "unset", "launch", "the number of ranks (set by aioccl-run)"),
+    Knob("AIOCCL_LOCAL_RANK", "unset", "launch", "rank on this host (set by aioccl-run)"),
+    Knob("AIOCCL_LOCAL_WORLD_SIZE", "unset", "launch", "ranks on this host (set by aioccl-run)"),
+    Knob("AIOCCL_COMM_ID", "unset", "launch", "host:port of the root"),
+    Knob("AIOCCL_COMM_SECRET", "unset", "launch", "32 hex digits every connection proves (never printed)"),
+    Knob("AIOCCL_TIMEOUT", "300", "behaviour", "default deadline of bootstrap and every op, seconds"),
+    Knob("AIOCCL_PEER_TIMEOUT", "2", "behaviour", "seconds without a peer's acknowledgement before PeerLost"),
+    Knob("AIOCCL_FLIGHT_RECORDER", "64", "behaviour", "finished ops each communicator remembers"),
+    Knob("AIOCCL_SOCKET_IFNAME", "unset", "behaviour", "interfaces to use (NCCL syntax); unset: route to root"),
+    Knob("AIOCCL_HOSTID", "unset", "behaviour", "ranks with equal ids count as one host"),
+    Knob("AIOCCL_ALGO", "auto", "behaviour", "force algorithms, e.g. ring or all_reduce:ring,broadcast:tree"),
+    Knob("AIOCCL_BUFFSIZE", "4194304", "behaviour", "chunk bytes of pipelined socket algorithms"),
+    Knob("AIOCCL_TUNE_LINK", "tcp", "behaviour", "link model the tuner simulates"),
+    Knob("AIOCCL_SHM_DISABLE", "0", "shm", "1: sockets even between ranks of one host"),
+    Knob("AIOCCL_SHM_BUFFSIZE", "1048576", "shm", "bytes per staging slot half"),
+    Knob("AIOCCL_SHM_HEAP", "268435456", "shm", "bytes of registered-buffer heap per rank (comm.alloc)"),
+    Knob("AIOCCL_SHM_SPIN_US", "100", "shm", "microseconds a waiting rank spins before it parks"),
+    Knob("AIOCCL_NET", "auto", "ib", "auto, socket or ib: which network transport pairs use"),
+    Knob("AIOCCL_IB_DISABLE", "0", "ib", "1: never use ib"),
+    Knob("AIOCCL_IB_HCA", "all", "ib", "RDMA devices and ports (NCCL syntax)"),
+    Knob("AIOCCL_IB_GID_INDEX", "auto", "ib", "GID index"),
+    Knob("AIOCCL_IB_BUFFSIZE", "524288", "ib", "bytes per ring slot (one RDMA write)"),
+    Knob("AIOCCL_IB_SLOTS", "8", "ib", "ring slots per direction per peer"),
+    Knob("AIOCCL_IB_TIMEOUT", "20", "ib", "QP ACK timeout exponent"),
+    Knob("AIOCCL_IB_RETRY_CNT", "7", "ib", "QP retries"),
+    Knob("AIOCCL_IB_SL", "0", "ib", "service level"),
+    Knob("AIOCCL_IB_TC", "0", "ib", "traffic class"),
+    Knob("AIOCCL_IB_BACKEND", "pyverbs", "ib", "pyverbs, or loopback (the in-process test backend)"),
+    Knob("AIOCCL_GPU_IPC", "1", "gpu", "0: same-host GPU ops stage through host memory"),
+    Knob("AIOCCL_GPU_SCRATCH", "67108864", "gpu", "bytes of CUDA-IPC scratch per rank"),
+    Knob("AIOCCL_GPU_STAGE_PIECE", "4194304", "gpu", "bytes per piece of staged GPU ops"),
+    Knob("AIOCCL_DEBUG", "unset", "debug", "WARN, INFO or TRACE: log to stderr"),
+    Knob("AIOCCL_DEBUG_SUBSYS", "all", "debug", "subsystems to log, or ^NET to exclude"),
+)
+
+SECRET = {"AIOCCL_COMM_SECRET"}
+
+
+def effective(env: Mapping[str, str]) -> list[tuple[Knob, str, bool]]:
+    """(knob, value in effect, whether the environment set it) for every knob; secrets are masked."""
+    out = []
+    for k in KNOBS:
+        raw = env.get(k.name, "")
+        if raw.strip():
+            out.append((k, "(set, hidden)" if k.name in SECRET else raw, True))
+        else:
+            out.append((k, k.default, False))
+    return out
+
+
+def unknown(env: Mapping[str, str]) -> list[str]:
+    """``AIOCCL_*`` names in ``env`` that aioccl does not read (typos, most often)."""
+    names = {k.name for k in KNOBS}
+    return sorted(n for n in env if n.startswith("AIOCCL_") and n not in names)

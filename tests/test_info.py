@@ -1,0 +1,69 @@
+"""``aioccl-info``: every knob listed with its value in effect, typos and bad values flagged, secrets hidden."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+from aioccl import knobs
+
+from conftest import ROOT
+
+
+def info(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AIOCCL_")}
+    return subprocess.run([sys.executable, "-m", "aioccl.tools.info", *args], capture_output=True, text=True,
+                          timeout=120, env={**clean, "PYTHONPATH": str(ROOT), **env})
+
+
+def test_every_knob_the_code_reads_is_in_the_table_and_in_the_docs():
+    used = set()
+    for folder in ("aioccl", "jax_ext"):
+        for path in (ROOT / folder).rglob("*.py"):
+            used |= set(re.findall(r"AIOCCL_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
+    table = {k.name for k in knobs.KNOBS}
+    assert used - table == set(), "knobs read by the code but missing from aioccl/knobs.py"
+    assert table - used == set(), "knobs in the table that no code reads"
+    documented = set(re.findall(r"AIOCCL_[A-Z0-9_]*[A-Z0-9]", (ROOT / "docs" / "env.md").read_text()))
+    assert table - documented == set(), "knobs missing from docs/env.md"
+
+
+def test_json_report():
+    p = info("--json", AIOCCL_TIMEOUT="abc", AIOCCL_TIMOUT="3", AIOCCL_SOCKET_IFNAME="=lo",
+             AIOCCL_COMM_SECRET="0123456789abcdef0123456789abcdef", AIOCCL_IB_SLOTS="1")
+    assert p.returncode == 0, p.stderr
+    assert "0123456789abcdef" not in p.stdout
+    r = json.loads(p.stdout)
+    assert r["env"]["AIOCCL_TIMEOUT"] == {"value": "abc", "set": True, "default": "300",
+                                          "meaning": knobs.KNOBS[6].meaning}
+    assert r["env"]["AIOCCL_COMM_SECRET"]["value"] == "(set, hidden)"
+    assert r["env"]["AIOCCL_BUFFSIZE"] == {"value": "4194304", "set": False, "default": "4194304",
+                                          "meaning": "chunk bytes of pipelined socket algorithms"}
+    assert set(r["env"]) == {k.name for k in knobs.KNOBS}
+    assert r["env_unknown"] == ["AIOCCL_TIMOUT"]
+    assert "AIOCCL_TIMEOUT='abc' is not a number of seconds" in r["env_errors"]
+    assert "AIOCCL_IB_SLOTS must be within [2, 1024], got 1" in r["env_errors"]
+    assert r["network"]["chosen"] == "127.0.0.1" and r["network"]["why"] == "AIOCCL_SOCKET_IFNAME==lo"
+    assert {"name": "lo", "address": "127.0.0.1"} in r["network"]["interfaces"]
+    assert r["shm"]["size_bytes"] > 0 and r["transports"]["tcp"] == "available"
+    assert r["libraries"]["numpy"]["version"] == np.__version__
+    for name in ("jax", "cupy", "torch", "anyio", "trio", "pyverbs"):
+        lib = r["libraries"][name]
+        assert lib["usable"] or lib["detail"], (name, lib)  # a reason whenever it cannot serve
+    assert r["gpu"]["available"] or r["gpu"]["detail"]
+
+
+def test_text_report_routes_to_the_root_and_flags_problems():
+    p = info(AIOCCL_COMM_ID="127.0.0.1:29500", AIOCCL_SHM_DISABLE="1", AIOCCL_ALGOS="ring")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "a rank would use 127.0.0.1: the route to the root 127.0.0.1:29500" in out
+    assert "transport shm: disabled by AIOCCL_SHM_DISABLE" in out
+    assert "  * AIOCCL_SHM_DISABLE=1" in out and "    AIOCCL_TIMEOUT=300" in out
+    assert "! AIOCCL_ALGOS is set but aioccl does not read it (a typo?)" in out
+    assert re.search(r"shared memory: /dev/shm [\d.]+ GiB", out)
