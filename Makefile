@@ -20,6 +20,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks
+	$(PY) -m mypy
 	$(PY) -m pytest -q tests
 
 # Side-by-side benchmarks (by hand, not CI): aioccl vs torch.distributed/Gloo vs Open MPI.
@@ -43,4 +44,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache site dist

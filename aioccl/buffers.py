@@ -26,7 +26,7 @@ from .interop import torch as _torch
 class Buf:
     array: Any  # np.ndarray or DevArray: C-contiguous view of the user's memory (or a private copy if immutable)
     writable: bool  # whether results may be written into the user's memory
-    wrap: Callable[[np.ndarray], Any]  # filled array -> what the caller gets back
+    wrap: Callable[[Any], Any]  # filled array (numpy or DevArray) -> what the caller gets back
     owner: Any = None  # the user's object
     immutable: bool = False  # JAX arrays: results always go to a new array
 
@@ -50,24 +50,33 @@ def _jax_wrap(arr: np.ndarray) -> Any:
     return jnp.asarray(arr)
 
 
+def _itself_or_view(x: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda a: x if a is x else a
+
+
+def _always(x: Any) -> Callable[[np.ndarray], Any]:
+    return lambda _a: x
+
+
 def adapt(x: Any, name: str) -> Buf:
     """Validate and view ``x``; raises :class:`InvalidArgument` with the argument's name."""
     if x is None:
         raise InvalidArgument(f"{name} is None")
+    arr: np.ndarray
+    wrap: Callable[[np.ndarray], Any]
     if isinstance(x, np.ndarray):
-        arr, writable, wrap = x, x.flags.writeable, (lambda a, _x=x: _x if a is _x else a)
+        arr, writable, wrap = x, x.flags.writeable, _itself_or_view(x)
     elif _on_gpu(x):
         from .gpu.arrays import adapt_device
 
-        arr, writable, wrap, immutable = adapt_device(x, name)
-        dtype_code(arr.dtype)
-        if not arr.flags.c_contiguous:
-            raise InvalidArgument(f"{name} is not C-contiguous (strides {arr.data.strides}); make a contiguous copy")
-        return Buf(arr, writable, wrap, x, immutable)
+        dev, writable, dev_wrap, immutable = adapt_device(x, name)
+        dtype_code(dev.dtype)
+        if not dev.flags.c_contiguous:
+            raise InvalidArgument(f"{name} is not C-contiguous (strides {dev.data.strides}); make a contiguous copy")
+        return Buf(dev, writable, dev_wrap, x, immutable)
     elif _torch.is_tensor(x):
         arr = _torch.view(x, name)
-        # the tensor itself when the result is all of it; a tensor over the slice otherwise (scatter's block)
-        writable, wrap = True, (lambda a, _x=x, _a=arr: _x if a is _a else _torch.new_tensor(a))
+        writable, wrap = True, _torch.wrapper(x, arr)
     elif _is_jax(x):
         arr = np.asarray(x)  # zero-copy, read-only on CPU; results go to a fresh array
         writable, wrap = False, _jax_wrap
@@ -80,7 +89,7 @@ def adapt(x: Any, name: str) -> Buf:
             arr = np.from_dlpack(x)
         except (BufferError, TypeError, RuntimeError) as e:
             raise InvalidArgument(f"{name}: cannot view {type(x).__name__} through DLPack: {e}") from None
-        writable, wrap = arr.flags.writeable, (lambda a, _x=x: _x)
+        writable, wrap = arr.flags.writeable, _always(x)
     else:
         try:
             arr = np.asarray(memoryview(x))
@@ -89,7 +98,7 @@ def adapt(x: Any, name: str) -> Buf:
                 f"{name}: expected a numpy/JAX array or an object with __dlpack__ or the buffer protocol, "
                 f"got {type(x).__name__}"
             ) from None
-        writable, wrap = arr.flags.writeable, (lambda a, _x=x: _x)
+        writable, wrap = arr.flags.writeable, _always(x)
     dtype_code(arr.dtype)  # raises InvalidArgument for unsupported dtypes
     immutable = wrap is _jax_wrap
     if not arr.flags.c_contiguous:
@@ -160,4 +169,4 @@ def same_device(what: str, *bufs: Buf) -> int | None:
 
 def byte_view(arr: np.ndarray) -> memoryview:
     """A flat writable-or-not byte memoryview of a contiguous array of any dtype."""
-    return memoryview(arr.reshape(-1).view(np.uint8))
+    return arr.reshape(-1).view(np.uint8).data

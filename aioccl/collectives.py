@@ -23,8 +23,11 @@ from .work import Work
 
 class CollectiveOps:
     if TYPE_CHECKING:
-        rank: int
-        world_size: int
+        @property
+        def rank(self) -> int: ...
+
+        @property
+        def world_size(self) -> int: ...
 
         def _root(self, root: int) -> int: ...
 

@@ -93,15 +93,15 @@ def _root_address(env: Mapping[str, str], source: str) -> tuple[str, int]:
             raise BootstrapError(f"AIOCCL_COMM_ID={env['AIOCCL_COMM_ID']!r} must be host:port")
         return host.strip("[]"), int(port)
     if env.get("MASTER_ADDR"):
-        port = int(env.get("MASTER_PORT", DEFAULT_PORT))
+        master_port = int(env.get("MASTER_PORT", DEFAULT_PORT))
         if source == "torchrun" and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            port += 1  # torchrun's agent already serves its store on MASTER_PORT
-        return env["MASTER_ADDR"], port
+            master_port += 1  # torchrun's agent already serves its store on MASTER_PORT
+        return env["MASTER_ADDR"], master_port
     if source == "slurm" and env.get("SLURM_NODELIST"):
         job = int(env.get("SLURM_JOB_ID", "0") or 0)
         return first_slurm_host(env["SLURM_NODELIST"]), 20000 + job % 20000
     if source == "mpi" and env.get("OMPI_COMM_WORLD_LOCAL_SIZE") == env.get("OMPI_COMM_WORLD_SIZE"):
-        job = env.get("OMPI_MCA_ess_base_jobid", "0")
-        return "127.0.0.1", 20000 + int(hashlib.md5(job.encode()).hexdigest(), 16) % 20000
+        jobid = env.get("OMPI_MCA_ess_base_jobid", "0")
+        return "127.0.0.1", 20000 + int(hashlib.md5(jobid.encode()).hexdigest(), 16) % 20000
     raise BootstrapError(f"{source} environment without a root address: set AIOCCL_COMM_ID=host:port "
                          "or MASTER_ADDR/MASTER_PORT")

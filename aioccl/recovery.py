@@ -65,13 +65,13 @@ async def _exchange(engine: Engine, view: CommView, tag: int, mine: np.ndarray, 
                     deadline: float) -> dict[int, np.ndarray]:
     """Send ``mine`` to ``others`` and receive theirs; a peer that fails or stays silent is left out."""
     loop = asyncio.get_running_loop()
-    payload = memoryview(mine).cast("B")
+    payload = mine.data.cast("B")
     hdr = Header(P2P, 0, _U8, 0, view.ctx, tag, len(payload)).pack()
     bufs = {r: np.zeros_like(mine) for r in others}
     futs = {}
     for r in others:
         w = Work(f"shrink recv(peer={r})", tag)
-        fut = engine.mailbox.post_p2p(view.ranks[r], view.ctx, tag, memoryview(bufs[r]).cast("B"), _U8,
+        fut = engine.mailbox.post_p2p(view.ranks[r], view.ctx, tag, bufs[r].data.cast("B"), _U8,
                                       f"shrink round {tag - SHRINK_TAG} recv from rank {r}", w)
         if fut is not None:
             futs[r] = fut

@@ -46,7 +46,7 @@ class Work:
         self._callbacks: list[Callable[[Work], None]] = []
         self._event: threading.Event | None = None
         self._cancellable = cancellable
-        self._on_cancel: Callable[[], None] | None = None
+        self._on_cancel: Callable[[], object] | None = None
         self._engine_thread: int | None = None  # wait() on this thread would deadlock
         self._t0 = 0.0  # time.monotonic() when issued
         self._desc: Any = ""  # (count, dtype, reduction, root), formatted lazily by pending() and the recorder

@@ -43,8 +43,13 @@ from jax._src.interpreters import mlir as _mlir  # noqa: E402
 
 Primitive = _core.Primitive
 ShapedArray = _core.ShapedArray
-Zero = _ad.Zero
-instantiate_zeros = _ad.instantiate_zeros
+Zero = _ad.Zero  # type: ignore[attr-defined]
+
+
+def instantiate_zeros(t: Any) -> Any:
+    return _ad.instantiate_zeros(t)  # type: ignore[no-untyped-call]
+
+
 
 
 class CollectiveEffect(_effects.Effect):
@@ -70,7 +75,7 @@ HostCallback = Callable[[Any, Sequence[Any], Sequence[Any]], None]
 def new_primitive(name: str, multiple_results: bool = False) -> Any:
     p = Primitive(name)
     p.multiple_results = multiple_results
-    _dispatch.simple_impl(p)  # outside jit: compile the one op (eager calls work like lax's)
+    _dispatch.simple_impl(p)  # type: ignore[no-untyped-call] # outside jit: compile the one op (eager calls work like lax's)
     return p
 
 
@@ -187,7 +192,7 @@ def pvary(x: Any, axes: tuple[Any, ...]) -> Any:
     if not check_vma() or not axes:
         return x
     missing = tuple(a for a in axes if a not in varying(_core.typeof(x)))
-    return _core.pvary(x, missing) if missing else x
+    return _core.pvary(x, missing) if missing else x  # type: ignore[no-untyped-call]
 
 
 # -- jax.distributed ----------------------------------------------------------------------------------
@@ -202,7 +207,7 @@ def distributed_client() -> tuple[Any, int, int] | None:
 
 
 def effects_barrier() -> None:
-    jax.effects_barrier()
+    jax.effects_barrier()  # type: ignore[no-untyped-call]
 
 
 def def_linearize(p: Any, rule: Callable[..., Any]) -> None:

@@ -37,7 +37,7 @@ class Bf16View:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        return self._cai
+        return dict(self._cai)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         storage = self._cp.asarray(_Retyped(self._cai, "<u2"))

@@ -203,7 +203,10 @@ def define(name: str, *, abstract: Callable[..., Any], run: RunFn, alias: bool =
 # -- autodiff and vmap helpers ----------------------------------------------------------------------------
 def dense(ct: Any) -> Any:
     """A symbolic zero cotangent as real zeros: every rank must still run the transposed collective."""
-    return jnp.zeros(ct.aval.shape, ct.aval.dtype) if type(ct) is _compat.Zero else ct
+    if type(ct) is _compat.Zero:
+        aval: Any = ct.aval
+        return jnp.zeros(aval.shape, aval.dtype)
+    return ct
 
 
 def def_linear(p: Any, transpose: Callable[..., Any]) -> None:

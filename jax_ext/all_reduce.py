@@ -59,11 +59,11 @@ _compat.def_transpose(all_reduce_p, _transpose)
 def_batching(all_reduce_p, axis0=False)
 
 
-def _bind(api: str, x: Any, op: str, axis_name: Any, comm: Communicator | None) -> Any:
+def _bind(api: str, x: Any, op: str | ReduceOp, axis_name: Any, comm: Communicator | None) -> Any:
     return _bind_group(x, op, *group_for(api, axis_name, comm))
 
 
-def _bind_group(x: Any, op: str, group: Group, pos: Any) -> Any:
+def _bind_group(x: Any, op: str | ReduceOp, group: Group, pos: Any) -> Any:
     op = ReduceOp.parse(op).value
     return jax.tree_util.tree_map(lambda leaf: all_reduce_p.bind(varying_in(group, leaf), pos, group=group, op=op), x)
 

@@ -45,7 +45,8 @@ _compat.def_transpose(reduce_scatter_p, _transpose)
 def_batching(reduce_scatter_p, axis0=True)
 
 
-def _scatter(api: str, x: Any, op: str, axis_name: Any, comm: Communicator | None, dim: int, tiled: bool) -> Any:
+def _scatter(api: str, x: Any, op: str | ReduceOp, axis_name: Any, comm: Communicator | None, dim: int,
+             tiled: bool) -> Any:
     op = ReduceOp.parse(op).value
     group, pos = group_for(api, axis_name, comm)
 

@@ -142,7 +142,8 @@ def run_shm(
         for st in schedules[src.rank].steps[i].stage:
             if (st.src.buf == region.buf and st.src.start <= region.start and region.stop <= st.src.stop
                     and st.slot + region.start - st.src.start == src.slot):
-                return slots[src.rank][(i + 1) & 1][src.slot:src.slot + region.count]
+                staged: np.ndarray = slots[src.rank][(i + 1) & 1][src.slot:src.slot + region.count]
+                return staged
         raise ScheduleError(f"rank {reader} reads {src} at step {i}, which rank {src.rank} did not stage there")
 
     def enabled(r: int) -> bool:

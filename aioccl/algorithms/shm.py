@@ -120,9 +120,10 @@ def _all_reduce(count: int, rank: int, n: int, cap: int, algo: str, root: int | 
         for a, b in pieces(count, cap):
             chunk = Region(IN, a, b)
             mine = root is None or rank == root
-            stage = (Stage(chunk, 0),) if (root is None or rank != root) else ()
-            reads = (Reduce(tuple(Src(j, chunk, 0) for j in every), Region(OUT, a, b)),) if mine else ()
-            steps.append(_step(rank, stage, reads, (Region(OUT, a, b),) if mine else ()))
+            stage: tuple[Stage, ...] = (Stage(chunk, 0),) if (root is None or rank != root) else ()
+            srcs = tuple(Src(j, chunk, 0) for j in every)
+            reduces: tuple[Reduce, ...] = (Reduce(srcs, Region(OUT, a, b)),) if mine else ()
+            steps.append(_step(rank, stage, reduces, (Region(OUT, a, b),) if mine else ()))
         return ShmSchedule(tuple(steps), algo="flat")
     width = -(-min(cap, max(count, 1)) // n)
     for a, b in pieces(count, cap):
@@ -134,6 +135,7 @@ def _all_reduce(count: int, rank: int, n: int, cap: int, algo: str, root: int | 
         srcs = tuple(Src(j, Region(IN, a + s0, a + s1), s0) for j in every)
         steps.append(_step(rank, (Stage(Region(IN, a, b), 0),), (Reduce(srcs, dst),), (dst,)))
         # step B: fetch the others' reduced slices (everyone, or only the root)
+        reads: tuple[Fetch, ...]
         if root is None:
             reads = tuple(Fetch(Src(j, Region(OUT, a + sl[j][0], a + sl[j][1]), 0),
                                 Region(OUT, a + sl[j][0], a + sl[j][1])) for j in every if j != rank)
@@ -162,7 +164,7 @@ def _blockwise(coll: str, block: int, rank: int, n: int, root: int, cap: int, in
             steps.append(_step(rank, (Stage(Region(IN, a, b), 0),),
                                tuple(Fetch(Src(j, Region(IN, a, b), 0), blk(j, OUT)) for j in every)))
         elif coll == "gather":
-            stage = (Stage(Region(IN, a, b), 0),) if rank != root else ()
+            stage: tuple[Stage, ...] = (Stage(Region(IN, a, b), 0),) if rank != root else ()
             reads = tuple(Fetch(Src(j, Region(IN, a, b), 0), blk(j, OUT)) for j in every) if rank == root else ()
             steps.append(_step(rank, stage, reads))
         elif coll == "scatter":

@@ -49,7 +49,8 @@ def broadcast_chain(count: int, rank: int, n: int, root: int, chunk: int) -> Sch
     rounds: list[Round] = [] if v else [Round(copies=(Copy(Region(IN, 0, count), Region(OUT, 0, count)),))]
     src = OUT if v else IN
     for t in range(len(chunks) + n - 2):
-        sends, recvs = (), ()
+        sends: tuple[Send, ...] = ()
+        recvs: tuple[Recv, ...] = ()
         i_send, i_recv = t - v, t - (v - 1)
         if v < n - 1 and 0 <= i_send < len(chunks):
             sends = (Send(nxt, Region(src, *chunks[i_send])),)

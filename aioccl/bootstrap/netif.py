@@ -62,7 +62,7 @@ def route_to(host: str, port: int) -> str:
             s.connect((host, port or 9))
         except OSError as e:
             raise BootstrapError(f"no route to the root at {host}:{port}: {e}") from None
-        return s.getsockname()[0]
+        return str(s.getsockname()[0])
 
 
 def local_address(root_host: str, root_port: int, ifname: str | None) -> str:

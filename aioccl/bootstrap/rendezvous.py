@@ -15,7 +15,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .. import log
 from ..errors import BootstrapError
@@ -199,7 +199,7 @@ async def _mesh(gate: Gate, secret: bytes, comm_id: int, rank: int,
     try:
         async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
             accepted, *_ = await asyncio.gather(gate.arrived(), *(dial(j) for j in range(rank)))
-        conns.update(accepted)
+        conns.update(cast("dict[int, socket.socket]", accepted))
     except (TimeoutError, BootstrapError, OSError, auth.AuthError, Closed) as e:
         for s in [*conns.values(), *gate.conns.values()]:
             s.close()

@@ -62,4 +62,4 @@ def free_port(host: str = "") -> int:
     """A port that was free a moment ago (for launchers that must name one up front)."""
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])

@@ -9,6 +9,7 @@ completes its :class:`~aioccl.work.Work` with a result or a precise error.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -239,7 +240,7 @@ class Engine:
 
         for peer in active.ranks:
             if peer != self.rank and peer not in self.mailbox.lost:
-                self._spawn(lambda peer=peer: tell(peer))
+                self._spawn(functools.partial(tell, peer))
 
     # -- teardown ------------------------------------------------------------
     async def shutdown(self) -> None:

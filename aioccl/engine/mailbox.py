@@ -20,8 +20,11 @@ straight into its memory. Everything here runs on the engine's loop thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from collections.abc import Callable
+
+import numpy as np
 
 from .. import log
 from ..dtypes import ReduceOp, dtype_from_code
@@ -108,7 +111,7 @@ class Early:
         self.waiter: Posted | None = None
 
     def view(self) -> memoryview:
-        return memoryview(self.buf)[: self.header.nbytes]
+        return self.buf.data[: self.header.nbytes]
 
     def finish(self) -> None:
         self.done = True
@@ -182,7 +185,7 @@ class Mailbox:
                 return e.view(), e.finish
         elif h.kind == MISMATCH:
             buf = self.pool.acquire(h.nbytes)
-            return memoryview(buf)[: h.nbytes], lambda: self._on_notice(peer, h, buf)
+            return buf.data[: h.nbytes], lambda: self._on_notice(peer, h, buf)
         else:
             key3 = (peer, h.ctx, h.seq)
             p = None
@@ -206,33 +209,33 @@ class Mailbox:
 
     def _discard(self, h: Header) -> tuple[memoryview, Callable[[], None]]:
         buf = self.pool.acquire(h.nbytes)
-        return memoryview(buf)[: h.nbytes], lambda: self.pool.release(buf)
+        return buf.data[: h.nbytes], lambda: self.pool.release(buf)
 
     def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None:
         lost = PeerLost(peer, "it closed its communicator" if graceful else f"{type(exc).__name__}: {exc}")
         self.lost[peer] = lost
         for key in [k for k in self.posted if k[0] == peer]:
             self.posted.pop(key).fail(lost)
-        for key in [k for k in self.p2p_posted if k[0] == peer]:
-            for p in self.p2p_posted.pop(key):
+        for key3 in [k for k in self.p2p_posted if k[0] == peer]:
+            for p in self.p2p_posted.pop(key3):
                 if p.work is None or p.work._start():
                     p.fail(lost)
         # frames that fully arrived before the connection ended are still good: keep them
         for key in [k for k, e in self.early.items() if k[0] == peer and not e.done]:
             del self.early[key]
-        for key in [k for k in self.p2p_early if k[0] == peer]:
-            self.p2p_early[key] = deque(e for e in self.p2p_early[key] if e.done)
+        for key3 in [k for k in self.p2p_early if k[0] == peer]:
+            self.p2p_early[key3] = deque(e for e in self.p2p_early[key3] if e.done)
         for p in self._partial.pop(peer, ()):
             p.fail(lost)
         for listener in self.lost_listeners:
             listener(peer, lost)
 
-    def _on_notice(self, reporter: int, h: Header, buf: bytearray) -> None:
+    def _on_notice(self, reporter: int, h: Header, buf: np.ndarray) -> None:
         """``reporter`` found that ``offender`` issued another call at (ctx, seq): fail ours too."""
         try:
             if h.nbytes != NOTICE.size:
                 return
-            offender, *theirs = NOTICE.unpack_from(buf)
+            offender, *theirs = NOTICE.unpack_from(buf.data)
         finally:
             self.pool.release(buf)
         op_key = (h.ctx, h.seq)
@@ -326,7 +329,7 @@ class Mailbox:
                 p.fail(self.lost[peer])
             return fut
         self.p2p_posted.setdefault(key, deque()).append(p)
-        work._on_cancel = lambda: self.loop.call_soon_threadsafe(self._unpost_p2p, key, p)
+        work._on_cancel = functools.partial(self.loop.call_soon_threadsafe, self._unpost_p2p, key, p)
         return fut
 
     def _attach(self, e: Early, p: Posted) -> None:

@@ -139,7 +139,7 @@ class ShmChannel:
         off = self.heap.alloc(nbytes)
         owner = (ctypes.c_char * max(1, nbytes)).from_buffer(self.segments[self.rank].mm, off)
         weakref.finalize(owner, self.heap.free, off)
-        return np.frombuffer(owner, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+        return np.frombuffer(memoryview(owner), dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
 
     def typed(self, j: int, dtype: np.dtype[Any]) -> np.ndarray:
         """Rank ``j``'s whole segment as an array of ``dtype`` (cached: slicing it is one numpy call)."""

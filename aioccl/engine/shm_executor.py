@@ -71,7 +71,7 @@ class ShmOp:
         """OUT's element offset inside IN when they share memory (reduce_scatter in place), else None."""
         if self._shift is False:
             self._shift = _shift(self.inp, self.out)
-        return self._shift  # type: ignore[return-value]
+        return self._shift
 
     def same_memory(self, reg: Region, dst: Region) -> bool:
         """Does my own ``reg`` lie exactly at ``dst`` (a copy to skip)?"""
@@ -209,8 +209,8 @@ def _peer(ch: ShmChannel, descs: list[tuple[int, ...]], src: Src, half: int, ite
 def _shift(inp: np.ndarray, out: np.ndarray) -> int | None:
     if not inp.size or not out.size:
         return None
-    a = inp.__array_interface__["data"][0]
-    b = out.__array_interface__["data"][0]
+    a: int = inp.__array_interface__["data"][0]
+    b: int = out.__array_interface__["data"][0]
     if a <= b < a + inp.nbytes:
         return (b - a) // inp.itemsize
     return None

@@ -117,9 +117,10 @@ def adapt_device(x: Any, name: str) -> tuple[DevArray, bool, Callable[[DevArray]
 def _logical(x: Any, fallback: Any) -> np.dtype:
     """The object's own numpy dtype where it has one (JAX, XLA buffers: bfloat16 included), else ``fallback``."""
     try:
-        return np.dtype(x.dtype)
+        dt: np.dtype = np.dtype(x.dtype)
     except TypeError:  # torch.dtype and friends
-        return np.dtype(fallback)
+        dt = np.dtype(fallback)
+    return dt
 
 
 def _from_cai(cp: Any, x: Any, name: str) -> tuple[DevArray, bool]:

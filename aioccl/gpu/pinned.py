@@ -33,7 +33,7 @@ class Block:
         if count == 0:
             return np.empty(0, dtype=dt)
         raw = (ctypes.c_char * (count * dt.itemsize)).from_address(self.ptr)
-        return np.frombuffer(raw, dtype=dt, count=count)
+        return np.frombuffer(memoryview(raw), dtype=dt, count=count)
 
 
 def size_class(nbytes: int) -> int:

@@ -68,4 +68,4 @@ def load_cupy(what: str) -> ModuleType:
         raise InvalidArgument(f"{what} needs the GPU path, which is unavailable: {st.reason}")
     import cupy
 
-    return cupy
+    return cupy  # type: ignore[no-any-return]  # cupy has no type information

@@ -26,6 +26,7 @@ CUDA event recorded right after them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 import time
@@ -364,10 +365,10 @@ class GpuRunner:
             return ev
 
         for piece in pieces:
-            ev = launch(lambda p=piece: plans.publish(p, inp, scratches[rank], _copy))
+            ev = launch(functools.partial(plans.publish, piece, inp, scratches[rank], _copy))
             await wait_event(ev)
             await side.barrier(timeout=self._remaining(deadline))
-            ev = launch(lambda p=piece: plans.consume(p, out, scratches, _copy, combine, finish))
+            ev = launch(functools.partial(plans.consume, piece, out, scratches, _copy, combine, finish))
             await wait_event(ev)
             await side.barrier(timeout=self._remaining(deadline))
         self._finish(g, dev)

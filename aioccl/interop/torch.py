@@ -12,6 +12,7 @@ CUDA tensors never come here; :mod:`aioccl.gpu.arrays` takes them first.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -39,6 +40,15 @@ def view(x: Any, name: str) -> np.ndarray:
         return np.from_dlpack(t)
     except (BufferError, TypeError, RuntimeError) as e:
         raise InvalidArgument(f"{name}: cannot view torch tensor of {t.dtype} through DLPack: {e}") from None
+
+
+def wrapper(x: Any, arr: np.ndarray) -> Callable[[np.ndarray], Any]:
+    """Results -> what the caller gets: the tensor itself when the result is all of its memory, a
+    tensor over the slice otherwise (scatter's block of a full-size input)."""
+    def wrap(a: np.ndarray) -> Any:
+        return x if a is arr else new_tensor(a)
+
+    return wrap
 
 
 def new_tensor(arr: np.ndarray) -> Any:

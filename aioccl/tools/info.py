@@ -92,7 +92,7 @@ def shared_memory(env: Mapping[str, str]) -> dict[str, Any]:
         st = os.statvfs(path)
         size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
     except OSError:
-        size = free = None
+        size = free = -1
     return {"state": state, "path": path, "size_bytes": size, "free_bytes": free}
 
 
@@ -147,8 +147,8 @@ def collect(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     }
 
 
-def _size(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+def _size(n: int) -> str:
+    return "?" if n < 0 else f"{n / 2**30:.1f} GiB"
 
 
 def render(info: dict[str, Any]) -> list[str]:

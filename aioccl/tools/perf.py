@@ -140,7 +140,10 @@ async def run_rank(ns: argparse.Namespace) -> int:
 
     comm = await aioccl.init(engine=ns.engine)
     n, r = comm.world_size, comm.rank
-    say = (lambda s: print(s, flush=True)) if r == 0 else (lambda s: None)
+    def say(line: str) -> None:
+        if r == 0:
+            print(line, flush=True)
+
     root = ns.root if ns.op in ROOTED else -1
     if ns.device == "gpu" and ns.dtype.name == "bfloat16":
         say("# --device gpu: cupy has no bfloat16 arrays to allocate; bfloat16 GPU buffers come from JAX or torch")

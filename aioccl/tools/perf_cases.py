@@ -45,8 +45,13 @@ def values(rank: int, count: int, dt: np.dtype, redop: str) -> np.ndarray:
 
 def reduced(n: int, count: int, dt: np.dtype, redop: str) -> np.ndarray:
     stack = np.stack([values(r, count, np.dtype(np.int64), redop) for r in range(n)])
-    red = {"sum": np.sum, "avg": np.sum, "prod": np.prod, "min": np.min, "max": np.max}[redop](stack, axis=0)
-    out = red.astype(dt)
+    if redop in ("sum", "avg"):
+        red = stack.sum(axis=0)
+    elif redop == "prod":
+        red = stack.prod(axis=0)
+    else:
+        red = stack.min(axis=0) if redop == "min" else stack.max(axis=0)
+    out: np.ndarray = red.astype(dt)
     if redop == "avg":
         np.divide(out, n, out=out, casting="unsafe")
     return out

@@ -62,7 +62,7 @@ def _alive(pid: int) -> bool:
 
 def sweep_stale(directory: str = SHM_DIR, min_age: float = STALE_AGE_S) -> list[str]:
     """Remove segments left by processes that died before unlinking them; returns their names."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except OSError:

@@ -95,7 +95,7 @@ class TcpConnection:
         if self.closed:
             raise Closed("connection already closed")
         sock = self.sock
-        bufs = [header, payload] if payload is not None and len(payload) else [header]
+        bufs: list[bytes | memoryview] = [header, payload] if payload is not None and len(payload) else [header]
         async with self._lock:
             try:
                 sent = sock.sendmsg(bufs)

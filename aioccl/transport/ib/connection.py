@@ -75,7 +75,7 @@ class IbConnection:
         self._ctrl_recv = 2 * ring
         self._ctrl_send = self._ctrl_recv + recv_depth(nslots) * CREDIT.size
         self.mem = np.zeros(self._ctrl_send + self._credit_slots * CREDIT.size, dtype=np.uint8)
-        self.mv = memoryview(self.mem)
+        self.mv = self.mem.data
         self.region = port.register(self.mem.ctypes.data, self.mem.nbytes)
         self.tx = SendWindow(nslots)
         self.rx = RecvWindow(nslots)
@@ -107,7 +107,7 @@ class IbConnection:
         if self.closed:
             raise Closed(self.error or "connection already closed")
         n = len(payload) if payload is not None else 0
-        src = np.frombuffer(payload, dtype=np.uint8) if n else None
+        src = np.frombuffer(payload, dtype=np.uint8) if payload is not None and n else None
         addr = src.ctypes.data if src is not None else 0
         direct = self.port.find(addr, n) if n >= ZERO_COPY_MIN else None
         async with self._lock:
@@ -180,7 +180,7 @@ class IbConnection:
                     self.rx.release()
             else:
                 at = self._ctrl_recv + index * CREDIT.size
-                (freed,) = CREDIT.unpack_from(self.mem, at)
+                (freed,) = CREDIT.unpack_from(self.mv, at)
                 self._post_recv(index)
                 self.tx.on_credit(freed)
                 self._wake()
@@ -199,7 +199,7 @@ class IbConnection:
         i = self._credit_seq % self._credit_slots
         self._credit_seq += 1
         at = self._ctrl_send + i * CREDIT.size
-        CREDIT.pack_into(self.mem, at, freed)
+        CREDIT.pack_into(self.mv, at, freed)
         self._credits_out += 1
         try:
             self._post(self.qp.post_send, wr_id(self.id, KIND_CREDIT_SEND, i), [Piece(self.region, at, CREDIT.size)])

@@ -1,0 +1,79 @@
+"""What a user installs: ``python -m build`` makes an sdist and a wheel that install into a fresh venv and work."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import aioccl
+
+from conftest import ROOT
+
+SMOKE = """
+import asyncio, numpy as np, aioccl
+assert aioccl.__version__ == {version!r}, aioccl.__version__
+
+async def main():
+    uid = aioccl.UniqueId.new(host="127.0.0.1")
+    comms = await asyncio.gather(*(aioccl.Communicator.create(uid, r, 2, timeout=30) for r in range(2)))
+    xs = [np.arange(5, dtype=np.int32) * (c.rank + 1) for c in comms]
+    await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
+    assert all(x.tolist() == [0, 3, 6, 9, 12] for x in xs), xs
+    await asyncio.gather(*(c.close() for c in comms))
+    print("smoke ok", aioccl.__file__)
+
+asyncio.run(main())
+"""
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    p = subprocess.run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(ROOT)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return out
+
+
+def test_wheel_and_sdist_contents(dist):
+    v = aioccl.__version__
+    wheel, = dist.glob(f"aioccl-{v}-py3-none-any.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for must in ("aioccl/__init__.py", "aioccl/py.typed", "jax_ext/py.typed", "aioccl/transport/ib/protocol.py",
+                 "aioccl/interop/torch.py", "aioccl/tools/info.py"):
+        assert must in names, must
+    assert not any(n.startswith(("tests/", "examples/")) for n in names)
+    meta = zipfile.ZipFile(wheel).read(f"aioccl-{v}.dist-info/METADATA").decode()
+    assert f"Version: {v}" in meta and "Provides-Extra: torch" in meta and "Provides-Extra: gpu" in meta
+    entry = zipfile.ZipFile(wheel).read(f"aioccl-{v}.dist-info/entry_points.txt").decode()
+    for script in ("aioccl-run", "aioccl-perf", "aioccl-info", "aioccl-sim"):
+        assert script in entry
+    sdist, = dist.glob(f"aioccl-{v}.tar.gz")
+    with tarfile.open(sdist) as tar:
+        members = set(tar.getnames())
+    assert f"aioccl-{v}/pyproject.toml" in members and f"aioccl-{v}/aioccl/py.typed" in members
+
+
+def test_wheel_installs_into_a_fresh_venv_and_runs(dist, tmp_path):
+    wheel, = dist.glob("aioccl-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    p = subprocess.run([str(py), "-m", "pip", "install", "--quiet", str(wheel)], capture_output=True, text=True,
+                       timeout=300, env=clean)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = subprocess.run([str(py), "-c", SMOKE.format(version=aioccl.__version__)], capture_output=True, text=True,
+                       timeout=120, env=clean, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "smoke ok" in p.stdout and str(env_dir) in p.stdout  # the installed copy, not the checkout
+    p = subprocess.run([str(env_dir / "bin" / "aioccl-info"), "--json"], capture_output=True, text=True,
+                       timeout=120, env=clean, cwd=tmp_path)
+    assert p.returncode == 0 and '"aioccl": "' + aioccl.__version__ in p.stdout, p.stderr[-2000:]
