@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean bench bench-jax
+.PHONY: demo test lint docs clean bench bench-jax
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/aioccl-run --nproc-per-node 4 --no-prefix examples/demo.py
+
+# the docs site (MkDocs Material + mkdocstrings) into site/, warnings as errors; the tests build it too
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 test: $(STAMP)
 	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks

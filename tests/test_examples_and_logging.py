@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,20 @@ def test_torch_data_parallel_matches_single_process_training():
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "2 processes, 20 steps: replicas identical" in p.stdout
     assert "Warning" not in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_anyio_pipeline_on_both_backends(backend):
+    p = run_example(3, "anyio_pipeline.py", "--backend", backend, "--rounds", "10")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    engine = "inline" if backend == "asyncio" else "thread"
+    assert f"3 ranks, 10 rounds under {engine} engine: all results checked" in p.stdout
+    assert "INFO" not in p.stdout + p.stderr  # nothing (pyverbs' import included) turned on INFO logging
+
+
+def test_every_example_is_run_by_this_file_and_listed_in_the_docs():
+    mine = Path(__file__).read_text()
+    gallery = (ROOT / "docs" / "examples.md").read_text()
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        assert f'"{path.name}"' in mine, f"examples/{path.name} is not run by the tests"
+        assert f"examples/{path.name}" in gallery, f"examples/{path.name} is not in docs/examples.md"

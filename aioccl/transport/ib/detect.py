@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -100,17 +101,29 @@ def _pick_gid(ctx: Any, port: int, attr: Any, wanted: int | None) -> tuple[int |
 
 
 def import_pyverbs() -> ModuleType:
-    """``import pyverbs.device``, undoing what importing pyverbs does to the application's logging
-    (it calls ``logging.basicConfig(level=INFO)`` on the root logger)."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        import pyverbs.device
+    """``import pyverbs.device`` without letting it touch the application's logging.
 
-        return pyverbs.device  # type: ignore[no-any-return]  # pyverbs has no type information
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
+    Importing pyverbs calls ``logging.basicConfig(level=INFO)``, which would give the root logger a
+    handler and the INFO level: every library's INFO records, ours from other threads included, would
+    start reaching stderr. ``basicConfig`` does nothing when the root logger already has a handler, so
+    for the import's duration it gets one that behaves exactly like having none (logging's last-resort
+    stderr handler, WARNING and up); whatever was there before is restored afterwards.
+    """
+    root = logging.getLogger()
+    with _import_lock:
+        handlers, level = list(root.handlers), root.level
+        if not handlers and logging.lastResort is not None:
+            root.addHandler(logging.lastResort)
+        try:
+            import pyverbs.device
+
+            return pyverbs.device  # type: ignore[no-any-return]  # pyverbs has no type information
+        finally:
+            root.handlers[:] = handlers
+            root.setLevel(level)
+
+
+_import_lock = threading.Lock()
 
 
 def probe(env: Mapping[str, str], verbs: ModuleType | None = None) -> Verdict:
