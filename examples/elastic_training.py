@@ -47,7 +47,8 @@ def batch(step: int) -> np.ndarray:
 
 def grad(x: np.ndarray, y: np.ndarray, w: np.ndarray, rows: np.ndarray) -> np.ndarray:
     xb = x[rows]
-    return xb.T @ (xb @ w - y[rows])
+    g: np.ndarray = xb.T @ (xb @ w - y[rows])
+    return g
 
 
 def reference(steps: int) -> np.ndarray:

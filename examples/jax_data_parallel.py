@@ -19,8 +19,10 @@ import numpy as np
 
 import jax_ext
 
+Params = list[tuple[jax.Array, jax.Array]]
 
-def init(key: jax.Array, sizes: tuple[int, ...]) -> list[tuple[jax.Array, jax.Array]]:
+
+def init(key: jax.Array, sizes: tuple[int, ...]) -> Params:
     params = []
     for a, b in zip(sizes[:-1], sizes[1:], strict=True):
         key, sub = jax.random.split(key)
@@ -28,7 +30,7 @@ def init(key: jax.Array, sizes: tuple[int, ...]) -> list[tuple[jax.Array, jax.Ar
     return params
 
 
-def loss_fn(params: list[tuple[jax.Array, jax.Array]], x: jax.Array, y: jax.Array) -> jax.Array:
+def loss_fn(params: Params, x: jax.Array, y: jax.Array) -> jax.Array:
     for w, b in params[:-1]:
         x = jnp.tanh(x @ w + b)
     w, b = params[-1]
@@ -57,14 +59,14 @@ def main() -> None:
     part = slice(rank * args.batch // n, (rank + 1) * args.batch // n)
 
     @jax.jit
-    def step(params, x, y):
+    def step(params: Params, x: jax.Array, y: jax.Array) -> tuple[Params, jax.Array]:
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
         grads = jax.tree_util.tree_map(lambda g: jax_ext.all_reduce(g) / n, grads)  # average over processes
         loss = jax_ext.all_reduce(loss) / n
         return jax.tree_util.tree_map(lambda p, g: p - args.lr * g, params, grads), loss
 
     @jax.jit
-    def reference_step(params, x, y):
+    def reference_step(params: Params, x: jax.Array, y: jax.Array) -> tuple[Params, jax.Array]:
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
         return jax.tree_util.tree_map(lambda p, g: p - args.lr * g, params, grads), loss
 

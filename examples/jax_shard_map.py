@@ -42,23 +42,24 @@ w1 = np.arange(6 * 8, dtype=np.float32).reshape(6, 8) % 3 - 1
 w2 = np.arange(8 * 3, dtype=np.float32).reshape(8, 3) % 4 - 2
 
 
-def local_loss(x, w1, w2):
+def local_loss(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
     h = x @ w1  # (batch/data, hidden/model)
     h = jax_ext.all_gather(h, "model", axis=1, tiled=True)  # (batch/data, hidden)
     y = jnp.maximum(h, 0) @ w2
-    return jax_ext.psum(jnp.sum(y * y), ("data", "model")) / mesh.shape["model"]
+    total: jax.Array = jax_ext.psum(jnp.sum(y * y), ("data", "model"))  # jax_ext takes and gives pytrees: Any
+    return total / int(mesh.shape["model"])
 
 
 sharded = jax.jit(jax.shard_map(jax.value_and_grad(local_loss, argnums=(1, 2)), mesh=mesh,
                                 in_specs=(P("data"), P(None, "model"), P()), out_specs=(P(), (P(None, "model"), P()))))
 
 
-def reference(x, w1, w2):
+def reference(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
     y = jnp.maximum(x @ w1, 0) @ w2
     return jnp.sum(y * y)
 
 
-def put(a, spec):
+def put(a: np.ndarray, spec: P) -> jax.Array:
     return jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec), lambda idx: a[idx])
 
 

@@ -39,17 +39,20 @@ async def main() -> None:
     pending = comm.irecv(slots[0], prev, tag=0) if r > 0 else None
     for i in range(m):
         k = i % len(slots)
-        if sends[k] is not None:
-            await sends[k]  # the buffer we are about to reuse has left
+        previous = sends[k]
+        if previous is not None:
+            await previous  # the buffer we are about to reuse has left
         if r == 0:
             x = slots[k]
             x[...] = np.arange(args.size) % 1000 + i
         else:
+            assert pending is not None  # every rank but 0 posted its first receive before the loop
             x = await pending
             if i + 1 < m:  # post the next receive before computing on this one
                 nk = (i + 1) % len(slots)
-                if sends[nk] is not None:
-                    await sends[nk]
+                draining = sends[nk]
+                if draining is not None:
+                    await draining
                     sends[nk] = None
                 pending = comm.irecv(slots[nk], prev, tag=i + 1)
         stage(x, r)

@@ -47,6 +47,11 @@ def step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: t
     return float(loss.detach())
 
 
+def grad_of(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None, "backward() ran, so every parameter has a gradient"
+    return p.grad
+
+
 async def train(comm: aioccl.Communicator, steps: int, batch: int) -> torch.nn.Module:
     net = model(seed=comm.rank)  # different on purpose: the broadcast below makes the replicas equal
     params = list(net.parameters())
@@ -57,11 +62,11 @@ async def train(comm: aioccl.Communicator, steps: int, batch: int) -> torch.nn.M
     lo, hi = comm.rank * batch // comm.world_size, (comm.rank + 1) * batch // comm.world_size
     for i, (x, y) in enumerate(batches(steps, batch)):
         local = step(net, opt, x[lo:hi], y[lo:hi], batch)
-        torch.cat([p.grad.reshape(-1) for p in params], out=bucket)
+        torch.cat([grad_of(p).reshape(-1) for p in params], out=bucket)
         await comm.all_reduce(bucket)  # the full-batch gradient, in the bucket's own memory
         at = 0
         for p in params:
-            p.grad.copy_(bucket[at:at + p.numel()].view_as(p))
+            grad_of(p).copy_(bucket[at:at + p.numel()].view_as(p))
             at += p.numel()
         opt.step()
         if comm.rank == 0 and i % max(1, steps // 5) == 0:
