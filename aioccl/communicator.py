@@ -165,24 +165,29 @@ class Communicator(CollectiveOps, PointToPointOps):
     # -- properties ----------------------------------------------------------
     @property
     def rank(self) -> int:
+        """This rank's index in the communicator, ``0 .. world_size - 1``."""
         return self._view.rank
 
     @property
     def world_size(self) -> int:
+        """The number of ranks (``size`` is an alias)."""
         return self._view.size
 
     size = world_size
 
     @property
     def local_rank(self) -> int:
+        """This rank's index among the ranks on its host (by host identity, ``AIOCCL_HOSTID``)."""
         return self._local[0]
 
     @property
     def local_world_size(self) -> int:
+        """The number of ranks on this host."""
         return self._local[1]
 
     @property
     def engine_placement(self) -> str:
+        """Where the engine runs: ``"inline"`` (the caller's loop) or ``"thread"`` (a proxy thread)."""
         return self._engine.placement.kind
 
     @property

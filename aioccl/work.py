@@ -30,7 +30,12 @@ _turns = threading.local()  # when this thread's awaiting task last let its loop
 
 
 class Work:
-    """An in-flight op; ``await work`` returns its result or raises its error."""
+    """An in-flight op; ``await work`` returns its result or raises its error.
+
+    ``op`` names the op (``"all_reduce"``, ``"recv(peer=1, tag=3)"``); ``seq`` is its sequence
+    number on the communicator (point-to-point: the tag); ``event`` is, for ops on GPU buffers, a
+    CUDA event recorded right after the results (None for host buffers).
+    """
 
     __slots__ = ("op", "seq", "_lock", "_state", "_result", "_exc", "_callbacks",
                  "_event", "_cancellable", "_on_cancel", "_engine_thread", "_t0", "_desc", "_probe",
@@ -88,9 +93,11 @@ class Work:
 
     # -- user side --------------------------------------------------------
     def done(self) -> bool:
+        """Whether the op has finished (with a result, an error, or cancelled)."""
         return self._state in (_DONE, _CANCELLED)
 
     def cancelled(self) -> bool:
+        """Whether :meth:`cancel` withdrew the op."""
         return self._state == _CANCELLED
 
     def cancel(self) -> bool:
@@ -114,6 +121,7 @@ class Work:
         return self._result
 
     def exception(self) -> BaseException | None:
+        """The op's error (None if it succeeded) once done; InvalidStateError before."""
         if not self.done():
             raise asyncio.InvalidStateError(f"{self!r} is not done; await it or call wait()")
         return self._exc

@@ -79,10 +79,12 @@ def psum(x: Any, axis_name: Any) -> Any:
 
 
 def pmax(x: Any, axis_name: Any) -> Any:
+    """Elementwise maximum over the mesh axis (or axes) ``axis_name``, as ``jax.lax.pmax``."""
     return _bind("pmax", x, "max", axis_name, None)
 
 
 def pmin(x: Any, axis_name: Any) -> Any:
+    """Elementwise minimum over the mesh axis (or axes) ``axis_name``, as ``jax.lax.pmin``."""
     return _bind("pmin", x, "min", axis_name, None)
 
 

@@ -23,5 +23,7 @@ barrier_p = define("barrier", abstract=_abstract, run=_run, multiple_results=Tru
 
 
 def barrier(*, axis_name: Any = None, comm: Communicator | None = None) -> None:
+    """Wait, in program order, until every process of ``comm`` (or every device along ``axis_name``)
+    has reached this point; an ordered effect, so jit keeps it where it is written."""
     group, pos = group_for("barrier", axis_name, comm)
     barrier_p.bind(pos, group=group)

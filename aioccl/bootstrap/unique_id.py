@@ -35,6 +35,7 @@ class UniqueId:
 
     @classmethod
     def parse(cls, text: str) -> UniqueId:
+        """Read back ``str(uid)`` (``host:port/<32 hex>``); ``InvalidArgument`` if it is not one."""
         try:
             addr, _, secret = text.strip().rpartition("/")
             host, _, port = addr.rpartition(":")
