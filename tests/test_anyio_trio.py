@@ -181,3 +181,44 @@ def test_trio_program_across_processes(transport):
     for r in range(3):
         assert f"[rank {r}] trio n=3 transport={transport} engine=thread: " in p.stdout, p.stdout[-2000:]
     assert p.stdout.count(" 0 failures") == 3
+
+
+async def test_split_then_shrink_after_a_lost_rank(anyio_backend):
+    comms = await make(3, "tcp")
+    subs: list[aioccl.Communicator | None] = [None] * 3
+
+    async def split(c: aioccl.Communicator) -> None:
+        subs[c.rank] = await c.split(c.rank % 2)
+
+    async with anyio.create_task_group() as tg:
+        for c in comms:
+            tg.start_soon(split, c)
+    assert [(s.rank, s.world_size) for s in subs] == [(0, 2), (0, 1), (1, 2)]
+    xs = [np.full(3, c.rank, np.int32) for c in comms]
+    async with anyio.create_task_group() as tg:
+        for s, x in zip(subs, xs, strict=True):
+            tg.start_soon(awaited, s.all_reduce(x))
+    assert xs[0].tolist() == xs[2].tolist() == [2] * 3 and xs[1].tolist() == [1] * 3
+    a, dead, b = comms
+    dead.abort()
+    for c in (a, b):
+        with pytest.raises(aioccl.PeerLost):
+            with anyio.fail_after(5):
+                await c.all_reduce(np.ones(4))
+    shrunk: dict[int, aioccl.Communicator] = {}
+
+    async def shrink(c: aioccl.Communicator) -> None:
+        shrunk[c.rank] = await c.shrink()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(shrink, a)
+            tg.start_soon(shrink, b)
+    a2, b2 = shrunk[0], shrunk[2]
+    assert (a2.rank, a2.world_size, b2.rank, b2.world_size) == (0, 2, 1, 2)
+    ys = [np.full(5, 3, np.int64), np.full(5, 4, np.int64)]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(awaited, a2.all_reduce(ys[0]))
+        tg.start_soon(awaited, b2.all_reduce(ys[1]))
+    assert all(y.tolist() == [7] * 5 for y in ys)
+    await close([a2, b2])
