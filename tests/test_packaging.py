@@ -61,13 +61,14 @@ def test_wheel_and_sdist_contents(dist):
     assert f"aioccl-{v}/pyproject.toml" in members and f"aioccl-{v}/aioccl/py.typed" in members
 
 
-def test_wheel_installs_into_a_fresh_venv_and_runs(dist, tmp_path):
-    wheel, = dist.glob("aioccl-*.whl")
+@pytest.mark.parametrize("artifact", ["aioccl-*.whl", "aioccl-*.tar.gz"])
+def test_installs_into_a_fresh_venv_and_runs(dist, tmp_path, artifact):
+    package, = dist.glob(artifact)
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    p = subprocess.run([str(py), "-m", "pip", "install", "--quiet", str(wheel)], capture_output=True, text=True,
+    p = subprocess.run([str(py), "-m", "pip", "install", "--quiet", str(package)], capture_output=True, text=True,
                        timeout=300, env=clean)
     assert p.returncode == 0, p.stderr[-3000:]
     p = subprocess.run([str(py), "-c", SMOKE.format(version=aioccl.__version__)], capture_output=True, text=True,
