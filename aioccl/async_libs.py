@@ -42,7 +42,7 @@ def current() -> str:
                        "from plain threads use aioccl.init_sync() and Work.wait()")
 
 
-async def trio_wait(work: Work) -> Any:
+async def trio_wait(work: Work[Any]) -> Any:
     """Park the current trio task until ``work`` is done; cancelling the task leaves the op running."""
     trio = sys.modules["trio"]
     if work.done():
@@ -57,7 +57,7 @@ async def trio_wait(work: Work) -> Any:
             parked[0] = False
             trio.lowlevel.reschedule(task)
 
-    def wake(_w: Work) -> None:  # on the engine's thread, or here if already done
+    def wake(_w: Work[Any]) -> None:  # on the engine's thread, or here if already done
         try:
             token.run_sync_soon(reschedule)
         except trio.RunFinishedError:

@@ -33,7 +33,7 @@ class CollectiveOps:
 
         def _collective(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
                         result: Callable[[], Any], timeout: float | None, in_place: bool = False,
-                        stream: Any = None) -> Work: ...
+                        stream: Any = None) -> Work[Any]: ...
 
     @staticmethod
     def _output_like(x: Buf, out: Any, shape: tuple[int, ...], name: str = "out") -> Buf:
@@ -64,7 +64,7 @@ class CollectiveOps:
 
     # -- collectives -----------------------------------------------------------
     def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
-                   timeout: float | None = None, stream: Any = None) -> Work:
+                   timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce ``x`` across ranks; in place unless ``out`` is given. Awaits to the result."""
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
@@ -77,7 +77,7 @@ class CollectiveOps:
                                 stream=stream)
 
     def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
-                  stream: Any = None) -> Work:
+                  stream: Any = None) -> Work[Any]:
         """Copy root's ``x`` into every rank's ``x``, or into ``out`` where given (a new array for JAX)."""
         root = self._root(root)
         xb = adapt(x, "x")
@@ -94,7 +94,7 @@ class CollectiveOps:
                                 stream=stream)
 
     def reduce(self, x: Any, root: int = 0, op: ReduceOp | str = "sum", out: Any = None, *,
-               timeout: float | None = None, stream: Any = None) -> Work:
+               timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce onto ``root`` (into ``out`` or, by default, root's ``x``); None on other ranks."""
         root = self._root(root)
         xb = adapt(x, "x")
@@ -112,7 +112,7 @@ class CollectiveOps:
                                 lambda: ob.wrap(ob.array) if is_root else None, timeout, stream=stream)
 
     def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None,
-                  stream: Any = None) -> Work:
+                  stream: Any = None) -> Work[Any]:
         """Concatenate every rank's ``x`` along axis 0 (0-d inputs give shape ``(n,)``)."""
         xb = adapt(x, "x")
         shape = xb.array.shape
@@ -123,7 +123,7 @@ class CollectiveOps:
                                 stream=stream)
 
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
-                       timeout: float | None = None, stream: Any = None) -> Work:
+                       timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce ``x`` (n blocks along axis 0) and keep block ``rank``; by default in x's own block."""
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
@@ -142,7 +142,7 @@ class CollectiveOps:
                                 stream=stream)
 
     def gather(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
-                  stream: Any = None) -> Work:
+                  stream: Any = None) -> Work[Any]:
         """``all_gather`` onto ``root`` only; other ranks get None."""
         root = self._root(root)
         xb = adapt(x, "x")
@@ -158,7 +158,7 @@ class CollectiveOps:
                                 lambda: ob.wrap(ob.array) if is_root else None, timeout, stream=stream)
 
     def scatter(self, x: Any = None, root: int = 0, out: Any = None, *, timeout: float | None = None,
-                  stream: Any = None) -> Work:
+                  stream: Any = None) -> Work[Any]:
         """Root's ``x`` holds n blocks along axis 0; rank i gets block i (in ``out``, or in its own
         ``x``'s block i when every rank passes a full-size ``x``)."""
         root = self._root(root)
@@ -186,7 +186,7 @@ class CollectiveOps:
         return self._collective("scatter", count, root, xb, ob, None, lambda: ob.wrap(ob.array), timeout, stream=stream)
 
     def all_to_all(self, x: Any, out: Any = None, *, timeout: float | None = None,
-                  stream: Any = None) -> Work:
+                  stream: Any = None) -> Work[Any]:
         """Block j of ``x`` goes to rank j; block i of the result came from rank i. In place by default."""
         xb = adapt(x, "x")
         bshape = self._blocks(xb)
@@ -203,7 +203,7 @@ class CollectiveOps:
         return self._collective("all_to_all", count, 0, inp, ob, None, lambda: ob.wrap(ob.array), timeout,
                                 in_place=in_place, stream=stream)
 
-    def barrier(self, *, timeout: float | None = None) -> Work:
+    def barrier(self, *, timeout: float | None = None) -> Work[None]:
         """Completes once every rank has entered the barrier."""
         empty = Buf(np.zeros(0, dtype=np.uint8), True, lambda a: None)
         return self._collective("barrier", 0, 0, empty, empty, None, lambda: None, timeout)

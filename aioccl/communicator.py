@@ -74,7 +74,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         self._parent = parent
         self._lock = threading.Lock()
         self._seq = 0
-        self._inflight: set[Work] = set()
+        self._inflight: set[Work[Any]] = set()
         self._recorder = FlightRecorder()
         self._closed: BaseException | None = None
         self._aborted = False
@@ -262,7 +262,7 @@ class Communicator(CollectiveOps, PointToPointOps):
             raise InvalidArgument(f"peer {peer!r} out of range for a communicator of {self.world_size} ranks")
         return int(peer)
 
-    def _track(self, work: Work, start: Callable[[], Any], desc: Any) -> Work:
+    def _track(self, work: Work[Any], start: Callable[[], Any], desc: Any) -> Work[Any]:
         work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
         work._t0 = time.monotonic()
         work._desc = desc
@@ -275,7 +275,7 @@ class Communicator(CollectiveOps, PointToPointOps):
             self._engine.launch(start)
         return work
 
-    def _finished(self, work: Work) -> None:
+    def _finished(self, work: Work[Any]) -> None:
         """Done callback of every op (engine thread): record it; a timeout gets the recorder's story."""
         self._inflight.discard(work)
         work._probe = None  # it may reference the op, which references the Work: no cycle for the GC
@@ -299,7 +299,7 @@ class Communicator(CollectiveOps, PointToPointOps):
 
     def _collective(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
                     result: Callable[[], Any], timeout: float | None, in_place: bool = False,
-                    stream: Any = None) -> Work:
+                    stream: Any = None) -> Work[Any]:
         t = self._op_timeout(timeout)
         if not (isinstance(inp.array, np.ndarray) and isinstance(out.array, np.ndarray)):  # GPU, or mixed
             same_device(name, inp, out)  # raises for mixed devices
@@ -337,7 +337,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         return self._track(work, lambda: eng.run_collective(view, spec, work), desc)
 
     def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
-                 stream: Any) -> Work:
+                 stream: Any) -> Work[Any]:
         work, start = self._gpu_runner().prepare_p2p(kind, buf, peer, tag, result, timeout, stream)
         return self._track(work, start, (buf.array.size, buf.array.dtype, None, None))
 
@@ -355,7 +355,8 @@ class Communicator(CollectiveOps, PointToPointOps):
         """``async with comm.group():`` launches the ops issued inside together and awaits them all."""
         return Group()
 
-    def split(self, color: int | None, key: int | None = None, *, timeout: float | None = None) -> Work:
+    def split(self, color: int | None, key: int | None = None, *,
+              timeout: float | None = None) -> Work[Communicator | None]:
         """Collective: ranks with equal ``color`` form a new communicator, ordered by (key, rank).
 
         ``color=None`` takes part but gets None.
@@ -366,10 +367,10 @@ class Communicator(CollectiveOps, PointToPointOps):
             raise InvalidArgument(f"key must be an int or None, got {key!r}")
         mine = np.array([-1 if color is None else color, self.rank if key is None else key], dtype=np.int64)
         gathered = self.all_gather(mine, timeout=timeout)
-        result = Work("split", gathered.seq)
+        result: Work[Communicator | None] = Work("split", gathered.seq)
         result._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
 
-        def finish(w: Work) -> None:
+        def finish(w: Work[Any]) -> None:
             exc = w.exception()
             if exc is not None:
                 result._set_exception(exc)
@@ -391,7 +392,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         gathered.add_done_callback(finish)
         return result
 
-    def shrink(self, *, timeout: float | None = None) -> Work:
+    def shrink(self, *, timeout: float | None = None) -> Work[Communicator]:
         """After :class:`PeerLost`: the survivors agree on who is alive and form a new communicator.
 
         Every surviving rank calls it (it is collective over the survivors);
@@ -403,7 +404,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         """
         t = self._op_timeout(timeout)
         self._usable()
-        work = Work("shrink", -1)
+        work: Work[Communicator] = Work("shrink", -1)
         work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
         eng, view = self._engine, self._view
 
@@ -433,7 +434,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         _log.warning("shrunk to %d ranks without %s: now rank %d", len(alive), lost, new.rank)
         return new
 
-    def close(self, *, timeout: float | None = None) -> Work:
+    def close(self, *, timeout: float | None = None) -> Work[None]:
         """Let in-flight ops finish (for at most ``timeout`` s, default the communicator's), then release
         the communicator, saying goodbye to peers if it owns the connections.
 
@@ -446,7 +447,7 @@ class Communicator(CollectiveOps, PointToPointOps):
                 return completed("close", -1, None)
             self._closed = CommAborted(f"{self!r} is closed")
         pending = list(self._inflight)
-        work = Work("close", -1)
+        work: Work[None] = Work("close", -1)
         work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
         owns = self._owns_engine
         eng = self._engine

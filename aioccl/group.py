@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from .communicator import Communicator
 
 # the batch being collected by the current task (None outside a group)
-current_group: contextvars.ContextVar[list[tuple[Communicator, Callable[[], Any], Work]] | None] = \
+current_group: contextvars.ContextVar[list[tuple[Communicator, Callable[[], Any], Work[Any]]] | None] = \
     contextvars.ContextVar("aioccl_group", default=None)
 
 
@@ -25,13 +25,13 @@ class Group:
 
     def __init__(self) -> None:
         self._token: contextvars.Token[Any] | None = None
-        self._ops: list[tuple[Communicator, Callable[[], Any], Work]] = []
+        self._ops: list[tuple[Communicator, Callable[[], Any], Work[Any]]] = []
 
     def _enter(self) -> None:
         if current_group.get() is None:
             self._token = current_group.set(self._ops)
 
-    def _launch(self) -> list[Work]:
+    def _launch(self) -> list[Work[Any]]:
         if self._token is None:
             return []
         current_group.reset(self._token)

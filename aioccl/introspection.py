@@ -47,7 +47,7 @@ def describe(desc: Any) -> str:
         f", root {root}" if root is not None else "")
 
 
-def pending_op(work: Work, now: float) -> PendingOp:
+def pending_op(work: Work[Any], now: float) -> PendingOp:
     probe = work._probe
     waiting: list[int] | None = None
     if probe is not None:
@@ -65,7 +65,7 @@ class FlightRecorder:
     def __init__(self, size: int = RECORDER_SIZE) -> None:
         self._ring: deque[tuple[str, int, Any, BaseException | None, float]] = deque(maxlen=max(1, size))
 
-    def add(self, work: Work) -> None:
+    def add(self, work: Work[Any]) -> None:
         """Called for every op: keeps the raw facts; :meth:`lines` formats them."""
         self._ring.append((work.op, work.seq, work._desc, work._exc, time.monotonic() - work._t0))
 

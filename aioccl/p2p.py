@@ -33,17 +33,18 @@ class PointToPointOps:
 
         def _usable(self) -> None: ...
 
-        def _track(self, work: Work, start: Callable[[], Any], desc: Any) -> Work: ...
+        def _track(self, work: Work[Any], start: Callable[[], Any], desc: Any) -> Work[Any]: ...
 
         def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
-                     stream: Any) -> Work: ...
+                     stream: Any) -> Work[Any]: ...
 
     def _tag(self, tag: int) -> int:
         if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= MAX_TAG:
             raise InvalidArgument(f"tag must be an int in [0, 2**62), got {tag!r}")
         return int(tag)
 
-    def isend(self, x: Any, peer: int, tag: int = 0, *, timeout: float | None = None, stream: Any = None) -> Work:
+    def isend(self, x: Any, peer: int, tag: int = 0, *, timeout: float | None = None,
+              stream: Any = None) -> Work[None]:
         """Send ``x`` to ``peer``; done once the data is handed to the transport."""
         peer, tag = self._peer(peer), self._tag(tag)
         xb = adapt(x, "x")
@@ -52,7 +53,7 @@ class PointToPointOps:
         if xb.device is not None:
             return self._gpu_p2p("send", xb, peer, tag, lambda: None, t, stream)
         _host_only(stream)
-        work = Work(f"send(peer={peer}, tag={tag})", tag, cancellable=True)
+        work: Work[None] = Work(f"send(peer={peer}, tag={tag})", tag, cancellable=True)
         view, eng, code = self._view, self._engine, dtype_code(xb.array.dtype)
         payload = byte_view(xb.array)
         work._probe = lambda: [peer]
@@ -62,7 +63,7 @@ class PointToPointOps:
     send = isend
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, timeout: float | None = None,
-              stream: Any = None) -> Work:
+              stream: Any = None) -> Work[Any]:
         """Receive into ``buf`` from ``peer``; sizes and dtypes must match the send exactly."""
         peer, tag = self._peer(peer), self._tag(tag)
         bb = adapt(buf, "buf")
@@ -72,7 +73,7 @@ class PointToPointOps:
         if bb.device is not None:
             return self._gpu_p2p("recv", bb, peer, tag, lambda: bb.wrap(bb.array), t, stream)
         _host_only(stream)
-        work = Work(f"recv(peer={peer}, tag={tag})", tag, cancellable=True)
+        work: Work[Any] = Work(f"recv(peer={peer}, tag={tag})", tag, cancellable=True)
         view, eng, code = self._view, self._engine, dtype_code(bb.array.dtype)
         target = byte_view(bb.array)
         work._probe = lambda: [peer]

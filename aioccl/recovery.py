@@ -16,7 +16,7 @@ shows up as ``PeerLost`` in the next op, and shrinking again is the remedy).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -70,7 +70,7 @@ async def _exchange(engine: Engine, view: CommView, tag: int, mine: np.ndarray, 
     bufs = {r: np.zeros_like(mine) for r in others}
     futs = {}
     for r in others:
-        w = Work(f"shrink recv(peer={r})", tag)
+        w: Work[Any] = Work(f"shrink recv(peer={r})", tag)
         fut = engine.mailbox.post_p2p(view.ranks[r], view.ctx, tag, bufs[r].data.cast("B"), _U8,
                                       f"shrink round {tag - SHRINK_TAG} recv from rank {r}", w)
         if fut is not None:

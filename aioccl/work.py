@@ -20,18 +20,21 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from . import async_libs
 
+T = TypeVar("T")
 _PENDING, _RUNNING, _DONE, _CANCELLED = range(4)
 FAIRNESS_S = 0.001
 _turns = threading.local()  # when this thread's awaiting task last let its loop run
 
 
-class Work:
+class Work(Generic[T]):
     """An in-flight op; ``await work`` returns its result or raises its error.
 
+    ``Work[T]`` gives a ``T``: ``Work[None]`` for ``barrier``, sends and ``close``;
+    ``Work[Any]`` for ops that give back the caller's own array type.
     ``op`` names the op (``"all_reduce"``, ``"recv(peer=1, tag=3)"``); ``seq`` is its sequence
     number on the communicator (point-to-point: the tag); ``event`` is, for ops on GPU buffers, a
     CUDA event recorded right after the results (None for host buffers).
@@ -48,7 +51,7 @@ class Work:
         self._state = _PENDING
         self._result: Any = None
         self._exc: BaseException | None = None
-        self._callbacks: list[Callable[[Work], None]] = []
+        self._callbacks: list[Callable[[Work[T]], None]] = []
         self._event: threading.Event | None = None
         self._cancellable = cancellable
         self._on_cancel: Callable[[], object] | None = None
@@ -71,7 +74,7 @@ class Work:
             self._state = _RUNNING
             return True
 
-    def _set_result(self, result: Any) -> None:
+    def _set_result(self, result: T) -> None:
         self._finish(result, None)
 
     def _set_exception(self, exc: BaseException) -> None:
@@ -112,13 +115,14 @@ class Work:
             on_cancel()
         return True
 
-    def result(self) -> Any:
+    def result(self) -> T:
         """The result if done (raising the op's error); InvalidStateError if not."""
         if not self.done():
             raise asyncio.InvalidStateError(f"{self!r} is not done; await it or call wait()")
         if self._exc is not None:
             raise self._exc
-        return self._result
+        result: T = self._result
+        return result
 
     def exception(self) -> BaseException | None:
         """The op's error (None if it succeeded) once done; InvalidStateError before."""
@@ -126,7 +130,7 @@ class Work:
             raise asyncio.InvalidStateError(f"{self!r} is not done; await it or call wait()")
         return self._exc
 
-    def add_done_callback(self, fn: Callable[[Work], None]) -> None:
+    def add_done_callback(self, fn: Callable[[Work[T]], None]) -> None:
         """Call ``fn(work)`` on completion, from the engine's thread (or now if done)."""
         with self._lock:
             if not self.done():
@@ -134,7 +138,7 @@ class Work:
                 return
         fn(self)
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = None) -> T:
         """Block the calling thread until done; return the result or raise its error.
 
         Raises ``TimeoutError`` if ``timeout`` passes first (the op keeps running).
@@ -152,12 +156,13 @@ class Work:
                 raise TimeoutError(f"{self!r} not done after {timeout}s")
         return self.result()
 
-    def __await__(self) -> Generator[Any, None, Any]:
+    def __await__(self) -> Generator[Any, None, T]:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # not asyncio: trio (through the proxy-thread engine), or a clear error
             async_libs.current()
-            return (yield from async_libs.trio_wait(self).__await__())
+            result: T = yield from async_libs.trio_wait(self).__await__()
+            return result
         if self.done():
             # ops that completed inside the call (shared memory) never suspend the awaiting task;
             # give the loop a turn at least every FAIRNESS_S so other tasks are not starved
@@ -170,7 +175,7 @@ class Work:
             fut: asyncio.Future[None] = loop.create_future()
             me = threading.get_ident()
 
-            def wake(_w: Work) -> None:
+            def wake(_w: Work[T]) -> None:
                 if threading.get_ident() == me:
                     if not fut.done():
                         fut.set_result(None)
@@ -188,8 +193,8 @@ def _set_if_pending(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def completed(op: str, seq: int, result: Any) -> Work:
+def completed(op: str, seq: int, result: T) -> Work[T]:
     """A Work already done (n=1 shortcuts, empty groups)."""
-    w = Work(op, seq)
+    w: Work[T] = Work(op, seq)
     w._set_result(result)
     return w

@@ -12,6 +12,7 @@ A cancel scope bounds the whole run: a lost rank cannot hang it.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import anyio
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 import aioccl
 
 
-async def awaited(work: aioccl.Work) -> None:
+async def awaited(work: aioccl.Work[Any]) -> None:
     await work  # task groups start coroutine functions; a Work is an awaitable
 
 

@@ -11,6 +11,7 @@ result.
 import argparse
 import asyncio
 import time
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ async def main() -> None:
     r, n, m = comm.rank, comm.world_size, args.micro_batches
     prev, nxt = r - 1, r + 1
     slots = [np.empty(args.size) for _ in range(4)]  # a few buffers in rotation, allocated once
-    sends: list[aioccl.Work | None] = [None] * len(slots)
+    sends: list[aioccl.Work[Any] | None] = [None] * len(slots)
     await comm.barrier()
     t0 = time.perf_counter()
     pending = comm.irecv(slots[0], prev, tag=0) if r > 0 else None

@@ -144,7 +144,7 @@ class Engine:
         except (OSError, Closed) as e:
             raise self.mailbox.lost.get(peer) or PeerLost(peer, f"send failed: {e}") from None
 
-    async def run_collective(self, comm: CommView, spec: CollSpec, work: Work) -> None:
+    async def run_collective(self, comm: CommView, spec: CollSpec, work: Work[Any]) -> None:
         if not work._start():
             return
         what = f"{spec.name} (seq {spec.seq}, comm {comm.ctx:x})"
@@ -189,7 +189,7 @@ class Engine:
                 self.pool.release(scratch_raw)
 
     async def run_send(self, comm: CommView, peer: int, tag: int, payload: memoryview, dtype_code: int,
-                       timeout: float, work: Work, result: Any) -> None:
+                       timeout: float, work: Work[Any], result: Any) -> None:
         if not work._start():
             return
         try:
@@ -205,7 +205,7 @@ class Engine:
             work._set_exception(e)
 
     async def run_recv(self, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
-                       timeout: float, work: Work, result: Any) -> None:
+                       timeout: float, work: Work[Any], result: Any) -> None:
         what = f"recv(peer={peer}, tag={tag})"
         if self.aborted is not None:
             if work._start():

@@ -23,6 +23,7 @@ import asyncio
 import functools
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -80,7 +81,7 @@ class Posted:
     __slots__ = ("target", "fut", "op", "dtype", "what", "work")
 
     def __init__(self, target: memoryview, fut: asyncio.Future[None], op: int, dtype: int,
-                 what: str, work: Work | None) -> None:
+                 what: str, work: Work[Any] | None) -> None:
         self.target, self.fut, self.op, self.dtype, self.what, self.work = target, fut, op, dtype, what, work
 
     def mismatch(self, peer: int, h: Header) -> CollectiveMismatch | None:
@@ -309,7 +310,7 @@ class Mailbox:
         return fut
 
     def post_p2p(self, peer: int, ctx: int, tag: int, target: memoryview, dtype: int, what: str,
-                 work: Work) -> asyncio.Future[None] | None:
+                 work: Work[Any]) -> asyncio.Future[None] | None:
         """Post a receive; None if ``work`` was cancelled before it could be posted."""
         key = (peer, ctx, tag)
         early = self.p2p_early.get(key)

@@ -47,7 +47,7 @@ class ShmOp:
                  "work", "result", "kind", "deadline", "gen", "waiting", "scratch_raw", "_shift", "chan")
 
     def __init__(self, name: str, code: int, seq: int, sched: ShmSchedule, inp: np.ndarray, out: np.ndarray,
-                 dtype_code: int, op: ReduceOp | None, count: int, root: int, timeout: float, work: Work,
+                 dtype_code: int, op: ReduceOp | None, count: int, root: int, timeout: float, work: Work[Any],
                  result: Callable[[], Any]) -> None:
         self.name, self.code, self.seq, self.sched = name, code, seq, sched
         self.inp, self.out, self.dtype_code, self.op = inp, out, dtype_code, op  # flat, typed; out may be inp

@@ -72,7 +72,7 @@ class GpuOp:
     op: ReduceOp | None
     stream: Any
     timeout: float
-    work: Work
+    work: Work[Any]
     result: Callable[[], Any]
     staged_in: tuple[Block, list[Any]] | None = None  # pinned input and one D2H event per piece
     blocks: list[Block] = field(default_factory=list)
@@ -92,7 +92,8 @@ class GpuRunner:
     def __init__(self, comm: Communicator) -> None:
         self._cp = load_cupy("GPU buffers")
         self._comm = comm
-        self._side = comm.split(0)  # a collective, issued now: every rank does it at the same point
+        # a collective, issued now: every rank does it at the same point (a color: never None)
+        self._side: Work[Any] = comm.split(0)
         self._lock = threading.Lock()
         self._tickets = 0
         self._turn = 0
@@ -114,7 +115,7 @@ class GpuRunner:
 
     # -- call time (caller's thread) ---------------------------------------------------------------
     def prepare(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
-                result: Callable[[], Any], timeout: float, stream: Any) -> tuple[Work, Callable[[], Any]]:
+                result: Callable[[], Any], timeout: float, stream: Any) -> tuple[Work[Any], Callable[[], Any]]:
         """A collective: its Work and the engine-side start (the host phase)."""
         g, dev = self._new(name, count, root, inp, out, op, result, timeout, stream)
         if not (self._same_host and self._ipc is not False):
@@ -122,7 +123,7 @@ class GpuRunner:
         return g.work, lambda: self._run(g, dev)
 
     def prepare_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
-                    stream: Any) -> tuple[Work, Callable[[], Any]]:
+                    stream: Any) -> tuple[Work[Any], Callable[[], Any]]:
         """``kind`` "send" or "recv", always staged through pinned host memory."""
         g, dev = self._new(kind, buf.array.size, peer, buf, buf, None, result, timeout, stream)
         g.work.op = f"{kind}(peer={peer}, tag={tag})"
