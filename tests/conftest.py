@@ -7,8 +7,11 @@ import inspect
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 import pytest_asyncio
 
@@ -75,6 +78,45 @@ async def make_comms(n: int, engine: str = "inline", timeout: float = 20,
 
 async def close_all(comms: list[aioccl.Communicator]) -> None:
     await asyncio.gather(*(c.close() for c in comms))
+
+
+# -- the same for tests that anyio's plugin runs on asyncio and on trio --------------------------------------
+async def gather_any(*aws: Awaitable[Any]) -> list[Any]:
+    """``asyncio.gather`` for either library: await each in its own task of one task group."""
+    results: list[Any] = [None] * len(aws)
+
+    async def one(i: int, aw: Awaitable[Any]) -> None:
+        results[i] = await aw
+
+    async with anyio.create_task_group() as tg:
+        for i, aw in enumerate(aws):
+            tg.start_soon(one, i, aw)
+    return results
+
+
+async def make_comms_any(n: int, transport: str = "shm", timeout: float = 20,
+                         engine: str = "auto") -> list[aioccl.Communicator]:
+    """:func:`make_comms` under asyncio or trio (the default placement: inline on asyncio, a proxy thread
+    under trio)."""
+    uid = aioccl.UniqueId.new(host="127.0.0.1")
+    env = TRANSPORT_ENV[transport]
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        comms = await gather_any(*(aioccl.Communicator.create(uid, r, n, timeout=timeout, engine=engine)
+                                   for r in range(n)))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert n == 1 or all(c.transport == transport for c in comms), [c.transport for c in comms]
+    return comms
+
+
+async def close_all_any(comms: list[aioccl.Communicator]) -> None:
+    await gather_any(*(c.close() for c in comms))
 
 
 @pytest_asyncio.fixture(params=["tcp", "shm", "ib"])

@@ -7,7 +7,6 @@ engine's thread completes it.
 
 from __future__ import annotations
 
-import os
 import threading
 
 import anyio
@@ -16,7 +15,7 @@ import pytest
 
 import aioccl
 
-from conftest import TRANSPORT_ENV, launch
+from conftest import TRANSPORT_ENV, close_all_any, launch, make_comms_any
 
 pytestmark = pytest.mark.anyio
 
@@ -26,39 +25,14 @@ def anyio_backend(request):
     return request.param
 
 
-async def make(n: int, transport: str = "shm", timeout: float = 20) -> list[aioccl.Communicator]:
-    """n communicators formed concurrently in one anyio task group (default engine placement)."""
-    uid = aioccl.UniqueId.new(host="127.0.0.1")
-    comms: list[aioccl.Communicator | None] = [None] * n
-    saved = {k: os.environ.get(k) for k in TRANSPORT_ENV[transport]}
-    os.environ.update(TRANSPORT_ENV[transport])
-    try:
-        async def one(r: int) -> None:
-            comms[r] = await aioccl.Communicator.create(uid, r, n, timeout=timeout)
-
-        async with anyio.create_task_group() as tg:
-            for r in range(n):
-                tg.start_soon(one, r)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    return comms  # type: ignore[return-value]
-
-
-async def awaited(w: aioccl.Work) -> object:
+async def awaited(w: aioccl.Work[object]) -> object:
     """A Work is an awaitable, not a coroutine; task groups start coroutine functions."""
     return await w
 
 
-async def close(comms: list[aioccl.Communicator]) -> None:
-    async with anyio.create_task_group() as tg:
-        for c in comms:
-            tg.start_soon(awaited, c.close())
-
-
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 async def test_every_op_awaited_from_task_group_children(anyio_backend, transport):
-    comms = await make(3, transport)
+    comms = await make_comms_any(3, transport)
     placement = "inline" if anyio_backend == "asyncio" else "thread"
     assert all(c.engine_placement == placement for c in comms)
     n = 3
@@ -99,11 +73,11 @@ async def test_every_op_awaited_from_task_group_children(anyio_backend, transpor
         assert results[r, "scatter"].tolist() == [2 * r, 2 * r + 1]
         assert results[r, "all_to_all"].tolist() == [v for j in range(n) for v in xs[j][2 * r:2 * r + 2]]
         assert recvd[r].tolist() == xs[(r - 1) % n].tolist()
-    await close(comms)
+    await close_all_any(comms)
 
 
 async def test_cancel_scope_leaves_the_op_running_and_the_communicator_usable(anyio_backend):
-    comms = await make(2)
+    comms = await make_comms_any(2)
     a, b = comms
     buf = np.full(4, -1, np.int64)
     recv = a.irecv(buf, 1, tag=9)
@@ -124,11 +98,11 @@ async def test_cancel_scope_leaves_the_op_running_and_the_communicator_usable(an
         for c, x in zip(comms, xs, strict=True):
             tg.start_soon(awaited, c.all_reduce(x))
     assert all(x.tolist() == [3.0] * 3 for x in xs)
-    await close(comms)
+    await close_all_any(comms)
 
 
 async def test_timeouts_and_errors_are_the_same_exceptions(anyio_backend):
-    comms = await make(2)
+    comms = await make_comms_any(2)
     with pytest.raises(aioccl.CollectiveTimeout, match=r"all_reduce .*seq 0.*\[1\]"):
         await comms[0].all_reduce(np.ones(4), timeout=0.3)
     with pytest.raises(aioccl.InvalidArgument, match="root 5 out of range"):
@@ -140,7 +114,7 @@ async def test_timeouts_and_errors_are_the_same_exceptions(anyio_backend):
 
 
 async def test_work_wait_from_a_worker_thread_and_group(anyio_backend):
-    comms = await make(2)
+    comms = await make_comms_any(2)
     xs = [np.full(5, c.rank + 1, np.int32) for c in comms]
     works = [c.all_reduce(x) for c, x in zip(comms, xs, strict=True)]
     got = [await anyio.to_thread.run_sync(w.wait, 10) for w in works]
@@ -154,7 +128,7 @@ async def test_work_wait_from_a_worker_thread_and_group(anyio_backend):
                     c.irecv(y, 1 - c.rank)
             tg.start_soon(grouped)
     assert ys[0].tolist() == [1, 1] and ys[1].tolist() == [0, 0]
-    await close(comms)
+    await close_all_any(comms)
 
 
 async def test_inline_engine_needs_asyncio(anyio_backend):
@@ -184,7 +158,7 @@ def test_trio_program_across_processes(transport):
 
 
 async def test_split_then_shrink_after_a_lost_rank(anyio_backend):
-    comms = await make(3, "tcp")
+    comms = await make_comms_any(3, "tcp")
     subs: list[aioccl.Communicator | None] = [None] * 3
 
     async def split(c: aioccl.Communicator) -> None:
@@ -221,4 +195,4 @@ async def test_split_then_shrink_after_a_lost_rank(anyio_backend):
         tg.start_soon(awaited, a2.all_reduce(ys[0]))
         tg.start_soon(awaited, b2.all_reduce(ys[1]))
     assert all(y.tolist() == [7] * 5 for y in ys)
-    await close([a2, b2])
+    await close_all_any([a2, b2])
