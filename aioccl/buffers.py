@@ -66,6 +66,9 @@ def adapt(x: Any, name: str) -> Buf:
     wrap: Callable[[np.ndarray], Any]
     if isinstance(x, np.ndarray):
         arr, writable, wrap = x, x.flags.writeable, _itself_or_view(x)
+    elif _torch.is_tensor(x) and not x.is_cuda:  # before the GPU probe, whose hasattr costs a CPU tensor 3 us
+        arr = _torch.view(x, name)
+        writable, wrap = True, _torch.wrapper(x, arr)
     elif _on_gpu(x):
         from .gpu.arrays import adapt_device
 
@@ -74,9 +77,6 @@ def adapt(x: Any, name: str) -> Buf:
         if not dev.flags.c_contiguous:
             raise InvalidArgument(f"{name} is not C-contiguous (strides {dev.data.strides}); make a contiguous copy")
         return Buf(dev, writable, dev_wrap, x, immutable)
-    elif _torch.is_tensor(x):
-        arr = _torch.view(x, name)
-        writable, wrap = True, _torch.wrapper(x, arr)
     elif _is_jax(x):
         arr = np.asarray(x)  # zero-copy, read-only on CPU; results go to a fresh array
         writable, wrap = False, _jax_wrap
