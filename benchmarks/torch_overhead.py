@@ -5,25 +5,25 @@ arrays, and against torch.distributed's own Gloo backend, in one session.
 
 Each configuration runs in fresh processes under ``aioccl-run`` (Gloo is
 initialised from the same rank numbers over TCP on loopback), back to back in
-rotating order per repeat. A run's time is the median per-call time of the
-slowest rank after a warm-up; the table gives the median over repeats.
-Results are checked once per size (exact small integers).
+rotating order per repeat (``_modes.py``). A run's time is the median
+per-call time of the slowest rank after a warm-up; the table gives the
+median over repeats. Results are checked once per size (exact small integers).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, os.path.dirname(__file__))
+import _modes  # noqa: E402
+
 MODES = ("aioccl-numpy", "aioccl-torch", "gloo")
+NAMES = {"aioccl-numpy": "aioccl, numpy array", "aioccl-torch": "aioccl, torch tensor",
+         "gloo": "torch.distributed (Gloo)"}
 SIZES = (8, 1 << 16, 1 << 20)
 
 
@@ -33,26 +33,21 @@ def rank_main(mode: str, iters: int, port: int) -> None:
 
     torch.set_num_threads(1)
     rank, n = int(os.environ["AIOCCL_RANK"]), int(os.environ["AIOCCL_WORLD_SIZE"])
-    med: dict[int, float] = {}
+    want = n * (n + 1) / 2
     if mode == "gloo":
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+        med = []
         for size in SIZES:
             x = torch.full((size // 4,), float(rank + 1))
             dist.all_reduce(x)
-            assert bool((x == n * (n + 1) / 2).all())
-            samples = []
-            for i in range(iters + iters // 10):
-                t0 = time.perf_counter()
-                dist.all_reduce(x)
-                if i >= iters // 10:
-                    samples.append(time.perf_counter() - t0)
-            med[size] = statistics.median(samples)
-        worst = torch.tensor([med[s] for s in SIZES], dtype=torch.float64)
+            assert bool((x == want).all())
+            med.append(_modes.time_sync(lambda x=x: dist.all_reduce(x), iters))
+        worst = torch.tensor(med, dtype=torch.float64)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         if rank == 0:
-            print("RESULT", json.dumps({str(s): float(v) * 1e6 for s, v in zip(SIZES, worst, strict=True)}))
+            print(_modes.result_line(SIZES, worst.tolist()))
         dist.destroy_process_group()
         return
 
@@ -62,22 +57,17 @@ def rank_main(mode: str, iters: int, port: int) -> None:
 
     async def main() -> None:
         async with await aioccl.init() as comm:
+            med = []
             for size in SIZES:
                 t = torch.full((size // 4,), float(rank + 1))
                 x = t if mode == "aioccl-torch" else t.numpy()
                 await comm.all_reduce(x)
-                assert bool((t == n * (n + 1) / 2).all())
-                samples = []
-                for i in range(iters + iters // 10):
-                    t0 = time.perf_counter()
-                    await comm.all_reduce(x)
-                    if i >= iters // 10:
-                        samples.append(time.perf_counter() - t0)
-                med[size] = statistics.median(samples)
-            worst = np.array([med[s] for s in SIZES])
+                assert bool((t == want).all())
+                med.append(await _modes.time_async(lambda x=x: comm.all_reduce(x), iters))
+            worst = np.array(med)
             await comm.all_reduce(worst, op="max")
             if rank == 0:
-                print("RESULT", json.dumps({str(s): float(v) * 1e6 for s, v in zip(SIZES, worst, strict=True)}))
+                print(_modes.result_line(SIZES, worst))
 
     asyncio.run(main())
 
@@ -87,17 +77,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def launch(mode: str, procs: int, iters: int) -> dict[str, float]:
-    p = subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", str(procs), "--no-prefix",
-                        __file__, "--rank-mode", mode, "--iters", str(iters), "--port", str(free_port())],
-                       capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    if p.returncode != 0:
-        raise SystemExit(f"{mode} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("RESULT "))
-    result: dict[str, float] = json.loads(line[len("RESULT "):])
-    return result
 
 
 def main() -> None:
@@ -112,28 +91,18 @@ def main() -> None:
     if ns.rank_mode:
         rank_main(ns.rank_mode, ns.iters, ns.port)
         return
-    runs: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
-    for rep in range(ns.repeats):
-        for mode in MODES[rep % len(MODES):] + MODES[:rep % len(MODES)]:
-            runs[mode].append(launch(mode, ns.procs, ns.iters))
-            print(f"# repeat {rep + 1} {mode}: {runs[mode][-1]}", file=sys.stderr, flush=True)
-    table = {m: {str(s): statistics.median(r[str(s)] for r in runs[m]) for s in SIZES} for m in MODES}
+    runs = _modes.rotate(MODES, ns.repeats, lambda mode: _modes.launch(
+        __file__, mode, ns.procs, ["--iters", str(ns.iters), "--port", str(free_port())]))
+    table = _modes.medians(runs, SIZES)
     import torch
 
     lines = [f"{ns.procs} ranks on one host, float32 all_reduce in place, torch {torch.__version__}, median of "
              f"{ns.repeats} runs (each the median per call of the slowest rank, {ns.iters} calls):", "",
              "| | 8 B | 64 KiB | 1 MiB |", "|---|---:|---:|---:|"]
-    names = {"aioccl-numpy": "aioccl, numpy array", "aioccl-torch": "aioccl, torch tensor",
-             "gloo": "torch.distributed (Gloo)"}
     for m in MODES:
-        lines.append(f"| {names[m]} | " + " | ".join(f"{table[m][str(s)]:.1f} us" for s in SIZES) + " |")
-    text = "\n".join(lines)
-    print(text)
-    if ns.out:
-        ns.out.mkdir(parents=True, exist_ok=True)
-        (ns.out / "torch_overhead.md").write_text(text + "\n")
-        (ns.out / "torch_overhead.json").write_text(json.dumps({"procs": ns.procs, "iters": ns.iters, "runs": runs,
-                                                                "median_us": table}, indent=1) + "\n")
+        lines.append(f"| {NAMES[m]} | " + " | ".join(f"{table[m][str(s)]:.1f} us" for s in SIZES) + " |")
+    _modes.save(ns.out, "torch_overhead", "\n".join(lines),
+                {"procs": ns.procs, "iters": ns.iters, "runs": runs, "median_us": table})
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ import inspect
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import anyio
 import pytest
@@ -59,21 +60,7 @@ async def make_comms(n: int, engine: str = "inline", timeout: float = 20,
     """n communicators in this process and loop, over shared memory (the default for one host),
     over real loopback sockets only (``transport="tcp"``), or over the ib transport on its loopback
     verbs backend (``transport="ib"``)."""
-    uid = aioccl.UniqueId.new(host="127.0.0.1")
-    env = TRANSPORT_ENV[transport]
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        comms = list(await asyncio.gather(*(aioccl.Communicator.create(uid, r, n, timeout=timeout, engine=engine)
-                                            for r in range(n))))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    assert n == 1 or all(c.transport == transport for c in comms), [c.transport for c in comms]
-    return comms
+    return await _form(n, transport, timeout, engine, asyncio.gather)
 
 
 async def close_all(comms: list[aioccl.Communicator]) -> None:
@@ -98,25 +85,21 @@ async def make_comms_any(n: int, transport: str = "shm", timeout: float = 20,
                          engine: str = "auto") -> list[aioccl.Communicator]:
     """:func:`make_comms` under asyncio or trio (the default placement: inline on asyncio, a proxy thread
     under trio)."""
-    uid = aioccl.UniqueId.new(host="127.0.0.1")
-    env = TRANSPORT_ENV[transport]
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        comms = await gather_any(*(aioccl.Communicator.create(uid, r, n, timeout=timeout, engine=engine)
-                                   for r in range(n)))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    assert n == 1 or all(c.transport == transport for c in comms), [c.transport for c in comms]
-    return comms
+    return await _form(n, transport, timeout, engine, gather_any)
 
 
 async def close_all_any(comms: list[aioccl.Communicator]) -> None:
     await gather_any(*(c.close() for c in comms))
+
+
+async def _form(n: int, transport: str, timeout: float, engine: str,
+                gather: Callable[..., Awaitable[Any]]) -> list[aioccl.Communicator]:
+    uid = aioccl.UniqueId.new(host="127.0.0.1")
+    with mock.patch.dict(os.environ, TRANSPORT_ENV[transport]):  # read while the communicators form
+        comms = list(await gather(*(aioccl.Communicator.create(uid, r, n, timeout=timeout, engine=engine)
+                                    for r in range(n))))
+    assert n == 1 or all(c.transport == transport for c in comms), [c.transport for c in comms]
+    return comms
 
 
 @pytest_asyncio.fixture(params=["tcp", "shm", "ib"])
