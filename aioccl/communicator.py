@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ from .engine.shm_channel import ShmChannel
 from .engine.shm_executor import ShmOp
 from .errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument
 from .group import Group, current_group
-from .introspection import FlightRecorder, PendingOp, pending_op
+from .introspection import FlightRecorder, PendingOp, pending_op, recorder_size
 from .p2p import PointToPointOps
 from .transport.ib.connection import IbConnection
 from .tuning import Tuning
@@ -49,8 +49,8 @@ CODES = {name: i + 1 for i, name in enumerate(
      "barrier"))}
 
 
-def _env_timeout() -> float:
-    raw = os.environ.get("AIOCCL_TIMEOUT")
+def _env_timeout(env: Mapping[str, str] = os.environ) -> float:
+    raw = env.get("AIOCCL_TIMEOUT")
     if not raw:
         return DEFAULT_TIMEOUT
     try:
@@ -147,6 +147,7 @@ class Communicator(CollectiveOps, PointToPointOps):
             raise InvalidArgument(f"rank {rank!r} out of range for world_size {world_size}")
         if engine not in ("inline", "thread"):
             raise InvalidArgument(f"engine must be 'auto', 'inline' or 'thread', got {engine!r}")
+        recorder_size()  # every knob a communicator reads is checked before it exists
         timeout = _env_timeout() if timeout is None else float(timeout)
         if timeout <= 0:
             raise InvalidArgument("timeout must be positive")

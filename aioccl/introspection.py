@@ -3,7 +3,7 @@
 A hang in a collective library is almost always one rank that issued
 something else, or nothing, a few calls back. So every op is described
 when it is issued (op, sequence number, count, dtype, root), and the last
-:data:`RECORDER_SIZE` finished ops are kept in a bounded ring that a
+``AIOCCL_FLIGHT_RECORDER`` (64) finished ops are kept in a bounded ring that a
 :class:`~aioccl.errors.CollectiveTimeout` carries in its message and the
 log prints. Nothing here is on the data path: a description is one short
 string per op, and the ring is a ``deque`` with ``maxlen``.
@@ -14,12 +14,20 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .envvars import env_int
 from .work import Work
 
-RECORDER_SIZE = int(os.environ.get("AIOCCL_FLIGHT_RECORDER", "64") or 64)
+RECORDER_SIZE = 64
+
+
+def recorder_size(env: Mapping[str, str] = os.environ) -> int:
+    """``AIOCCL_FLIGHT_RECORDER``, read when a communicator is made (a bad value is an InvalidArgument then,
+    not an error at import)."""
+    return env_int(env, "AIOCCL_FLIGHT_RECORDER", RECORDER_SIZE, 1)
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,8 @@ def pending_op(work: Work[Any], now: float) -> PendingOp:
 class FlightRecorder:
     """The last finished ops of one communicator, oldest first (thread-safe appends)."""
 
-    def __init__(self, size: int = RECORDER_SIZE) -> None:
+    def __init__(self, size: int | None = None) -> None:
+        size = recorder_size() if size is None else size
         self._ring: deque[tuple[str, int, Any, BaseException | None, float]] = deque(maxlen=max(1, size))
 
     def add(self, work: Work[Any]) -> None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from aioccl import knobs
 
@@ -38,7 +39,8 @@ def test_every_knob_the_code_reads_is_in_the_table_and_in_the_docs():
 
 def test_json_report():
     p = info("--json", AIOCCL_TIMEOUT="abc", AIOCCL_TIMOUT="3", AIOCCL_SOCKET_IFNAME="=lo",
-             AIOCCL_COMM_SECRET="0123456789abcdef0123456789abcdef", AIOCCL_IB_SLOTS="1")
+             AIOCCL_COMM_SECRET="0123456789abcdef0123456789abcdef", AIOCCL_IB_SLOTS="1",
+             AIOCCL_FLIGHT_RECORDER="many", AIOCCL_GPU_SCRATCH="1")
     assert p.returncode == 0, p.stderr
     assert "0123456789abcdef" not in p.stdout
     r = json.loads(p.stdout)
@@ -51,6 +53,8 @@ def test_json_report():
     assert r["env_unknown"] == ["AIOCCL_TIMOUT"]
     assert "AIOCCL_TIMEOUT='abc' is not a number of seconds" in r["env_errors"]
     assert "AIOCCL_IB_SLOTS must be within [2, 1024], got 1" in r["env_errors"]
+    assert "AIOCCL_FLIGHT_RECORDER='many' is not an integer" in r["env_errors"]  # and importing aioccl survived it
+    assert "AIOCCL_GPU_SCRATCH must be at least 4096, got 1" in r["env_errors"]
     assert r["network"]["chosen"] == "127.0.0.1" and r["network"]["why"] == "AIOCCL_SOCKET_IFNAME==lo"
     assert {"name": "lo", "address": "127.0.0.1"} in r["network"]["interfaces"]
     assert r["shm"]["size_bytes"] > 0 and r["transports"]["tcp"] == "available"
@@ -70,3 +74,11 @@ def test_text_report_routes_to_the_root_and_flags_problems():
     assert "  * AIOCCL_SHM_DISABLE=1" in out and "    AIOCCL_TIMEOUT=300" in out
     assert "! AIOCCL_ALGOS is set but aioccl does not read it (a typo?)" in out
     assert re.search(r"shared memory: /dev/shm [\d.]+ GiB", out)
+
+
+async def test_a_bad_knob_fails_communicator_creation_not_import(monkeypatch):
+    import aioccl
+
+    monkeypatch.setenv("AIOCCL_FLIGHT_RECORDER", "many")
+    with pytest.raises(aioccl.InvalidArgument, match="AIOCCL_FLIGHT_RECORDER='many' is not an integer"):
+        await aioccl.Communicator.create(aioccl.UniqueId.new(host="127.0.0.1"), 0, 1)

@@ -30,7 +30,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +57,12 @@ _log = log.get("GPU")
 SCRATCH_DEFAULT = 64 << 20
 STAGE_PIECE_DEFAULT = 4 << 20
 H2D, D2H = 1, 2  # cudaMemcpyKind
+
+
+def settings(env: Mapping[str, str]) -> tuple[int, int]:
+    """(CUDA-IPC scratch bytes, staged piece bytes) from ``AIOCCL_GPU_SCRATCH`` / ``AIOCCL_GPU_STAGE_PIECE``."""
+    return (env_int(env, "AIOCCL_GPU_SCRATCH", SCRATCH_DEFAULT, 4096),
+            env_int(env, "AIOCCL_GPU_STAGE_PIECE", STAGE_PIECE_DEFAULT, 4096))
 
 
 @dataclass
@@ -101,8 +107,7 @@ class GpuRunner:
         self._skipped: set[int] = set()  # tickets whose op timed out before its turn: passed over
         self._same_host = comm.local_world_size == comm.world_size
         self._ipc: IpcState | None | bool = None  # None: not tried yet; False: refused by some rank
-        self._scratch_bytes = env_int(os.environ, "AIOCCL_GPU_SCRATCH", SCRATCH_DEFAULT, 4096)
-        self._piece_bytes = env_int(os.environ, "AIOCCL_GPU_STAGE_PIECE", STAGE_PIECE_DEFAULT, 4096)
+        self._scratch_bytes, self._piece_bytes = settings(os.environ)
         rt = self._cp.cuda.runtime
         self._pinned = PinnedPool(lambda n: rt.hostAlloc(n, 0), rt.freeHost)
 

@@ -101,13 +101,16 @@ def check_knobs(env: Mapping[str, str]) -> list[str]:
     from aioccl.communicator import _env_timeout
     from aioccl.engine import shm_setup
     from aioccl.errors import AiocclError
+    from aioccl.gpu import runner as gpu_runner
+    from aioccl.introspection import recorder_size
     from aioccl.transport import tcp
     from aioccl.transport.ib import setup as ib_setup
     from aioccl.tuning import Tuning
 
     checks: list[Callable[[], object]] = [
-        _env_timeout, lambda: tcp.peer_timeout(dict(env)), lambda: Tuning.from_env(env),
-        lambda: shm_setup.settings(env), lambda: ib_setup.settings(env)]
+        lambda: _env_timeout(env), lambda: recorder_size(env), lambda: tcp.peer_timeout(dict(env)),
+        lambda: Tuning.from_env(env), lambda: shm_setup.settings(env), lambda: ib_setup.settings(env),
+        lambda: gpu_runner.settings(env)]
     problems = []
     for check in checks:
         try:
