@@ -34,6 +34,7 @@ from .engine.engine import CollSpec, CommView, Engine
 from .engine.placement import Placement
 from .engine.shm_channel import ShmChannel
 from .engine.shm_executor import ShmOp
+from .envvars import env_float
 from .errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument
 from .group import Group, current_group
 from .introspection import FlightRecorder, PendingOp, pending_op, recorder_size
@@ -50,16 +51,7 @@ CODES = {name: i + 1 for i, name in enumerate(
 
 
 def _env_timeout(env: Mapping[str, str] = os.environ) -> float:
-    raw = env.get("AIOCCL_TIMEOUT")
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidArgument(f"AIOCCL_TIMEOUT={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise InvalidArgument("AIOCCL_TIMEOUT must be positive")
-    return value
+    return env_float(env, "AIOCCL_TIMEOUT", DEFAULT_TIMEOUT, low=0, exclusive=True, unit="seconds")
 
 
 class Communicator(CollectiveOps, PointToPointOps):

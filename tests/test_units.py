@@ -186,3 +186,20 @@ def test_shm_settings_parse_and_reject():
                 {"AIOCCL_SHM_SPIN_US": "x"}):
         with pytest.raises(aioccl.InvalidArgument):
             settings(bad)
+
+
+def test_numeric_knobs_parse_one_way():
+    from aioccl.envvars import env_float, env_int
+
+    assert env_int({}, "K", 7, 0) == 7 and env_int({"K": " 12 "}, "K", 7, 0) == 12
+    assert env_float({"K": ""}, "K", 2.0) == 2.0 and env_float({"K": "0.5"}, "K", 2.0, low=0.5) == 0.5
+    with pytest.raises(aioccl.InvalidArgument, match=r"^K='x' is not an integer$"):
+        env_int({"K": "x"}, "K", 7, 0)
+    with pytest.raises(aioccl.InvalidArgument, match=r"^K must be within \[0, 3\], got 4$"):
+        env_int({"K": "4"}, "K", 7, 0, 3)
+    with pytest.raises(aioccl.InvalidArgument, match=r"^K='x' is not a number of seconds$"):
+        env_float({"K": "x"}, "K", 1.0, unit="seconds")
+    with pytest.raises(aioccl.InvalidArgument, match=r"^K must be greater than 0 seconds, got '0'$"):
+        env_float({"K": "0"}, "K", 1.0, low=0, exclusive=True, unit="seconds")
+    with pytest.raises(aioccl.InvalidArgument, match=r"^K must be at least 1 seconds, got '0.5'$"):
+        env_float({"K": "0.5"}, "K", 1.0, low=1, unit="seconds")

@@ -25,8 +25,7 @@ import numpy as np
 from .. import log
 from ..algorithms import plan
 from ..dtypes import ReduceOp, dtype_code
-from ..envvars import env_int
-from ..errors import InvalidArgument
+from ..envvars import env_float, env_int
 from ..transport.shm import SHM_DIR, Doorbell, Segment, segment_name, sweep_stale
 from .executor import Progress, execute
 from .shm_channel import ShmChannel
@@ -44,11 +43,7 @@ TSO_MACHINES = ("x86_64", "AMD64", "i686", "i386")
 
 
 def settings(env: Mapping[str, str]) -> dict[str, Any]:
-    spin = env.get("AIOCCL_SHM_SPIN_US")
-    try:
-        spin_us = float(spin) if spin else DEFAULT_SPIN_US
-    except ValueError:
-        raise InvalidArgument(f"AIOCCL_SHM_SPIN_US={spin!r} is not a number") from None
+    spin_us = env_float(env, "AIOCCL_SHM_SPIN_US", DEFAULT_SPIN_US)
     return {
         "disabled": env.get("AIOCCL_SHM_DISABLE", "0").strip().lower() not in ("", "0", "false", "no"),
         "half": env_int(env, "AIOCCL_SHM_BUFFSIZE", DEFAULT_HALF, 4096) // 64 * 64,

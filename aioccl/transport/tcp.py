@@ -24,7 +24,7 @@ from typing import Protocol
 
 from .. import log
 from ..bootstrap.sockio import Closed
-from ..errors import InvalidArgument
+from ..envvars import env_float
 from .frames import BYE, HEADER_SIZE, Header, unpack
 
 _log = log.get("NET")
@@ -34,14 +34,7 @@ DEFAULT_PEER_TIMEOUT = 2.0
 
 def peer_timeout(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
     """``AIOCCL_PEER_TIMEOUT``: seconds of silence from a peer's *kernel* before it counts as lost."""
-    raw = env.get("AIOCCL_PEER_TIMEOUT", "")
-    try:
-        value = float(raw) if raw else DEFAULT_PEER_TIMEOUT
-    except ValueError:
-        raise InvalidArgument(f"AIOCCL_PEER_TIMEOUT={raw!r} is not a number of seconds") from None
-    if value < 1:
-        raise InvalidArgument(f"AIOCCL_PEER_TIMEOUT must be at least 1 second, got {raw!r}")
-    return value
+    return env_float(env, "AIOCCL_PEER_TIMEOUT", DEFAULT_PEER_TIMEOUT, low=1, unit="seconds")
 
 
 def watch_liveness(sock: socket.socket, timeout: float) -> None:
