@@ -8,6 +8,7 @@ median per-call time of the slowest rank, which rank 0 prints as one
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -18,6 +19,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def parser(doc: str | None, modes: Sequence[str]) -> argparse.ArgumentParser:
+    """The options every mode benchmark takes; ``--rank-mode`` is how a launched rank learns its mode."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--rank-mode", choices=modes, help=argparse.SUPPRESS)
+    return ap
 
 
 def warm_median(samples: list[float], iters: int) -> float:

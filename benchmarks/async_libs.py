@@ -11,10 +11,8 @@ the median over repeats. Prints a markdown table and writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _modes  # noqa: E402
@@ -66,12 +64,7 @@ def rank_main(mode: str, iters: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--procs", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=2000)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--rank-mode", choices=MODES, help=argparse.SUPPRESS)
+    ap = _modes.parser(__doc__, MODES)
     ns = ap.parse_args()
     if ns.rank_mode:
         rank_main(ns.rank_mode, ns.iters)

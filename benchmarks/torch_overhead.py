@@ -16,7 +16,6 @@ import argparse
 import os
 import socket
 import sys
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _modes  # noqa: E402
@@ -80,12 +79,7 @@ def free_port() -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--procs", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=2000)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--rank-mode", choices=MODES, help=argparse.SUPPRESS)
+    ap = _modes.parser(__doc__, MODES)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.rank_mode:
