@@ -152,6 +152,12 @@ def overlaps(a: Any, b: Any) -> bool:
     return same_memory(a, b)
 
 
+def identical(a: Any, b: Any) -> bool:
+    """Whether two buffers are the very same memory (same first byte, same length): in place."""
+    return bool(a.nbytes == b.nbytes and a.nbytes and address(a) == address(b) and
+                isinstance(a, np.ndarray) == isinstance(b, np.ndarray))
+
+
 def address(arr: Any) -> int:
     """The first byte's address (host or device)."""
     return int(arr.__array_interface__["data"][0]) if isinstance(arr, np.ndarray) else arr.ptr

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .buffers import Buf, adapt, address, check_same, fresh, need_writable, overlaps
+from .buffers import Buf, adapt, address, check_same, fresh, identical, need_writable, overlaps
 from .dtypes import ReduceOp, check_op_dtype, dtype_code
 from .errors import InvalidArgument
 from .work import Work
@@ -69,9 +69,7 @@ class CollectiveOps:
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
         check_op_dtype(rop, xb.array.dtype)
-        ob = self._in_place(xb) if out is None else self._output_like(xb, out, xb.array.shape)
-        if out is not None and ob.array is not xb.array and overlaps(ob.array, xb.array):
-            raise InvalidArgument("out partially overlaps x; pass the same array for in place, or disjoint memory")
+        ob = self._in_place(xb) if out is None else self._same_or_disjoint("all_reduce", xb, out)
         inp = ob if (out is None and xb.immutable) else xb
         return self._collective("all_reduce", xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
@@ -82,9 +80,7 @@ class CollectiveOps:
         root = self._root(root)
         xb = adapt(x, "x")
         if out is not None:
-            ob = self._output_like(xb, out, xb.array.shape)
-            if ob.array is not xb.array and overlaps(ob.array, xb.array):
-                raise InvalidArgument("broadcast: out partially overlaps x")
+            ob = self._same_or_disjoint("broadcast", xb, out)
         elif self.rank == root and not xb.immutable:
             ob = xb
         else:
@@ -100,8 +96,10 @@ class CollectiveOps:
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
         check_op_dtype(rop, xb.array.dtype)
-        if out is not None:
-            ob = self._output_like(xb, out, xb.array.shape)
+        if out is not None and self.rank == root:
+            ob = self._same_or_disjoint("reduce", xb, out)
+        elif out is not None:
+            ob = self._output_like(xb, out, xb.array.shape)  # checked, never written on non-root ranks
         elif self.rank == root:
             ob = self._in_place(xb)
         else:
@@ -118,7 +116,7 @@ class CollectiveOps:
         shape = xb.array.shape
         oshape = (self.world_size * shape[0], *shape[1:]) if shape else (self.world_size,)
         ob = self._output_like(xb, out, oshape)
-        self._no_foreign_overlap(xb, ob, self.rank)
+        self._no_foreign_overlap(xb, ob, self.rank, "all_gather")
         return self._collective("all_gather", xb.array.size, 0, xb, ob, None, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
 
@@ -136,7 +134,7 @@ class CollectiveOps:
             xb = whole
         else:
             ob = self._output_like(xb, out, bshape)
-            self._no_foreign_overlap(ob, xb, self.rank)
+            self._no_foreign_overlap(ob, xb, self.rank, "reduce_scatter")
         count = int(np.prod(bshape))
         return self._collective("reduce_scatter", count, 0, xb, ob, rop, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
@@ -150,7 +148,7 @@ class CollectiveOps:
         oshape = (self.world_size * shape[0], *shape[1:]) if shape else (self.world_size,)
         if self.rank == root:
             ob = self._output_like(xb, out, oshape)
-            self._no_foreign_overlap(xb, ob, root)
+            self._no_foreign_overlap(xb, ob, root, "gather")
         else:
             ob = xb
         is_root = self.rank == root
@@ -170,6 +168,7 @@ class CollectiveOps:
                 ob = Buf(xb.array[root * b:(root + 1) * b], xb.writable, xb.wrap, immutable=xb.immutable)
             else:
                 ob = self._output_like(xb, out, bshape)
+                self._no_foreign_overlap(ob, xb, root, "scatter")
         elif out is not None:
             ob = adapt(out, "out")
             need_writable(ob, "out")
@@ -196,7 +195,8 @@ class CollectiveOps:
         else:
             ob = self._output_like(xb, out, xb.array.shape)
             if overlaps(ob.array, xb.array):
-                raise InvalidArgument("all_to_all: out overlaps x; omit out= for in place")
+                raise InvalidArgument("all_to_all: out overlaps x (each rank's block is read after others are "
+                                      "written); omit out= for in place")
             in_place = False
         count = int(np.prod(bshape))
         inp = ob if in_place else xb
@@ -208,12 +208,28 @@ class CollectiveOps:
         empty = Buf(np.zeros(0, dtype=np.uint8), True, lambda a: None)
         return self._collective("barrier", 0, 0, empty, empty, None, lambda: None, timeout)
 
-    def _no_foreign_overlap(self, small: Buf, big: Buf, block: int) -> None:
+    # -- the overlap rules (docs/api.md's shape table), one place for every op -------------------------
+    def _same_or_disjoint(self, name: str, xb: Buf, out: Any) -> Buf:
+        """``out`` for an op whose output has x's shape: the very memory of ``x`` (in place) or disjoint.
+
+        A partial overlap would let the schedule read bytes it has already overwritten, which gives
+        wrong results without any error, so it is refused here, before anything is sent.
+        """
+        ob = self._output_like(xb, out, xb.array.shape)
+        if ob.array is xb.array or not overlaps(ob.array, xb.array):
+            return ob
+        if identical(ob.array, xb.array):  # another view of the same memory: in place, on x's own array
+            return Buf(xb.array, ob.writable, ob.wrap, ob.owner, ob.immutable)
+        raise InvalidArgument(f"{name}: out partially overlaps x; pass x itself (or omit out=) for in place, "
+                              "or memory disjoint from x")
+
+    def _no_foreign_overlap(self, small: Buf, big: Buf, block: int, name: str) -> None:
         """``small`` may be exactly ``big``'s block ``block`` (NCCL-style in place), nothing else."""
         if not overlaps(small.array, big.array):
             return
         n = small.array.size
         exact = big.array.reshape(-1)[block * n:(block + 1) * n]
         if address(small.array) != address(exact):
-            raise InvalidArgument("input and output overlap other than at this rank's own block")
+            raise InvalidArgument(f"{name}: the {n}-element buffer overlaps the {big.array.size}-element one other "
+                                  f"than as its block {block} (the only overlap the op allows)")
 

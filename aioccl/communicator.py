@@ -34,7 +34,7 @@ from .engine.engine import CollSpec, CommView, Engine
 from .engine.placement import Placement
 from .engine.shm_channel import ShmChannel
 from .engine.shm_executor import ShmOp
-from .envvars import env_float
+from .envvars import check_timeout, env_timeout
 from .errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument
 from .group import Group, current_group
 from .introspection import FlightRecorder, PendingOp, pending_op, recorder_size
@@ -44,14 +44,13 @@ from .tuning import Tuning
 from .work import Work, completed
 
 _log = log.get("COLL")
-DEFAULT_TIMEOUT = 300.0
 CODES = {name: i + 1 for i, name in enumerate(
     ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all",
      "barrier"))}
 
 
 def _env_timeout(env: Mapping[str, str] = os.environ) -> float:
-    return env_float(env, "AIOCCL_TIMEOUT", DEFAULT_TIMEOUT, low=0, exclusive=True, unit="seconds")
+    return env_timeout(env)
 
 
 class Communicator(CollectiveOps, PointToPointOps):
@@ -66,6 +65,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         self._parent = parent
         self._lock = threading.Lock()
         self._seq = 0
+        self._shm_order = 0
         self._inflight: set[Work[Any]] = set()
         self._recorder = FlightRecorder()
         self._closed: BaseException | None = None
@@ -140,9 +140,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         if engine not in ("inline", "thread"):
             raise InvalidArgument(f"engine must be 'auto', 'inline' or 'thread', got {engine!r}")
         recorder_size()  # every knob a communicator reads is checked before it exists
-        timeout = _env_timeout() if timeout is None else float(timeout)
-        if timeout <= 0:
-            raise InvalidArgument("timeout must be positive")
+        timeout = _env_timeout() if timeout is None else check_timeout(timeout)
         return uid, timeout
 
     @classmethod
@@ -239,11 +237,7 @@ class Communicator(CollectiveOps, PointToPointOps):
             raise CommAborted(f"parent communicator is closed: {self._parent._closed}")
 
     def _op_timeout(self, timeout: float | None) -> float:
-        if timeout is None:
-            return self._timeout
-        if timeout <= 0:
-            raise InvalidArgument("timeout must be positive")
-        return float(timeout)
+        return self._timeout if timeout is None else check_timeout(timeout)
 
     def _root(self, root: int) -> int:
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.world_size:
@@ -310,13 +304,16 @@ class Communicator(CollectiveOps, PointToPointOps):
             self._usable()
             seq = self._seq
             self._seq += 1
+            if shm is not None and shm_algo is not None:
+                order = self._shm_order  # the channel runs its ops in this (issue) order
+                self._shm_order += 1
         if shm is not None and shm_algo is not None:
             cap = max(1, shm.cap_bytes // dt.itemsize)
             same = in_place or inp.array is out.array  # peers must not read a buffer this rank overwrites
             ssched = shm_plan(name, count, self.rank, self.world_size, root, cap, shm_algo, same)
             work = Work(name, seq)
             sop = ShmOp(name, CODES[name], seq, ssched, inp.flat, out.flat,
-                        dtype_code(dt) if name != "barrier" else 0, op, count, root, t, work, result)
+                        dtype_code(dt) if name != "barrier" else 0, op, count, root, t, work, result, order)
             _log.debug("%s seq %d: %d x %s over shared memory, algo %s", name, seq, count, dt, shm_algo)
             work._probe = sop.blocked_on
             return self._track(work, lambda: shm.submit(sop), desc)

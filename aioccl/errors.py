@@ -13,6 +13,9 @@ from __future__ import annotations
 class AiocclError(Exception):
     """Base class of every aioccl error."""
 
+    #: True when a peer reported this failure (a failure notice) rather than this rank seeing it first
+    relayed: bool = False
+
 
 class InvalidArgument(AiocclError, ValueError):
     """Bad input, raised before any byte is sent; the communicator stays usable."""

@@ -23,6 +23,7 @@ from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
 from . import async_libs
+from .envvars import check_timeout
 
 T = TypeVar("T")
 _PENDING, _RUNNING, _DONE, _CANCELLED = range(4)
@@ -143,6 +144,8 @@ class Work(Generic[T]):
 
         Raises ``TimeoutError`` if ``timeout`` passes first (the op keeps running).
         """
+        if timeout is not None:
+            timeout = check_timeout(timeout, "wait(timeout=...)")
         if not self.done():
             if self._engine_thread == threading.get_ident():
                 raise RuntimeError(

@@ -17,11 +17,11 @@ import threading
 from typing import Any
 
 from .. import log
+from ..envvars import check_timeout, env_timeout
 from . import auth
 from .sockio import recv_json, send_json, tune
 
 _log = log.get("BOOTSTRAP")
-DEFAULT_TIMEOUT = 300.0
 HANDSHAKE_S = 10.0  # a connection must prove the secret and say hello within this
 MAX_HANDSHAKES = 256  # connections being authenticated at once; more are dropped at once (a flood)
 
@@ -31,7 +31,7 @@ class RootServer:
         self.sock = sock
         self.secret = secret
         self.port = sock.getsockname()[1]
-        self.timeout = timeout or float(os.environ.get("AIOCCL_TIMEOUT", DEFAULT_TIMEOUT))
+        self.timeout = env_timeout(os.environ) if timeout is None else check_timeout(timeout)
         self.thread: threading.Thread | None = None
         self.rejected = 0  # connections dropped for failing the handshake (observable in tests)
 

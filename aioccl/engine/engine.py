@@ -22,8 +22,20 @@ from ..bootstrap.rendezvous import Table, rendezvous
 from ..bootstrap.sockio import Closed
 from ..bootstrap.unique_id import UniqueId
 from ..dtypes import ReduceOp
-from ..errors import AiocclError, CollectiveTimeout, CommAborted, PeerLost
-from ..transport.frames import MISMATCH, NOTICE, P2P, Header
+from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted, PeerLost
+from ..transport.frames import (
+    ABORTED,
+    FAIL,
+    HEADER_SIZE,
+    LOST,
+    MISMATCH,
+    NOTICE,
+    P2P,
+    PROBE,
+    TIMEOUT,
+    Header,
+    pack_failure,
+)
 from ..transport.ib import setup as ib_setup
 from ..transport.ib.connection import IbConnection
 from ..transport.ib.detect import detect as ib_detect
@@ -31,12 +43,13 @@ from ..transport.ib.port import Port
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
 from ..work import Work
 from .executor import Progress, execute
-from .mailbox import Active, Mailbox
+from .mailbox import Active, Fingerprint, Mailbox
 from .placement import Placement
 from .pool import BufferPool
 from .shm_channel import ShmChannel
 
 _log = log.get("PROXY")
+PROBE_S = 0.2  # a collective still waiting on a peer after this long shows that peer its call (a fingerprint)
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,8 @@ class Engine:
         self.tasks: set[asyncio.Task[None]] = set()
         self.aborted: BaseException | None = None
         self.shm: ShmChannel | None = None  # the world communicator's, when all ranks share this host
+        # collectives running over the connections: (ctx, seq) -> (comm, fingerprint, progress, probe timer)
+        self.running: dict[tuple[int, int], tuple[CommView, Fingerprint, Progress]] = {}
 
     @classmethod
     async def create(cls, placement: Placement, uid: UniqueId, rank: int, size: int, timeout: float) -> Engine:
@@ -114,6 +129,9 @@ class Engine:
             raise
         if self.shm is not None:
             self.mailbox.lost_listeners.append(self.shm.on_peer_lost)
+            self.mailbox.failure_listeners.append(self.shm.on_remote_failure)
+            self.shm.report = functools.partial(self.report_failure, self.table.comm_id,
+                                                tuple(range(size)), rank)
         return self
 
     # -- launching (any thread) ------------------------------------------
@@ -158,6 +176,10 @@ class Engine:
         work._probe = progress.waiting_for
         ok = False
         fp = spec.fingerprint()
+        key = (comm.ctx, spec.seq)
+        err: AiocclError | None = None
+        probe = self.loop.call_later(PROBE_S, self._probe, key) if comm.size > 1 else None
+        self.running[key] = (comm, fp, progress)
         try:
             doomed = self.mailbox.begin(comm.ctx, spec.seq, fp, comm.ranks, comm.rank)
             if doomed is not None:
@@ -172,17 +194,24 @@ class Engine:
             work._set_result(spec.result())
         except TimeoutError:
             waiting = progress.waiting_for()
-            work._set_exception(CollectiveTimeout(spec.name, spec.seq, waiting, spec.timeout,
-                                                  f"algorithm {spec.sched.algo}"))
+            err = CollectiveTimeout(spec.name, spec.seq, waiting, spec.timeout, f"algorithm {spec.sched.algo}")
         except AiocclError as e:
-            work._set_exception(e)
+            err = e
         except asyncio.CancelledError:
-            work._set_exception(self.aborted or CommAborted(f"{what} was cancelled by shutdown"))
+            err = self.aborted if isinstance(self.aborted, AiocclError) else \
+                CommAborted(f"{what} was cancelled by shutdown")
+            work._set_exception(err)
             raise
         except Exception as e:  # a bug: never leave the Work hanging
             _log.exception("internal error in %s", what)
-            work._set_exception(AiocclError(f"internal error in {what}: {e!r}"))
+            err = AiocclError(f"internal error in {what}: {e!r}")
         finally:
+            if probe is not None:
+                probe.cancel()
+            self.running.pop(key, None)
+            if err is not None:
+                work._set_exception(err)
+                self.report_failure(comm.ctx, comm.ranks, comm.rank, spec.seq, fp, err)
             if not ok:
                 self.mailbox.forget_op(comm.ctx, spec.seq)
             elif scratch_raw is not None:  # a failed op's scratch may still be written by a late frame
@@ -225,22 +254,72 @@ class Engine:
         except AiocclError as e:
             work._set_exception(e)
 
+    # -- failure propagation (MPI ULFM's revoke, NCCL's abort) ----------------------------------------
+    def _probe(self, key: tuple[int, int]) -> None:
+        """A collective has waited PROBE_S: show its call to the peers it waits for. A peer that issued a
+        different one (another root, say, where nobody sends) then reports the mismatch at once."""
+        entry = self.running.get(key)
+        if entry is None:
+            return
+        comm, fp, progress = entry
+        op, dtype, redop, count, root = fp
+        frame = Header(PROBE, op, dtype, 0, key[0], key[1], 0, count, root, redop).pack()
+        for peer in progress.waiting_for():
+            world = comm.ranks[peer]
+            if world != self.rank and world not in self.mailbox.lost:
+                self._control(world, frame)
+
+    def report_failure(self, ctx: int, ranks: tuple[int, ...], rank: int, seq: int, fp: Fingerprint,
+                       exc: BaseException) -> None:
+        """This rank gave up collective ``seq`` of ``ctx`` for ``exc``: tell every other rank of it why,
+        so they raise the root cause now instead of waiting for their deadlines. Errors that were
+        themselves told to us, and mismatches (which have their own notice), are not passed on."""
+        if not isinstance(exc, AiocclError) or exc.relayed or isinstance(exc, CollectiveMismatch):
+            return
+        if isinstance(exc, PeerLost):
+            cause, culprits, seconds = LOST, [exc.rank], 0.0
+            message = str(exc)
+        elif isinstance(exc, CollectiveTimeout):
+            cause, culprits, seconds = TIMEOUT, [ranks[r] for r in exc.waiting_for if 0 <= r < len(ranks)], \
+                exc.timeout
+            message = f"rank {rank} timed out waiting for ranks {exc.waiting_for}"
+        else:
+            cause, culprits, seconds = ABORTED, [], 0.0
+            message = f"{type(exc).__name__}: {exc}"
+        payload = pack_failure(cause, culprits, seconds, message)
+        op, dtype, redop, count, root = fp
+        frame = Header(FAIL, op, dtype, 0, ctx, seq, len(payload), count, root, redop).pack() + payload
+        for world in ranks:
+            if world != self.rank and world not in self.mailbox.lost:
+                self._control(world, frame)
+
+    def _control(self, peer: int, frame: bytes) -> None:
+        """A small control frame to ``peer``, sent now if the connection can (synchronously: an abort
+        that follows closes the sockets), else as soon as it can."""
+        conn = self.conns.get(peer)
+        if conn is None or conn.closed:
+            return
+        if isinstance(conn, TcpConnection):
+            conn.send_control(frame)
+            return
+
+        async def later() -> None:
+            try:
+                await asyncio.wait_for(self.send(peer, frame[:HEADER_SIZE], memoryview(frame)[HEADER_SIZE:]), 5.0)
+            except (AiocclError, TimeoutError):
+                pass  # that peer is gone or stuck: its own deadline will fire
+
+        self._spawn(later)
+
     def _notify_mismatch(self, ctx: int, seq: int, active: Active, offender: int,
                          theirs: tuple[int, int, int, int, int]) -> None:
         """Tell every other rank of the op that ``offender`` issued ``theirs``: they fail it too."""
         payload = memoryview(NOTICE.pack(offender, theirs[0], theirs[1], theirs[2], theirs[3], theirs[4]))
         op, dtype, redop, count, root = active.fp
         hdr = Header(MISMATCH, op, dtype, 0, ctx, seq, len(payload), count, root, redop).pack()
-
-        async def tell(peer: int) -> None:
-            try:
-                await asyncio.wait_for(self.send(peer, hdr, payload), 5.0)
-            except (AiocclError, TimeoutError):
-                pass  # that peer is gone or stuck: its own deadline will fire
-
         for peer in active.ranks:
             if peer != self.rank and peer not in self.mailbox.lost:
-                self._spawn(functools.partial(tell, peer))
+                self._control(peer, hdr + bytes(payload))
 
     # -- teardown ------------------------------------------------------------
     async def shutdown(self) -> None:
@@ -254,6 +333,9 @@ class Engine:
             t.cancel()
 
     def abort_on_loop(self, exc: BaseException) -> None:
+        if self.aborted is None:  # last words: the ops running here are given up, and the peers told why
+            for (ctx, seq), (comm, fp, _p) in list(self.running.items()):
+                self.report_failure(ctx, comm.ranks, comm.rank, seq, fp, CommAborted(f"it aborted: {exc}"))
         self.aborted = exc
         if self.shm is not None:
             self.shm.fail_all(exc)

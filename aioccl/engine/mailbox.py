@@ -29,8 +29,19 @@ import numpy as np
 
 from .. import log
 from ..dtypes import ReduceOp, dtype_from_code
-from ..errors import CollectiveMismatch, PeerLost
-from ..transport.frames import COLL, MISMATCH, NOTICE, Header
+from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, PeerLost
+from ..transport.frames import (
+    ABORTED,
+    COLL,
+    FAIL,
+    LOST,
+    MAX_FAILURE_BYTES,
+    MISMATCH,
+    NOTICE,
+    PROBE,
+    Header,
+    unpack_failure,
+)
 from ..work import Work
 from .pool import BufferPool
 
@@ -144,41 +155,18 @@ class Mailbox:
         self._dead_order: deque[tuple[int, int]] = deque()
         self.active: dict[tuple[int, int], Active] = {}  # (ctx, seq) -> the collective running here
         self._foreign: dict[tuple[int, int], dict[int, Fingerprint]] = {}  # fingerprints that came early
-        self._doomed: dict[tuple[int, int], CollectiveMismatch] = {}  # failed by a mismatch (bounded)
+        self._doomed: dict[tuple[int, int], AiocclError] = {}  # failed by a mismatch or a notice (bounded)
         self._finished: dict[tuple[int, int], Active] = {}  # recently completed here (bounded)
         # engine hook: tell the other ranks of (ctx, seq) that world rank `offender` issued `their_fp`
         self.notify: Callable[[int, int, Active, int, Fingerprint], None] | None = None
+        # told of every failure notice, with (ctx, seq, error): the shared-memory channel's ops too
+        self.failure_listeners: list[Callable[[int, int, AiocclError], None]] = []
 
     # -- from the connections' readers -----------------------------------
     def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]:
         if h.kind == COLL:
-            op_key = (h.ctx, h.seq)
-            if op_key in self._dead:
+            if self._screen(peer, h):
                 return self._discard(h)
-            active = self.active.get(op_key)
-            if active is None and op_key in self._finished:
-                # this rank's part ended (a send-only role) before a peer's other call reached it:
-                # it cannot take its result back, but the ranks still waiting must not time out
-                done = self._finished[op_key]
-                if h.fingerprint() != done.fp:
-                    exc = done.mismatch(h.ctx, h.seq, peer, h.fingerprint(), done.ranks[done.rank], done.fp)
-                    _log.error("%s (this rank's part had already finished; the ranks still in it fail)", exc)
-                    if self.notify is not None:
-                        self.notify(h.ctx, h.seq, done, peer, h.fingerprint())
-                return self._discard(h)
-            if active is not None:
-                if h.fingerprint() != active.fp:
-                    exc = active.mismatch(h.ctx, h.seq, peer, h.fingerprint(), active.ranks[active.rank], active.fp)
-                    self.fail_op(h.ctx, h.seq, exc)
-                    if self.notify is not None:
-                        self.notify(h.ctx, h.seq, active, peer, h.fingerprint())
-                    return self._discard(h)
-            else:
-                seen = self._foreign.get(op_key)
-                if seen is None:
-                    self._foreign[op_key] = {peer: h.fingerprint()}
-                elif peer not in seen:
-                    seen[peer] = h.fingerprint()
             key = (peer, h.ctx, h.seq, h.k)
             p = self.posted.pop(key, None)
             if p is None:
@@ -187,6 +175,14 @@ class Mailbox:
         elif h.kind == MISMATCH:
             buf = self.pool.acquire(h.nbytes)
             return buf.data[: h.nbytes], lambda: self._on_notice(peer, h, buf)
+        elif h.kind == PROBE:  # a peer waiting on this rank shows its call: only the fingerprint counts
+            self._screen(peer, h)
+            return self._discard(h)
+        elif h.kind == FAIL:
+            if h.nbytes > MAX_FAILURE_BYTES:
+                return self._discard(h)
+            buf = self.pool.acquire(h.nbytes)
+            return buf.data[: h.nbytes], lambda: self._on_failure(peer, h, buf)
         else:
             key3 = (peer, h.ctx, h.seq)
             p = None
@@ -208,6 +204,40 @@ class Mailbox:
             return self._discard(h)
         return p.target, p.complete
 
+    def _screen(self, peer: int, h: Header) -> bool:
+        """Compare a collective frame's (or probe's) fingerprint with this rank's call at the same seq;
+        True when the frame is to be dropped (its op is dead here, or the calls differ)."""
+        op_key = (h.ctx, h.seq)
+        if op_key in self._dead:
+            return True
+        active = self.active.get(op_key)
+        if active is None and op_key in self._finished:
+            # this rank's part ended (a send-only role) before a peer's other call reached it:
+            # it cannot take its result back, but the ranks still waiting must not time out
+            done = self._finished[op_key]
+            if h.fingerprint() != done.fp:
+                exc = done.mismatch(h.ctx, h.seq, peer, h.fingerprint(), done.ranks[done.rank], done.fp)
+                _log.error("%s (this rank's part had already finished; the ranks still in it fail)", exc)
+                if self.notify is not None:
+                    self.notify(h.ctx, h.seq, done, peer, h.fingerprint())
+            return True
+        if active is not None:
+            if h.fingerprint() != active.fp:
+                exc = active.mismatch(h.ctx, h.seq, peer, h.fingerprint(), active.ranks[active.rank], active.fp)
+                self.fail_op(h.ctx, h.seq, exc)
+                if self.notify is not None:
+                    self.notify(h.ctx, h.seq, active, peer, h.fingerprint())
+                return True
+            return h.kind != COLL
+        seen = self._foreign.get(op_key)
+        if seen is None:
+            if len(self._foreign) >= 4096:  # fingerprints of ops never begun here stay bounded
+                del self._foreign[next(iter(self._foreign))]
+            self._foreign[op_key] = {peer: h.fingerprint()}
+        elif peer not in seen:
+            seen[peer] = h.fingerprint()
+        return h.kind != COLL
+
     def _discard(self, h: Header) -> tuple[memoryview, Callable[[], None]]:
         buf = self.pool.acquire(h.nbytes)
         return buf.data[: h.nbytes], lambda: self.pool.release(buf)
@@ -228,6 +258,12 @@ class Mailbox:
             self.p2p_early[key3] = deque(e for e in self.p2p_early[key3] if e.done)
         for p in self._partial.pop(peer, ()):
             p.fail(lost)
+        # a crash fails every collective running here that includes the peer, not only those receiving
+        # from it: a rank waiting on a live peer that is itself stuck on the lost one would time out.
+        # A peer that closed its communicator finished its part of every op first: only its receives fail.
+        for (ctx, seq), active in list(self.active.items()) if not graceful else ():
+            if peer in active.ranks:
+                self.fail_op(ctx, seq, PeerLost(peer, f"{lost.detail} (during seq {seq} on comm {ctx:x})"))
         for listener in self.lost_listeners:
             listener(peer, lost)
 
@@ -250,14 +286,54 @@ class Mailbox:
             _log.error("%s (reported by a peer after this rank's part had finished)", exc)
         self.fail_op(h.ctx, h.seq, exc)
 
+    def _on_failure(self, reporter: int, h: Header, buf: np.ndarray) -> None:
+        """``reporter`` gave up the collective (ctx, seq) and says why: fail ours with that root cause."""
+        try:
+            cause, culprits, seconds, message = unpack_failure(buf.data[:h.nbytes])
+        except (ValueError, UnicodeError) as e:
+            _log.warning("dropped a corrupt failure notice from rank %d: %s", reporter, e)
+            return
+        finally:
+            self.pool.release(buf)
+        op_key = (h.ctx, h.seq)
+        if op_key in self._dead or op_key in self._doomed:
+            return
+        name = OP_NAMES[h.op] if 0 < h.op < len(OP_NAMES) else f"op {h.op}"
+        active = self.active.get(op_key) or self._finished.get(op_key)
+        ranks = active.ranks if active is not None else ()
+
+        def local(world: int) -> int:  # the communicator's numbering, as the user knows it
+            return ranks.index(world) if world in ranks else world
+
+        by = f"reported by rank {local(reporter)}"
+        exc: AiocclError
+        if cause == LOST:
+            culprit = culprits[0] if culprits else reporter
+            exc = PeerLost(culprit, f"{message} ({by}, seq {h.seq} on comm {h.ctx:x})")
+        elif cause == ABORTED:
+            exc = PeerLost(reporter, f"it gave up {name} seq {h.seq} on comm {h.ctx:x}: {message}")
+        else:
+            exc = CollectiveTimeout(name, h.seq, [local(c) for c in culprits], seconds, f"{by}: {message}",
+                                    f"{h.ctx:x}")
+        exc.relayed = True  # told to us: not to be told on again
+        if op_key in self._finished:
+            _log.warning("%s (after this rank's part of it had finished)", exc)
+        self.fail_op(h.ctx, h.seq, exc)
+        for listener in self.failure_listeners:
+            listener(h.ctx, h.seq, exc)
+
     # -- collectives: fingerprints and mismatches ----------------------------
     def begin(self, ctx: int, seq: int, fp: Fingerprint, ranks: tuple[int, ...], rank: int
-              ) -> CollectiveMismatch | None:
+              ) -> AiocclError | None:
         """A collective starts here; returns its error if a peer's frame or notice already doomed it."""
         op_key = (ctx, seq)
         doomed = self._doomed.get(op_key)
         if doomed is not None:
             return doomed
+        for r in ranks:
+            lost = self.lost.get(r)
+            if lost is not None:
+                return PeerLost(r, f"{lost.detail} (before seq {seq} on comm {ctx:x} began)")
         active = self.active[op_key] = Active(fp, ranks, rank)
         for peer, theirs in self._foreign.pop(op_key, {}).items():
             if theirs != fp:
@@ -268,7 +344,7 @@ class Mailbox:
                 return exc
         return None
 
-    def end(self, ctx: int, seq: int) -> CollectiveMismatch | None:
+    def end(self, ctx: int, seq: int) -> AiocclError | None:
         """The collective's schedule ran to its end here; returns its error if a peer's different
         call reached it meanwhile (a send-only part finishes without noticing otherwise)."""
         doomed = self._doomed.get((ctx, seq)) if self._doomed else None
@@ -281,9 +357,12 @@ class Mailbox:
                 del self._finished[next(iter(self._finished))]
         return None
 
-    def fail_op(self, ctx: int, seq: int, exc: CollectiveMismatch) -> None:
-        """Fail the collective (ctx, seq): its posted receives now, its later ones when posted."""
+    def fail_op(self, ctx: int, seq: int, exc: AiocclError) -> None:
+        """Fail the collective (ctx, seq): its posted receives now, its later ones when posted.
+        The first cause wins: a later one (say the EOF of a rank that gave up) never replaces it."""
         op_key = (ctx, seq)
+        if op_key in self._doomed:
+            return
         self._doomed[op_key] = exc
         if len(self._doomed) > 4096:
             del self._doomed[next(iter(self._doomed))]

@@ -61,8 +61,9 @@ def fence() -> None:
 
 class ShmChannel:
     def __init__(self, loop: asyncio.AbstractEventLoop, rank: int, segments: Sequence[Segment], bell: Doorbell,
-                 pool: BufferPool, spin_s: float, yield_cpu: bool) -> None:
+                 pool: BufferPool, spin_s: float, yield_cpu: bool, ctx: int = 0) -> None:
         self.loop = loop
+        self.ctx = ctx  # the world communicator's context id (failure notices name it)
         self.rank = rank
         self.size = len(segments)
         self.others = tuple(j for j in range(self.size) if j != rank)
@@ -81,8 +82,13 @@ class ShmChannel:
         self.step = me[CTR]
         self.all_reached = self.step
         self.queue: deque[ShmOp] = deque()
+        self.held: dict[int, ShmOp] = {}  # submitted ahead of an op with a lower number (see submit)
+        self.next_order = 0  # the issue number (ShmOp.order) of the op that runs next
         self.broken: BaseException | None = None
         self.lost: dict[int, BaseException] = {}
+        self.remote: tuple[int, BaseException] | None = None  # (seq, error) a peer gave up at
+        # tells the peers that this rank gave up an op: (seq, fingerprint, error); set by the engine
+        self.report: Any = None
         self._pumping = False
         self._slice_end = 0.0
         self._parked = False
@@ -156,10 +162,22 @@ class ShmChannel:
 
     # -- running ops ------------------------------------------------------------
     def submit(self, op: ShmOp) -> None:
-        """Queue an op (on the engine loop); runs it at once when the channel is idle."""
+        """Queue an op (on the engine loop); runs it at once when the channel is idle.
+
+        Ops run in *issue* order (``op.order``, taken with the sequence number), not in the order they
+        reach the loop: an op issued inside ``comm.group()`` is launched only at the group's exit, so a
+        later op from another task can arrive first, and every rank must run them in the same order.
+        """
         op.chan = self
+        if op.order != self.next_order:
+            self.held[op.order] = op
+            return
+        self.next_order += 1
         self.queue.append(op)
-        if not self._pumping and len(self.queue) == 1:
+        while self.next_order in self.held:
+            self.queue.append(self.held.pop(self.next_order))
+            self.next_order += 1
+        if not self._pumping and self.queue[0] is op:
             self._pump()
 
     def _pump(self) -> None:
@@ -210,12 +228,19 @@ class ShmChannel:
         except AiocclError as e:
             self._break(e)
             op.work._set_exception(e)
+            self._tell(op, e)
         except Exception as e:  # a bug: never leave the Work hanging
             _log.exception("internal error in %s seq %d", op.name, op.seq)
             err = AiocclError(f"internal error in {op.name} (seq {op.seq}) over shared memory: {e!r}")
             self._break(err)
             op.work._set_exception(err)
+            self._tell(op, err)
         return True
+
+    def _tell(self, op: ShmOp, exc: AiocclError) -> None:
+        if self.report is not None and not isinstance(exc, CommAborted):
+            fp = (op.code, op.dtype_code, op.op.code if op.op is not None else 0, op.count, op.root)
+            self.report(op.seq, fp, exc)
 
     def _release(self, op: ShmOp) -> None:
         if op.scratch_raw is not None:
@@ -240,9 +265,11 @@ class ShmChannel:
             ranks, s = wait
             raise CollectiveTimeout(op.name, op.seq, self.missing(ranks, s), op.timeout,
                                     f"shared memory, algorithm {op.sched.algo}, step {s}")
-        lost = [j for j in self.missing(*wait) if j in self.lost]
-        if lost:
+        if self.lost:  # every op here spans every rank: once one is gone, waiting on anyone is in vain
+            lost = [j for j in self.missing(*wait) if j in self.lost] or list(self.lost)
             raise self.lost[lost[0]]
+        if self.remote is not None and self.remote[0] <= op.seq:
+            raise self.remote[1]
         me = self.ctl[self.rank]
         me[SLEEP] = 1
         fence()
@@ -291,8 +318,16 @@ class ShmChannel:
             self._unpark()
 
     def on_peer_lost(self, peer: int, exc: BaseException) -> None:
-        """A peer's connection ended: ops that still need it fail (after one last look at the counters)."""
+        """A peer's connection ended: the running op fails (after one last look at the counters)."""
         self.lost[peer] = exc
+        if self.queue and not self._pumping:
+            self._pump()
+
+    def on_remote_failure(self, ctx: int, seq: int, exc: BaseException) -> None:
+        """A peer gave up op ``seq`` (a failure notice): ours fails with its cause, not at our deadline."""
+        if ctx != self.ctx or (self.remote is not None and self.remote[0] <= seq):
+            return
+        self.remote = (seq, exc)
         if self.queue and not self._pumping:
             self._pump()
 
@@ -301,6 +336,10 @@ class ShmChannel:
         self.broken = exc
         while self.queue:
             self.queue.popleft().work._set_exception(exc)
+        for held in self.held.values():
+            if held is not None:
+                held.work._set_exception(exc)
+        self.held.clear()
 
     def close(self) -> None:
         self.fail_all(CommAborted("the communicator is closed"))

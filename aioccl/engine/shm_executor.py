@@ -44,12 +44,13 @@ class ShmOp:
     """One collective handed to the channel (a plain slotted class: it is built on every call)."""
 
     __slots__ = ("name", "code", "seq", "sched", "inp", "out", "dtype_code", "op", "count", "root", "timeout",
-                 "work", "result", "kind", "deadline", "gen", "waiting", "scratch_raw", "_shift", "chan")
+                 "work", "result", "kind", "deadline", "gen", "waiting", "scratch_raw", "_shift", "chan", "order")
 
     def __init__(self, name: str, code: int, seq: int, sched: ShmSchedule, inp: np.ndarray, out: np.ndarray,
                  dtype_code: int, op: ReduceOp | None, count: int, root: int, timeout: float, work: Work[Any],
-                 result: Callable[[], Any]) -> None:
+                 result: Callable[[], Any], order: int = 0) -> None:
         self.name, self.code, self.seq, self.sched = name, code, seq, sched
+        self.order = order  # issue number among this channel's ops: they run in this order
         self.inp, self.out, self.dtype_code, self.op = inp, out, dtype_code, op  # flat, typed; out may be inp
         self.count, self.root, self.timeout, self.work, self.result = count, root, timeout, work, result
         self.kind = _kind(code, sched.algo, dtype_code, op)

@@ -118,7 +118,7 @@ async def setup(engine: Engine, comm_id: int, peers: list[dict[str, Any]], timeo
     mine.unlink()  # everyone has mapped it: from now on it lives exactly as long as its mappings
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     chan = ShmChannel(engine.loop, rank, [s for s in segs if s is not None], bell, engine.pool,
-                      conf["spin_s"], yield_cpu=n > cpus)
+                      conf["spin_s"], yield_cpu=n > cpus, ctx=comm_id)
     _log.info("rank %d: shared memory with %d local ranks, %d KiB staging halves, %d MiB heap", rank, n,
               chan.cap_bytes >> 10, conf["heap"] >> 20)
     return chan

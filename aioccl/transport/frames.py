@@ -16,9 +16,30 @@ HEADER = struct.Struct("<BBBBIQqQqi4x")  # kind, op, dtype, redop, k, ctx, seq_o
 HEADER_SIZE = HEADER.size  # 48
 MAX_FRAME = 1 << 46  # no single message is larger than this; anything bigger is a corrupt header
 NOTICE = struct.Struct("<qBBB5xqq")  # a MISMATCH frame's payload: offender rank, its op, dtype, redop, count, root
+FAILURE = struct.Struct("<B3xId")  # a FAIL frame's payload starts: cause, number of culprits, seconds (timeouts)
+CULPRIT = struct.Struct("<i")  # then that many world ranks, then the reporter's message (UTF-8)
+MAX_FAILURE_BYTES = 4096  # a FAIL frame's payload is capped: it is read into a pooled buffer
 
-COLL, P2P, BYE, MISMATCH = 1, 2, 3, 4
-KIND_NAMES = {COLL: "collective", P2P: "p2p", BYE: "bye", MISMATCH: "mismatch notice"}
+COLL, P2P, BYE, MISMATCH, FAIL, PROBE = 1, 2, 3, 4, 5, 6
+KIND_NAMES = {COLL: "collective", P2P: "p2p", BYE: "bye", MISMATCH: "mismatch notice", FAIL: "failure notice",
+              PROBE: "fingerprint probe"}
+LOST, TIMEOUT, ABORTED = 1, 2, 3  # a FAIL frame's causes
+
+
+def pack_failure(cause: int, culprits: list[int], seconds: float, message: str) -> bytes:
+    """A FAIL frame's payload: why the reporter gave up an op (its cause, the ranks it blames)."""
+    head = FAILURE.pack(cause, len(culprits), seconds) + b"".join(CULPRIT.pack(c) for c in culprits)
+    return head + message.encode("utf-8", "replace")[:MAX_FAILURE_BYTES - len(head)]
+
+
+def unpack_failure(buf: bytes | memoryview) -> tuple[int, list[int], float, str]:
+    """Inverse of :func:`pack_failure`; ``ValueError`` for a payload that is not one."""
+    cause, n, seconds = FAILURE.unpack_from(buf)
+    end = FAILURE.size + n * CULPRIT.size
+    if cause not in (LOST, TIMEOUT, ABORTED) or end > len(buf):
+        raise ValueError("corrupt failure notice")
+    culprits = [CULPRIT.unpack_from(buf, FAILURE.size + i * CULPRIT.size)[0] for i in range(n)]
+    return cause, culprits, seconds, bytes(buf[end:]).decode("utf-8", "replace")
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,8 @@ class TcpConnection:
         self._view = self._hview  # where the bytes being read go: the header, or a payload target
         self._got = 0
         self._done: Callable[[], None] | None = None  # set while a payload is being read
+        self._control = bytearray()  # control frames (failure notices) waiting for the socket
+        self._flusher: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self.loop.add_reader(self.sock.fileno(), self._on_readable)
@@ -90,6 +92,8 @@ class TcpConnection:
         sock = self.sock
         bufs: list[bytes | memoryview] = [header, payload] if payload is not None and len(payload) else [header]
         async with self._lock:
+            if self._control:
+                await self._flush_control()
             try:
                 sent = sock.sendmsg(bufs)
             except (BlockingIOError, InterruptedError):
@@ -101,6 +105,44 @@ class TcpConnection:
                     continue
                 await self.loop.sock_sendall(sock, memoryview(b)[sent:])
                 sent = 0
+            if self._control:
+                await self._flush_control()
+
+    def send_control(self, frame: bytes) -> None:
+        """Send a small control frame now, from synchronous code (an abort path has no time to await).
+
+        Written at once when no frame is half sent; otherwise queued, and the sender that holds the
+        socket writes it right after its own frame, so frames never interleave.
+        """
+        if self.closed:
+            return
+        if not self._lock.locked() and not self._control:
+            try:
+                n = self.sock.send(frame)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                return
+            if n == len(frame):
+                return
+            frame = frame[n:]
+        self._control += frame
+        if self._flusher is None:
+            self._flusher = self.loop.create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        try:
+            async with self._lock:
+                await self._flush_control()
+        except (OSError, Closed):
+            pass
+        finally:
+            self._flusher = None
+
+    async def _flush_control(self) -> None:
+        data, self._control = bytes(self._control), bytearray()
+        if data and not self.closed:
+            await self.loop.sock_sendall(self.sock, data)
 
     def _on_readable(self) -> None:
         budget = READ_BUDGET
@@ -161,6 +203,11 @@ class TcpConnection:
         self.abort()
 
     def abort(self) -> None:
+        if self._control and not self._lock.locked() and not self.closed:  # last words: one try, no waiting
+            try:
+                self.sock.send(bytes(self._control))
+            except OSError:
+                pass
         self.closed = True
         self._stop_reading()
         try:
