@@ -4,7 +4,10 @@
     y = await comm.all_reduce(x)        # every op returns an awaitable Work at once
 """
 
-from . import gpu  # the probe only: cupy is imported by the first GPU buffer, never here
+from . import (
+    error_file,
+    gpu,  # the probe only: cupy is imported by the first GPU buffer, never here
+)
 from .bootstrap.unique_id import UniqueId
 from .communicator import Communicator
 from .dtypes import SUPPORTED_DTYPES, ReduceOp
@@ -23,6 +26,8 @@ from .initialization import init, init_sync
 from .work import Work
 
 __version__ = "0.1.0"
+
+error_file.install()  # only under a launcher that asked for it (AIOCCL_ERROR_FILE)
 
 __all__ = [
     "SUPPORTED_DTYPES",

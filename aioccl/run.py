@@ -1,17 +1,27 @@
-"""``aioccl-run``: start N ranks per node, prefix their output, fail fast.
+"""``aioccl-run``: start N ranks per node, prefix their output, fail fast (or keep going), name the cause.
 
     aioccl-run --nproc-per-node 4 train.py --lr 0.1
     aioccl-run --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 --nproc-per-node 8 -m pkg.main
 
-Each child gets ``AIOCCL_RANK``, ``AIOCCL_WORLD_SIZE``, ``AIOCCL_LOCAL_RANK``,
-``AIOCCL_LOCAL_WORLD_SIZE``, ``AIOCCL_COMM_ID`` and ``AIOCCL_COMM_SECRET``
-(random on one node; on several nodes it must be the same everywhere: set
-``AIOCCL_COMM_SECRET`` or ``--secret``). Every output line is prefixed with
-``[rank r]``. SIGINT/SIGTERM are forwarded. When a rank exits non-zero or
-is killed, the others are terminated (then killed after a grace period) and
-the launcher exits with that rank's code, naming it. If the launcher itself
-dies (even by SIGKILL), the kernel sends its ranks SIGTERM, so no rank
-outlives it.
+torchrun's spellings work too (``--nproc_per_node auto``, ``--standalone``,
+``--rdzv-endpoint host:port``, ``--node_rank`` ...), so a torchrun command line
+runs unchanged. Each child gets ``AIOCCL_RANK``, ``AIOCCL_WORLD_SIZE``,
+``AIOCCL_LOCAL_RANK``, ``AIOCCL_LOCAL_WORLD_SIZE``, ``AIOCCL_COMM_ID``,
+``AIOCCL_COMM_SECRET`` (random on one node; on several nodes it must be the
+same everywhere: set ``AIOCCL_COMM_SECRET`` or ``--secret``), and torchrun's
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+``MASTER_ADDR`` and ``MASTER_PORT`` (for torch's own store; aioccl's root
+listens on ``MASTER_PORT + 1``, as under torchrun's agent). Every output line
+is prefixed with ``[rank r]``. SIGINT/SIGTERM are forwarded.
+
+When a rank fails (exits non-zero or is killed), the others are terminated
+(then killed after a grace period), unless ``--keep-going``: then they run on,
+which is what a program that calls ``comm.shrink()`` after a lost rank needs.
+Either way the launcher exits with the first failure's code and names the rank
+that failed *first* with its exception's last line, from the error file each
+rank writes (``AIOCCL_ERROR_FILE``), not merely the first to exit. If the
+launcher itself dies (even by SIGKILL), the kernel sends its ranks SIGTERM, so
+no rank outlives it.
 """
 
 from __future__ import annotations
@@ -24,35 +34,98 @@ import os
 import secrets
 import signal
 import sys
+import tempfile
+import time
+from dataclasses import dataclass
 
+from . import error_file
 from .bootstrap.unique_id import free_port
 
 GRACE = 5.0
 
 
+def _nproc(text: str) -> int:
+    """``--nproc-per-node``: a count, or torchrun's ``auto`` (one per GPU when there are GPUs, else per CPU)."""
+    if text in ("auto", "gpu", "cpu"):
+        gpus = _gpu_count() if text != "cpu" else 0
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return gpus or cpus
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+
+
+def _gpu_count() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    return len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()]) \
+        if os.path.isdir("/dev") else 0
+
+
+def _secret(text: str) -> str:
+    try:
+        ok = len(bytes.fromhex(text)) == 16
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError("must be 32 hex digits (16 bytes), e.g. from "
+                                         "'python -c \"import secrets; print(secrets.token_hex(16))\"'")
+    return text
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="aioccl-run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nproc-per-node", "--np", type=int, default=1, help="ranks on this node (default 1)")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", "--np", type=_nproc, default=1,
+                   help="ranks on this node, or auto (one per GPU, else per CPU); default 1")
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-    p.add_argument("--node-rank", type=int, default=0, help="this node's index (default 0)")
-    p.add_argument("--master-addr", default=None, help="address of node 0 (default 127.0.0.1 on one node)")
-    p.add_argument("--master-port", type=int, default=None, help="root port (default: a free port on one node)")
-    p.add_argument("--secret", default=None, help="32 hex digits shared by all nodes (or AIOCCL_COMM_SECRET)")
+    p.add_argument("--node-rank", "--node_rank", type=int, default=0, help="this node's index (default 0)")
+    p.add_argument("--master-addr", "--master_addr", default=None,
+                   help="address of node 0 (default 127.0.0.1 on one node)")
+    p.add_argument("--master-port", "--master_port", type=int, default=None,
+                   help="torch's store port; aioccl's root uses the next one (default: free ports on one node)")
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, metavar="HOST:PORT",
+                   help="torchrun's spelling of --master-addr/--master-port")
+    p.add_argument("--rdzv-backend", "--rdzv_backend", default=None, help="accepted for torchrun's c10d/static")
+    p.add_argument("--rdzv-id", "--rdzv_id", default=None, help="accepted for torchrun compatibility")
+    p.add_argument("--standalone", action="store_true", help="one node, free local ports (the default)")
+    p.add_argument("--secret", type=_secret, default=None,
+                   help="32 hex digits shared by all nodes (or AIOCCL_COMM_SECRET)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="when a rank fails, let the others run on (programs that shrink() and continue)")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with the rank")
-    p.add_argument("-m", dest="module", action="store_true", help="run the target as a module (python -m)")
+    p.add_argument("-m", "--module", dest="module", action="store_true",
+                   help="run the target as a module (python -m)")
     p.add_argument("target", help="script path, or module name with -m")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the target")
     ns = p.parse_args(argv)
+    if ns.rdzv_backend not in (None, "c10d", "static"):
+        p.error(f"--rdzv-backend {ns.rdzv_backend}: aioccl-run rendezvous is static (c10d and static map to it)")
+    if ns.rdzv_endpoint is not None:
+        host, _, port = ns.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            p.error(f"--rdzv-endpoint {ns.rdzv_endpoint!r} must be host:port")
+        ns.master_addr, ns.master_port = ns.master_addr or host.strip("[]"), ns.master_port or int(port)
+    if ns.standalone and ns.nnodes != 1:
+        p.error("--standalone runs one node; drop --nnodes or --standalone")
     if ns.nproc_per_node < 1 or ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
         p.error("need --nproc-per-node >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes")
     if ns.nnodes > 1 and (ns.master_addr is None or ns.master_port is None):
-        p.error("--master-addr and --master-port are required with --nnodes > 1")
+        p.error("--master-addr and --master-port (or --rdzv-endpoint) are required with --nnodes > 1")
+    env_secret = os.environ.get("AIOCCL_COMM_SECRET")
+    if ns.secret is None and env_secret:
+        try:
+            _secret(env_secret)
+        except argparse.ArgumentTypeError as e:
+            p.error(f"AIOCCL_COMM_SECRET {e}")
     return ns
 
 
-def child_envs(ns: argparse.Namespace, base: dict[str, str]) -> list[dict[str, str]]:
+def child_envs(ns: argparse.Namespace, base: dict[str, str], error_dir: str | None = None) -> list[dict[str, str]]:
     addr = ns.master_addr or "127.0.0.1"
-    port = ns.master_port or free_port(addr)
+    store_port = ns.master_port or free_port(addr)
+    root_port = store_port + 1 if ns.master_port else free_port(addr)
     secret = ns.secret or base.get("AIOCCL_COMM_SECRET")
     if secret is None:
         if ns.nnodes > 1:
@@ -62,10 +135,16 @@ def child_envs(ns: argparse.Namespace, base: dict[str, str]) -> list[dict[str, s
     world = ns.nnodes * ns.nproc_per_node
     envs = []
     for local in range(ns.nproc_per_node):
+        rank = ns.node_rank * ns.nproc_per_node + local
         env = dict(base)
-        env.update(AIOCCL_RANK=str(ns.node_rank * ns.nproc_per_node + local), AIOCCL_WORLD_SIZE=str(world),
+        env.update(AIOCCL_RANK=str(rank), AIOCCL_WORLD_SIZE=str(world),
                    AIOCCL_LOCAL_RANK=str(local), AIOCCL_LOCAL_WORLD_SIZE=str(ns.nproc_per_node),
-                   AIOCCL_COMM_ID=f"{addr}:{port}", AIOCCL_COMM_SECRET=secret, PYTHONUNBUFFERED="1")
+                   AIOCCL_COMM_ID=f"{addr}:{root_port}", AIOCCL_COMM_SECRET=secret, PYTHONUNBUFFERED="1",
+                   RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
+                   LOCAL_WORLD_SIZE=str(ns.nproc_per_node), GROUP_RANK=str(ns.node_rank),
+                   MASTER_ADDR=addr, MASTER_PORT=str(store_port))
+        if error_dir is not None:
+            env["AIOCCL_ERROR_FILE"] = os.path.join(error_dir, f"rank{rank}.json")
         envs.append(env)
     return envs
 
@@ -87,9 +166,33 @@ async def _pump(stream: asyncio.StreamReader, out: object, prefix: bytes) -> Non
         buf.flush()
 
 
+@dataclass
+class Failure:
+    rank: int
+    code: int
+    seen: float  # when the launcher saw it exit
+    record: dict[str, object] | None = None  # its error file, when it wrote one
+
+    @property
+    def when(self) -> float:
+        """When it failed: its exception's time if it raised, else when it was seen to exit."""
+        t = self.record.get("time") if self.record else None
+        return float(t) if isinstance(t, (int, float)) else self.seen
+
+    def line(self) -> str:
+        if self.record:
+            return f"rank {self.rank} {_how(self.code)}: {self.record.get('type')}: {self.record.get('message')}"
+        return f"rank {self.rank} {_how(self.code)}"
+
+
 async def launch(ns: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="aioccl-run-") as error_dir:
+        return await _launch(ns, error_dir)
+
+
+async def _launch(ns: argparse.Namespace, error_dir: str) -> int:
     cmd = [sys.executable, *(["-m"] if ns.module else []), ns.target, *ns.args]
-    envs = child_envs(ns, dict(os.environ))
+    envs = child_envs(ns, dict(os.environ), error_dir)
     procs, pumps = [], []
     for env in envs:
         rank = int(env["AIOCCL_RANK"])
@@ -116,21 +219,33 @@ async def launch(ns: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, forward, sig)
 
     waits = {asyncio.create_task(p.wait()): (rank, p) for rank, p in procs}
-    failed: tuple[int, int] | None = None
+    failures: list[Failure] = []
+    stopping = False
     pending = set(waits)
     while pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         for t in done:
             rank, p = waits[t]
-            if p.returncode and failed is None and not signalled:
-                failed = (rank, p.returncode)
-                sys.stderr.write(f"aioccl-run: rank {rank} {_how(p.returncode)}; stopping the other ranks\n")
-                sys.stderr.flush()
-                await _stop([q for _, q in procs if q.returncode is None])
+            if p.returncode and not signalled and not stopping:
+                failures.append(Failure(rank, p.returncode, time.time()))
+                if len(failures) == 1:
+                    what = "the others run on (--keep-going)" if ns.keep_going else "stopping the other ranks"
+                    sys.stderr.write(f"aioccl-run: rank {rank} {_how(p.returncode)}; {what}\n")
+                    sys.stderr.flush()
+        if failures and not ns.keep_going and not stopping:
+            stopping = True
+            await asyncio.sleep(0.2)  # a rank that raised a moment ago finishes writing its error file
+            await _stop([q for _, q in procs if q.returncode is None])
     await asyncio.gather(*pumps, return_exceptions=True)
-    if failed is not None:
-        rank, code = failed
-        sys.stderr.write(f"aioccl-run: failed: rank {rank} {_how(code)}\n")
+    if failures:
+        for f in failures:
+            f.record = error_file.read(os.path.join(error_dir, f"rank{f.rank}.json"))
+        first = min(failures, key=lambda f: f.when)
+        others = [f.line() for f in sorted(failures, key=lambda f: f.when) if f is not first]
+        sys.stderr.write(f"aioccl-run: failed: first failure: {first.line()}\n")
+        if others:
+            sys.stderr.write("aioccl-run: then: " + "; ".join(others) + "\n")
+        code = first.code
         return code if code > 0 else 128 - code
     if signalled:
         return 128 + signalled[0]

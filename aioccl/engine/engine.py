@@ -91,6 +91,7 @@ class Engine:
         self.pool = BufferPool()
         self.mailbox = Mailbox(self.loop, self.pool)
         self.mailbox.notify = self._notify_mismatch
+        self.mailbox.forward = self._forward
         self.conns: dict[int, TcpConnection | SelfConnection | IbConnection] = {}
         self.ib_port: Port | None = None  # the opened RDMA port, when some pairs run over ib
         self.table: Table | None = None
@@ -192,11 +193,11 @@ class Engine:
                 raise doomed
             ok = True
             work._set_result(spec.result())
+        except AiocclError as e:  # first: a CollectiveTimeout told by a peer is a TimeoutError too
+            err = e
         except TimeoutError:
             waiting = progress.waiting_for()
             err = CollectiveTimeout(spec.name, spec.seq, waiting, spec.timeout, f"algorithm {spec.sched.algo}")
-        except AiocclError as e:
-            err = e
         except asyncio.CancelledError:
             err = self.aborted if isinstance(self.aborted, AiocclError) else \
                 CommAborted(f"{what} was cancelled by shutdown")
@@ -278,7 +279,7 @@ class Engine:
             return
         if isinstance(exc, PeerLost):
             cause, culprits, seconds = LOST, [exc.rank], 0.0
-            message = str(exc)
+            message = exc.detail
         elif isinstance(exc, CollectiveTimeout):
             cause, culprits, seconds = TIMEOUT, [ranks[r] for r in exc.waiting_for if 0 <= r < len(ranks)], \
                 exc.timeout
@@ -291,6 +292,13 @@ class Engine:
         frame = Header(FAIL, op, dtype, 0, ctx, seq, len(payload), count, root, redop).pack() + payload
         for world in ranks:
             if world != self.rank and world not in self.mailbox.lost:
+                self._control(world, frame)
+
+    def _forward(self, ranks: tuple[int, ...], frame: bytes, source: int) -> None:
+        """Pass a notice on to the op's other ranks, once: if this rank then aborts, its connections carry
+        the root cause ahead of their end, so no peer mistakes the abort for the cause."""
+        for world in ranks:
+            if world not in (self.rank, source) and world not in self.mailbox.lost:
                 self._control(world, frame)
 
     def _control(self, peer: int, frame: bytes) -> None:

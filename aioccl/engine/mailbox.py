@@ -161,6 +161,8 @@ class Mailbox:
         self.notify: Callable[[int, int, Active, int, Fingerprint], None] | None = None
         # told of every failure notice, with (ctx, seq, error): the shared-memory channel's ops too
         self.failure_listeners: list[Callable[[int, int, AiocclError], None]] = []
+        # engine hook: pass a notice (its whole frame) on to an op's ranks, but the one it came from
+        self.forward: Callable[[tuple[int, ...], bytes, int], None] | None = None
 
     # -- from the connections' readers -----------------------------------
     def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]:
@@ -272,7 +274,8 @@ class Mailbox:
         try:
             if h.nbytes != NOTICE.size:
                 return
-            offender, *theirs = NOTICE.unpack_from(buf.data)
+            notice = bytes(buf.data[:NOTICE.size])
+            offender, *theirs = NOTICE.unpack_from(notice)
         finally:
             self.pool.release(buf)
         op_key = (h.ctx, h.seq)
@@ -285,11 +288,14 @@ class Mailbox:
         if done is not None:
             _log.error("%s (reported by a peer after this rank's part had finished)", exc)
         self.fail_op(h.ctx, h.seq, exc)
+        if self.forward is not None and active.ranks:
+            self.forward(active.ranks, h.pack() + notice, reporter)
 
     def _on_failure(self, reporter: int, h: Header, buf: np.ndarray) -> None:
         """``reporter`` gave up the collective (ctx, seq) and says why: fail ours with that root cause."""
         try:
-            cause, culprits, seconds, message = unpack_failure(buf.data[:h.nbytes])
+            payload = bytes(buf.data[:h.nbytes])
+            cause, culprits, seconds, message = unpack_failure(payload)
         except (ValueError, UnicodeError) as e:
             _log.warning("dropped a corrupt failure notice from rank %d: %s", reporter, e)
             return
@@ -319,6 +325,8 @@ class Mailbox:
         if op_key in self._finished:
             _log.warning("%s (after this rank's part of it had finished)", exc)
         self.fail_op(h.ctx, h.seq, exc)
+        if self.forward is not None and ranks:
+            self.forward(ranks, h.pack() + payload, reporter)
         for listener in self.failure_listeners:
             listener(h.ctx, h.seq, exc)
 

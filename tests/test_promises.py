@@ -1,0 +1,93 @@
+"""Failures reach every rank at once, with the root cause; the launcher names the rank that failed first.
+
+Real processes under ``aioccl-run --keep-going`` (so the survivors can report), over sockets and over
+shared memory. The times asserted are generous bounds for a loaded 2-core machine: what they rule out is
+a wait for the deadline (120 s in these scenarios).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, TRANSPORT_ENV, WORKERS
+
+FAST = 5.0  # seconds: far below every deadline of the scenarios
+
+
+def run(scenario: str, transport: str, n: int = 3, *launcher: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **TRANSPORT_ENV[transport]}
+    return subprocess.run([sys.executable, "-m", "aioccl.run", *launcher, "--nproc-per-node", str(n),
+                           str(WORKERS / "promises.py"), scenario], env=env, capture_output=True, text=True,
+                          timeout=180)
+
+
+def results(proc: subprocess.CompletedProcess[str]) -> dict[int, tuple[str, str, float, str]]:
+    found = {}
+    for m in re.finditer(r"RESULT (\d+) (\w+) (\S*) ([\d.]+) :: (.*)", proc.stdout):
+        found[int(m.group(1))] = (m.group(2), m.group(3), float(m.group(4)), m.group(5))
+    return found
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_killed_rank_fails_every_survivor_at_once_naming_it(transport):
+    proc = run("killed_rank", transport, 3, "--keep-going")
+    got = results(proc)
+    assert set(got) == {0, 1}, proc.stdout + proc.stderr
+    for rank, (kind, culprit, seconds, _msg) in got.items():
+        assert kind == "PeerLost" and culprit == "2", (rank, got[rank])
+        assert seconds < FAST, got
+    # --keep-going: the survivors shrink and carry on; the launcher still names the failure
+    assert "SHRUNK 0 -> 0/2 sum 3" in proc.stdout and "SHRUNK 1 -> 1/2 sum 3" in proc.stdout, proc.stdout
+    assert "first failure: rank 2 was killed by SIGKILL" in proc.stderr
+    assert proc.returncode != 0
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_different_roots_are_a_mismatch_on_every_rank(transport):
+    proc = run("different_roots", transport)
+    got = results(proc)
+    assert set(got) == {0, 1, 2}, proc.stdout + proc.stderr
+    for rank, (kind, _c, seconds, msg) in got.items():
+        assert kind == "CollectiveMismatch" and "root" in msg, (rank, got[rank])
+        assert seconds < FAST
+    assert proc.returncode == 0, proc.stderr  # and the communicator stayed usable (a barrier after)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_mismatch_inside_async_with_is_a_mismatch_everywhere(transport):
+    got = results(run("mismatch_async_with", transport))
+    assert {r: v[0] for r, v in got.items()} == {0: "CollectiveMismatch", 1: "CollectiveMismatch",
+                                                  2: "CollectiveMismatch"}, got
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_one_ranks_timeout_reaches_the_others_at_once(transport):
+    got = results(run("one_rank_times_out", transport))
+    kind0, _c, t0, _m = got[0]
+    assert kind0 == "CollectiveTimeout" and 0.9 < t0 < FAST, got
+    kind1, _c, t1, msg1 = got[1]  # its own deadline is 120 s
+    assert kind1 == "CollectiveTimeout" and t1 < FAST and "reported by rank 0" in msg1, got
+    if 2 in got and got[2][0] != "none":  # the late rank (over sockets) fails at once when it gets there
+        assert got[2][0] == "CollectiveTimeout" and got[2][2] < 1.0, got
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_group_op_and_direct_op_from_two_tasks(transport):
+    proc = run("group_and_direct", transport)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(re.findall(r"GROUP (\d) ok transport=(\w+)", proc.stdout)) == \
+        [(str(r), transport) for r in range(3)], proc.stdout + proc.stderr
+
+
+def test_launcher_names_the_rank_that_raised_first():
+    for _ in range(3):  # it used to name whichever rank exited first
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", "3",
+                               str(WORKERS / "raise_late.py")], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        assert "first failure: rank 2 exited with code 1: ValueError: boom at rank 2" in proc.stderr, proc.stderr
