@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import async_libs, log
+from . import async_libs, log, watchdog
 from .algorithms import plan
 from .algorithms.shm import shm_plan
 from .bootstrap.unique_id import UniqueId
@@ -78,6 +78,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         self._shm: ShmChannel | None = engine.shm if parent is None and shm else None
         self._owns_engine = parent is None  # closing it closes the engine (passed on by shrink)
         self._gpu: Any = None  # GpuRunner, made by the first op on GPU buffers
+        engine.watchdog.watch(self)
 
     # -- creation ------------------------------------------------------------
     @classmethod
@@ -140,6 +141,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         if engine not in ("inline", "thread"):
             raise InvalidArgument(f"engine must be 'auto', 'inline' or 'thread', got {engine!r}")
         recorder_size()  # every knob a communicator reads is checked before it exists
+        watchdog.watchdog_seconds(os.environ)
         timeout = _env_timeout() if timeout is None else check_timeout(timeout)
         return uid, timeout
 
@@ -254,6 +256,7 @@ class Communicator(CollectiveOps, PointToPointOps):
         work._t0 = time.monotonic()
         work._desc = desc
         self._inflight.add(work)
+        watchdog.pending.add(work)
         work.add_done_callback(self._finished)
         pending = current_group.get()
         if pending is not None:
@@ -268,6 +271,9 @@ class Communicator(CollectiveOps, PointToPointOps):
         work._probe = None  # it may reference the op, which references the Work: no cycle for the GC
         self._recorder.add(work)
         exc = work._exc
+        watchdog.pending.discard(work)
+        if exc is not None:
+            watchdog.failed.append(work)  # reported at exit if nobody ever looked at its error
         if isinstance(exc, CollectiveTimeout):
             exc.comm = exc.comm or f"{self._view.ctx:x}"
             now = time.monotonic()

@@ -8,6 +8,7 @@ from . import async_libs, environment, log
 from .bootstrap.root import RootServer
 from .bootstrap.unique_id import UniqueId
 from .communicator import Communicator
+from .envvars import check_timeout, env_timeout
 from .errors import BootstrapError
 
 _log = log.get("INIT")
@@ -15,6 +16,7 @@ _log = log.get("INIT")
 
 def _prepare(timeout: float | None) -> tuple[UniqueId, environment.LaunchEnv, RootServer | None]:
     log.configure_from_env()
+    timeout = env_timeout(os.environ) if timeout is None else check_timeout(timeout)
     env = environment.read(os.environ)
     log.set_rank(env.rank)
     if env.weak_secret:
@@ -45,7 +47,12 @@ async def init(timeout: float | None = None, *, engine: str = "auto") -> Communi
     Works under asyncio and trio; ``engine`` is as in :meth:`Communicator.create`.
     """
     uid, env, server = _prepare(timeout)
-    comm = await Communicator.create(uid, env.rank, env.world_size, timeout, engine=engine)
+    try:
+        comm = await Communicator.create(uid, env.rank, env.world_size, timeout, engine=engine)
+    except BaseException:  # cancelled or failed: the root gives its port back now, not at its deadline
+        if server is not None:
+            server.close()
+        raise
     await async_libs.to_thread(lambda: _root_done(server))
     return comm
 
@@ -53,6 +60,11 @@ async def init(timeout: float | None = None, *, engine: str = "auto") -> Communi
 def init_sync(timeout: float | None = None) -> Communicator:
     """Blocking :func:`init`; the engine runs on a proxy thread, ops are waited with ``.wait()``."""
     uid, env, server = _prepare(timeout)
-    comm = Communicator.create_sync(uid, env.rank, env.world_size, timeout)
+    try:
+        comm = Communicator.create_sync(uid, env.rank, env.world_size, timeout)
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
     _root_done(server)
     return comm

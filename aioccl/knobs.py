@@ -28,6 +28,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_COMM_SECRET", "unset", "launch", "32 hex digits every connection proves (never printed)"),
     Knob("AIOCCL_TIMEOUT", "300", "behaviour", "default deadline of bootstrap and every op, seconds"),
     Knob("AIOCCL_PEER_TIMEOUT", "2", "behaviour", "seconds without a peer's acknowledgement before PeerLost"),
+    Knob("AIOCCL_WATCHDOG_S", "10", "behaviour", "an op waiting this long is logged, then again each interval; 0: off"),
+    Knob("AIOCCL_ERROR_FILE", "unset", "launch", "where a rank writes its uncaught exception (set by aioccl-run)"),
     Knob("AIOCCL_FLIGHT_RECORDER", "64", "behaviour", "finished ops each communicator remembers"),
     Knob("AIOCCL_SOCKET_IFNAME", "unset", "behaviour", "interfaces to use (NCCL syntax); unset: route to root"),
     Knob("AIOCCL_HOSTID", "unset", "behaviour", "ranks with equal ids count as one host"),

@@ -43,7 +43,7 @@ class Work(Generic[T]):
 
     __slots__ = ("op", "seq", "_lock", "_state", "_result", "_exc", "_callbacks",
                  "_event", "_cancellable", "_on_cancel", "_engine_thread", "_t0", "_desc", "_probe",
-                 "event")
+                 "event", "_next_warn", "_retrieved")
 
     def __init__(self, op: str, seq: int, *, cancellable: bool = False) -> None:
         self.op = op
@@ -60,6 +60,8 @@ class Work(Generic[T]):
         self._t0 = 0.0  # time.monotonic() when issued
         self._desc: Any = ""  # (count, dtype, reduction, root), formatted lazily by pending() and the recorder
         self._probe: Callable[[], list[int] | None] | None = None  # set by the engine: ranks it waits for now
+        self._retrieved = False  # whether anybody looked at the outcome (an error nobody saw is reported)
+        self._next_warn = 0.0  # the watchdog logs this op again once it is this old (seconds)
         self.event: Any = None  # ops on GPU buffers: a CUDA event recorded right after the results, once done
 
     def __repr__(self) -> str:
@@ -120,6 +122,7 @@ class Work(Generic[T]):
         """The result if done (raising the op's error); InvalidStateError if not."""
         if not self.done():
             raise asyncio.InvalidStateError(f"{self!r} is not done; await it or call wait()")
+        self._retrieved = True
         if self._exc is not None:
             raise self._exc
         result: T = self._result
@@ -129,6 +132,7 @@ class Work(Generic[T]):
         """The op's error (None if it succeeded) once done; InvalidStateError before."""
         if not self.done():
             raise asyncio.InvalidStateError(f"{self!r} is not done; await it or call wait()")
+        self._retrieved = True
         return self._exc
 
     def add_done_callback(self, fn: Callable[[Work[T]], None]) -> None:

@@ -91,3 +91,28 @@ def test_launcher_names_the_rank_that_raised_first():
                                str(WORKERS / "raise_late.py")], env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 1, proc.stderr
         assert "first failure: rank 2 exited with code 1: ValueError: boom at rank 2" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_watchdog_names_a_deadlock_long_before_the_deadline(transport):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **TRANSPORT_ENV[transport], "AIOCCL_WATCHDOG_S": "0.5"}
+    proc = subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", "2",
+                           str(WORKERS / "promises.py"), "both_receive_first"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    for rank in (0, 1):
+        peer = 1 - rank
+        lines = [ln for ln in proc.stderr.splitlines()
+                 if ln.startswith(f"[rank {rank}]") and f"recv(peer={peer}, tag=9) seq 9" in ln and "has waited" in ln]
+        assert lines and f"waiting for ranks [{peer}]" in lines[0], proc.stderr
+        assert 2 <= len(lines) <= 6, lines  # once per interval, not per tick
+    got = results(proc)
+    assert {r: v[0] for r, v in got.items()} == {0: "CollectiveTimeout", 1: "CollectiveTimeout"}, proc.stdout
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_forgotten_await_is_reported_not_dropped(transport):
+    proc = run("forgotten_await", transport, 2)
+    for rank in (0, 1):
+        # still running at the end, or failed (its peer had gone) with nobody awaiting it: either is said
+        assert re.search(rf"\[rank {rank}\].*RuntimeWarning: all_reduce seq 1 \(4194304 x float32, sum\) (never "
+                         r"finished|failed and nobody awaited it)", proc.stderr), proc.stderr

@@ -34,6 +34,9 @@ class RootServer:
         self.timeout = env_timeout(os.environ) if timeout is None else check_timeout(timeout)
         self.thread: threading.Thread | None = None
         self.rejected = 0  # connections dropped for failing the handshake (observable in tests)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._complete: asyncio.Event | None = None
+        self._abandoned = False
 
     @classmethod
     def bind(cls, host: str, port: int, secret: bytes, timeout: float | None = None) -> RootServer:
@@ -53,11 +56,29 @@ class RootServer:
         self.thread = threading.Thread(target=lambda: asyncio.run(self.serve()), name="aioccl-root", daemon=True)
         self.thread.start()
 
+    def close(self) -> None:
+        """Stop serving now (its rank gave up: ``init()`` was cancelled or failed), from any thread: the
+        port, the sockets and the thread are released at once, so the same process can try again."""
+        self._abandoned = True
+        loop, complete = self._loop, self._complete
+        if loop is not None and complete is not None:
+            try:
+                loop.call_soon_threadsafe(complete.set)
+            except RuntimeError:  # its loop has ended already
+                pass
+        elif self.thread is None:
+            self.sock.close()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5.0)
+
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         ranks: dict[int, tuple[socket.socket, dict[str, Any]]] = {}
         world: list[int] = []  # world size, fixed by the first rank
         complete = asyncio.Event()
+        self._loop, self._complete = loop, complete
+        if self._abandoned:
+            complete.set()
         tasks: set[asyncio.Task[None]] = set()
 
         async def handle(conn: socket.socket, peer: Any) -> None:
@@ -111,6 +132,12 @@ class RootServer:
         acceptor.cancel()
         loop.remove_reader(self.sock.fileno())  # before close: a pending accept would see a dead fd
         self.sock.close()
+        for t in list(tasks):
+            t.cancel()
+        if self._abandoned or not world:
+            for conn, _ in ranks.values():
+                conn.close()
+            return
         size = world[0]
         if len(ranks) == size:
             comm_id = int.from_bytes(os.urandom(8), "little") >> 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ from ..transport.ib.connection import IbConnection
 from ..transport.ib.detect import detect as ib_detect
 from ..transport.ib.port import Port
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
+from ..watchdog import Watchdog, report_unfinished, watchdog_seconds
 from ..work import Work
 from .executor import Progress, execute
 from .mailbox import Active, Fingerprint, Mailbox
@@ -100,6 +102,7 @@ class Engine:
         self.shm: ShmChannel | None = None  # the world communicator's, when all ranks share this host
         # collectives running over the connections: (ctx, seq) -> (comm, fingerprint, progress, probe timer)
         self.running: dict[tuple[int, int], tuple[CommView, Fingerprint, Progress]] = {}
+        self.watchdog = Watchdog(self.loop, watchdog_seconds(os.environ))
 
     @classmethod
     async def create(cls, placement: Placement, uid: UniqueId, rank: int, size: int, timeout: float) -> Engine:
@@ -199,6 +202,8 @@ class Engine:
             waiting = progress.waiting_for()
             err = CollectiveTimeout(spec.name, spec.seq, waiting, spec.timeout, f"algorithm {spec.sched.algo}")
         except asyncio.CancelledError:
+            if self.aborted is None:  # its event loop shuts down under it (asyncio.run's end): never awaited
+                report_unfinished(work, "its event loop shut down")
             err = self.aborted if isinstance(self.aborted, AiocclError) else \
                 CommAborted(f"{what} was cancelled by shutdown")
             work._set_exception(err)
@@ -332,6 +337,7 @@ class Engine:
     # -- teardown ------------------------------------------------------------
     async def shutdown(self) -> None:
         """Graceful: say goodbye on every connection and stop the loop thread."""
+        self.watchdog.stop()
         if self.shm is not None:
             self.shm.close()
         await asyncio.gather(*(c.close(graceful=True) for c in self.conns.values()))
@@ -345,6 +351,7 @@ class Engine:
             for (ctx, seq), (comm, fp, _p) in list(self.running.items()):
                 self.report_failure(ctx, comm.ranks, comm.rank, seq, fp, CommAborted(f"it aborted: {exc}"))
         self.aborted = exc
+        self.watchdog.stop()
         if self.shm is not None:
             self.shm.fail_all(exc)
             self.shm.close()

@@ -105,6 +105,23 @@ async def group_and_direct(comm: aioccl.Communicator) -> None:
     await comm.close()
 
 
+async def both_receive_first(comm: aioccl.Communicator) -> None:
+    """A deadlock: both ranks receive first. The watchdog (AIOCCL_WATCHDOG_S) names it long before the end."""
+    buf = np.zeros(10)
+    t0 = time.monotonic()
+    try:
+        await comm.irecv(buf, 1 - comm.rank, tag=9, timeout=2.5)
+    except aioccl.AiocclError as e:
+        report(comm.rank, e, t0)
+    await comm.close()
+
+
+async def forgotten_await(comm: aioccl.Communicator) -> None:
+    """``comm.all_reduce(x)`` without ``await``, then the program ends: reported, never silent."""
+    await comm.barrier()
+    comm.all_reduce(np.ones(4 << 20, np.float32))
+
+
 async def main() -> None:
     comm = await aioccl.init(timeout=60)
     await globals()[SCENARIO](comm)

@@ -1,0 +1,100 @@
+"""Nothing pending goes unnoticed: a watchdog for ops that wait long, a report for ops never finished.
+
+*Watchdog* (torch's NCCL watchdog, NCCL's RAS): every engine checks its communicators' in-flight ops
+a few times per ``AIOCCL_WATCHDOG_S`` (10 s); an op that has waited that long is logged with its
+sequence number, its communicator and the ranks it waits for, and again every interval while it
+still waits. A deadlock (two ranks that both receive first) is then visible at once, not only at the
+deadline. ``AIOCCL_WATCHDOG_S=0`` turns it off.
+
+*Exit report*: an op still pending when its event loop shuts down, or when the process exits, was
+never awaited to its end (a forgotten ``await``): its output is partial. Like a never-awaited
+coroutine, it is reported with a ``RuntimeWarning`` naming the op, never dropped in silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import time
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import log
+from .envvars import env_float
+from .introspection import pending_op
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
+
+_log = log.get("COLL")
+DEFAULT_WATCHDOG_S = 10.0
+
+
+def watchdog_seconds(env: Mapping[str, str]) -> float:
+    """``AIOCCL_WATCHDOG_S``: seconds an op waits before it is logged (0: never)."""
+    return env_float(env, "AIOCCL_WATCHDOG_S", DEFAULT_WATCHDOG_S, low=0, unit="seconds")
+
+
+class Watchdog:
+    """One per engine, on its loop: a timer that looks at the in-flight ops of the engine's communicators."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
+        self.loop = loop
+        self.interval = interval
+        self.comms: weakref.WeakSet[Communicator] = weakref.WeakSet()
+        self._timer: asyncio.TimerHandle | None = None
+        self.reported = 0  # log lines written (tests read it)
+
+    def watch(self, comm: Communicator) -> None:
+        self.comms.add(comm)
+        if self.interval > 0 and self._timer is None and not self.loop.is_closed():
+            self._timer = self.loop.call_later(self.interval / 4, self._tick)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for comm in list(self.comms):
+            for w in list(comm._inflight):
+                age = now - w._t0
+                if age < max(self.interval, w._next_warn):
+                    continue
+                w._next_warn = age + self.interval
+                p = pending_op(w, now)
+                state = "queued behind earlier ops" if p.waiting_for is None else f"waiting for ranks {p.waiting_for}"
+                _log.warning("%s seq %d on comm %x (%s) has waited %.0f s, %s", p.op, p.seq, comm._view.ctx,
+                             p.detail, age, state)
+                self.reported += 1
+        self._timer = self.loop.call_later(self.interval / 4, self._tick)
+
+
+# ops issued and not finished, and failed ops (the last few) whose error nobody has looked at yet: strong
+# references, so a communicator that nothing else keeps alive is still reported at exit
+pending: set[Any] = set()
+failed: deque[Any] = deque(maxlen=64)
+
+
+def report_unfinished(w: Any, why: str, now: float | None = None) -> None:
+    p = pending_op(w, time.monotonic() if now is None else now)
+    msg = (f"{p.op} seq {p.seq} ({p.detail}) never finished: {why} {p.age_s:.3g} s after it was issued, so "
+           "its output is partial. Await every op (or `await comm.close()`) before the end")
+    warnings.warn(msg, RuntimeWarning, stacklevel=2)
+
+
+@atexit.register
+def _at_exit() -> None:
+    now = time.monotonic()
+    for w in list(pending):
+        if not w.done():
+            report_unfinished(w, "the process exited", now)
+    for w in list(failed):
+        if not w._retrieved:
+            p = pending_op(w, now)
+            warnings.warn(f"{p.op} seq {p.seq} ({p.detail}) failed and nobody awaited it: {w._exc}",
+                          RuntimeWarning, stacklevel=1)
