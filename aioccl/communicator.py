@@ -37,7 +37,7 @@ from .engine.shm_executor import ShmOp
 from .envvars import check_timeout, env_timeout
 from .errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument
 from .group import Group, current_group
-from .introspection import FlightRecorder, PendingOp, pending_op, recorder_size
+from .introspection import FlightRecorder, PendingOp, pending_op
 from .p2p import PointToPointOps
 from .transport.ib.connection import IbConnection
 from .tuning import Tuning
@@ -140,8 +140,11 @@ class Communicator(CollectiveOps, PointToPointOps):
             raise InvalidArgument(f"rank {rank!r} out of range for world_size {world_size}")
         if engine not in ("inline", "thread"):
             raise InvalidArgument(f"engine must be 'auto', 'inline' or 'thread', got {engine!r}")
-        recorder_size()  # every knob a communicator reads is checked before it exists
-        watchdog.watchdog_seconds(os.environ)
+        from .tools.info import check_knobs  # every knob's own parser, one list shared with aioccl-info
+
+        problems = check_knobs(os.environ)  # every knob is checked before anything is sent
+        if problems:
+            raise InvalidArgument("; ".join(problems))
         timeout = _env_timeout() if timeout is None else check_timeout(timeout)
         return uid, timeout
 

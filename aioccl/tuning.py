@@ -36,6 +36,19 @@ SHM_FLAT_MAX = 512 * 1024
 _ALIASES = {"tree": {"all_reduce": "rd"}, "rd": {"reduce": "tree", "broadcast": "tree"}}
 
 
+def _check_forced(coll: str, algo: str, raw: str) -> tuple[str, str]:
+    """One ``AIOCCL_ALGO`` item, refused unless it names a collective and an algorithm that exist."""
+    colls = [coll] if coll != "*" else list(ALGORITHMS)
+    if coll != "*" and coll not in ALGORITHMS:
+        raise InvalidArgument(f"AIOCCL_ALGO={raw!r}: no collective {coll!r}; one of {', '.join(ALGORITHMS)}")
+    usable = {a for c in colls for a in (*ALGORITHMS[c], *SHM_ALGORITHMS.get(c, ()))}
+    usable |= {a for a, per in _ALIASES.items() if any(c in per for c in colls)}
+    if algo not in usable:
+        where = f"for {coll}" if coll != "*" else "for any collective"
+        raise InvalidArgument(f"AIOCCL_ALGO={raw!r}: no algorithm {algo!r} {where}; one of {', '.join(sorted(usable))}")
+    return coll, algo
+
+
 def bucket(count: int) -> int:
     """Round up to a quarter of an octave (1, 1.19, 1.41, 1.68 x a power of two): choices are
     cached per bucket, and a bucket is narrow enough to sit close to any crossover."""
@@ -76,11 +89,17 @@ class Tuning:
         forced = []
         for item in filter(None, (s.strip() for s in env.get("AIOCCL_ALGO", "").split(","))):
             coll, _, algo = item.rpartition(":")
-            forced.append((coll or "*", algo.lower()))
+            forced.append(_check_forced(coll.strip() or "*", algo.strip().lower(), env["AIOCCL_ALGO"]))
         name = env.get("AIOCCL_TUNE_LINK", "tcp")
         if name not in LINKS:
             raise InvalidArgument(f"AIOCCL_TUNE_LINK={name!r}; one of {', '.join(LINKS)}")
         return cls(buffsize, tuple(forced), LINKS[name])
+
+    def agreed(self) -> dict[str, str]:
+        """The settings every rank must share (they decide the schedules), compared at creation."""
+        forced = ",".join(f"{c}:{a}" for c, a in self.forced) or "auto"
+        link = next((k for k, v in LINKS.items() if v == self.link), "?")
+        return {"AIOCCL_ALGO": forced, "AIOCCL_BUFFSIZE": str(self.buffsize), "AIOCCL_TUNE_LINK": link}
 
     def choose_shm(self, coll: str, count: int, itemsize: int, n: int) -> str | None:
         """The shared-memory algorithm for one call, or None when ``AIOCCL_ALGO`` forces a

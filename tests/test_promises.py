@@ -116,3 +116,64 @@ def test_a_forgotten_await_is_reported_not_dropped(transport):
         # still running at the end, or failed (its peer had gone) with nobody awaiting it: either is said
         assert re.search(rf"\[rank {rank}\].*RuntimeWarning: all_reduce seq 1 \(4194304 x float32, sum\) (never "
                          r"finished|failed and nobody awaited it)", proc.stderr), proc.stderr
+
+
+def test_settings_that_must_agree_are_compared_at_creation():
+    got = results(run("diverging_knobs", "tcp"))
+    assert set(got) == {0, 1, 2}, got
+    for kind, _c, seconds, msg in got.values():
+        assert kind == "InvalidArgument" and seconds < FAST, got
+        assert "AIOCCL_BUFFSIZE differs across ranks: ranks [0, 2] have 4194304; ranks [1] have 65536" in msg, msg
+
+
+@pytest.mark.parametrize(("name", "value"), [("AIOCCL_ALGO", "bogus"), ("AIOCCL_ALGO", "all_reduce:chain"),
+                                             ("AIOCCL_ALGO", "allreduce:ring"), ("AIOCCL_WATCHDOG_S", "soon"),
+                                             ("AIOCCL_BUFFSIZE", "12"), ("AIOCCL_SHM_SPIN_US", "nan")])
+def test_a_bad_knob_is_refused_before_anything_is_sent_and_flagged_by_info(name, value):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), name: value}
+    code = ("import asyncio, aioccl\n"
+            "try:\n"
+            "    asyncio.run(aioccl.Communicator.create('127.0.0.1:9/' + '0' * 32, 0, 2))\n"
+            "except aioccl.InvalidArgument as e:\n"
+            "    print('REFUSED', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert "REFUSED" in proc.stdout and name in proc.stdout, proc.stdout + proc.stderr
+    info = subprocess.run([sys.executable, "-m", "aioccl.tools.info", "--json"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert name in info.stdout and value in info.stdout
+
+
+def test_info_into_a_closed_pipe_ends_without_a_traceback():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(f"{sys.executable} -m aioccl.tools.info --json | head -n 2", shell=True, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.count("\n") == 2 and "Traceback" not in proc.stderr and "Error" not in proc.stderr, proc.stderr
+
+
+def test_torchrun_spellings_and_variables(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = ("import os; print('ENV', *(os.environ[k] for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', "
+            "'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'AIOCCL_COMM_ID')))")
+    script = tmp_path / "print_env.py"
+    script.write_text(code + "\n")
+    proc = subprocess.run([sys.executable, "-m", "aioccl.run", "--standalone", "--nproc_per_node", "2",
+                           "--rdzv-backend", "c10d", "--rdzv_endpoint", "127.0.0.1:29533", str(script)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(ln.split(" ENV ", 1)[1] for ln in proc.stdout.splitlines() if " ENV " in ln)
+    assert lines == [f"{r} 2 {r} 2 127.0.0.1 29533 127.0.0.1:29534" for r in range(2)], proc.stdout
+    auto = subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", "auto", "-m", "json.tool",
+                           "--help"], env={**env, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True,
+                          timeout=60)
+    assert auto.returncode == 0 and auto.stdout.count("usage:") == len(os.sched_getaffinity(0)), auto.stderr
+
+
+@pytest.mark.parametrize("secret", ["abc", "zz" * 16, "ab" * 15])
+def test_launcher_refuses_a_secret_the_ranks_would_refuse(secret):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", "2", "--secret", secret,
+                           str(WORKERS / "echo_env.py")], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "32 hex digits" in proc.stderr and "rank=" not in proc.stdout, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", "2", str(WORKERS / "echo_env.py")],
+                          env={**env, "AIOCCL_COMM_SECRET": secret}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "AIOCCL_COMM_SECRET" in proc.stderr, proc.stderr

@@ -23,7 +23,7 @@ from ..bootstrap.rendezvous import Table, rendezvous
 from ..bootstrap.sockio import Closed
 from ..bootstrap.unique_id import UniqueId
 from ..dtypes import ReduceOp
-from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted, PeerLost
+from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted, InvalidArgument, PeerLost
 from ..transport.frames import (
     ABORTED,
     FAIL,
@@ -42,6 +42,7 @@ from ..transport.ib.connection import IbConnection
 from ..transport.ib.detect import detect as ib_detect
 from ..transport.ib.port import Port
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
+from ..tuning import Tuning
 from ..watchdog import Watchdog, report_unfinished, watchdog_seconds
 from ..work import Work
 from .executor import Progress, execute
@@ -52,6 +53,21 @@ from .shm_channel import ShmChannel
 
 _log = log.get("PROXY")
 PROBE_S = 0.2  # a collective still waiting on a peer after this long shows that peer its call (a fingerprint)
+
+
+def _check_agreement(table: Table) -> None:
+    """Settings that decide the schedules must be equal on every rank, or every large collective would
+    fail as a mismatch: refuse at creation, on every rank alike, naming the ranks and their values."""
+    for name in sorted({k for p in table.peers for k in p.get("agreed", {})}):
+        values = [p.get("agreed", {}).get(name) for p in table.peers]
+        if len(set(values)) > 1:
+            for sock in table.conns.values():
+                sock.close()
+            by_value: dict[str, list[int]] = {}
+            for r, v in enumerate(values):
+                by_value.setdefault(str(v), []).append(r)
+            shown = "; ".join(f"ranks {rs} have {v}" for v, rs in by_value.items())
+            raise InvalidArgument(f"{name} differs across ranks: {shown}; every rank must use the same value")
 
 
 @dataclass(frozen=True)
@@ -110,7 +126,9 @@ class Engine:
         self = cls(placement, rank, size)
         liveness = peer_timeout()
         ib_settings, verdict = ib_setup.settings(), ib_detect()
-        self.table = await rendezvous(uid, rank, size, timeout, ib_setup.hello(verdict))
+        agreed = Tuning.from_env(os.environ).agreed()
+        self.table = await rendezvous(uid, rank, size, timeout, {**ib_setup.hello(verdict), "agreed": agreed})
+        _check_agreement(self.table)
         ib_peers = ib_setup.choose(self.table.peers, rank, ib_settings.net)
         ib_conns: dict[int, IbConnection] = {}
         if ib_peers:

@@ -106,11 +106,12 @@ def check_knobs(env: Mapping[str, str]) -> list[str]:
     from aioccl.transport import tcp
     from aioccl.transport.ib import setup as ib_setup
     from aioccl.tuning import Tuning
+    from aioccl.watchdog import watchdog_seconds
 
     checks: list[Callable[[], object]] = [
         lambda: _env_timeout(env), lambda: recorder_size(env), lambda: tcp.peer_timeout(dict(env)),
         lambda: Tuning.from_env(env), lambda: shm_setup.settings(env), lambda: ib_setup.settings(env),
-        lambda: gpu_runner.settings(env)]
+        lambda: gpu_runner.settings(env), lambda: watchdog_seconds(env)]
     problems = []
     for check in checks:
         try:
@@ -183,11 +184,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", action="store_true", help="print JSON (for bug reports) instead of lines")
     ns = p.parse_args(argv)
     info = collect()
-    if ns.json:
-        json.dump(info, sys.stdout, indent=1)
-        print()
-        return
-    print("\n".join(render(info)))
+    try:
+        if ns.json:
+            json.dump(info, sys.stdout, indent=1)
+            print()
+        else:
+            print("\n".join(render(info)))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `aioccl-info --json | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -122,7 +122,22 @@ async def forgotten_await(comm: aioccl.Communicator) -> None:
     comm.all_reduce(np.ones(4 << 20, np.float32))
 
 
+async def diverging_knobs() -> None:
+    """Rank 1 has another AIOCCL_BUFFSIZE: refused at creation, on every rank, naming ranks and values."""
+    if os.environ["AIOCCL_RANK"] == "1":
+        os.environ["AIOCCL_BUFFSIZE"] = "65536"
+    t0 = time.monotonic()
+    try:
+        await aioccl.init(timeout=60)
+        print(f"RESULT {os.environ['AIOCCL_RANK']} none", flush=True)
+    except aioccl.AiocclError as e:
+        report(int(os.environ["AIOCCL_RANK"]), e, t0)
+
+
 async def main() -> None:
+    if SCENARIO == "diverging_knobs":
+        await diverging_knobs()
+        return
     comm = await aioccl.init(timeout=60)
     await globals()[SCENARIO](comm)
 
