@@ -23,10 +23,10 @@ async def test_every_bad_timeout_is_an_invalid_argument_and_the_comm_stays_usabl
     comms = await make_comms(2, transport=transport)
     try:
         for bad in BAD:
-            for call in (lambda c: c.all_reduce(np.ones(4), timeout=bad),
-                         lambda c: c.isend(np.ones(4), 1 - c.rank, timeout=bad),
-                         lambda c: c.barrier(timeout=bad),
-                         lambda c: c.close(timeout=bad)):
+            for call in (lambda c, t=bad: c.all_reduce(np.ones(4), timeout=t),
+                         lambda c, t=bad: c.isend(np.ones(4), 1 - c.rank, timeout=t),
+                         lambda c, t=bad: c.barrier(timeout=t),
+                         lambda c, t=bad: c.close(timeout=t)):
                 with pytest.raises(aioccl.InvalidArgument, match="timeout"):
                     call(comms[0])
             with pytest.raises(aioccl.InvalidArgument, match="timeout"):
