@@ -148,7 +148,7 @@ class Work(Generic[T]):
 
         Raises ``TimeoutError`` if ``timeout`` passes first (the op keeps running).
         """
-        if timeout is not None:
+        if timeout is not None and not (type(timeout) in (int, float) and timeout == 0):  # 0: just poll
             timeout = check_timeout(timeout, "wait(timeout=...)")
         if not self.done():
             if self._engine_thread == threading.get_ident():

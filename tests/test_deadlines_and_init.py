@@ -29,8 +29,9 @@ async def test_every_bad_timeout_is_an_invalid_argument_and_the_comm_stays_usabl
                          lambda c, t=bad: c.close(timeout=t)):
                 with pytest.raises(aioccl.InvalidArgument, match="timeout"):
                     call(comms[0])
-            with pytest.raises(aioccl.InvalidArgument, match="timeout"):
-                aioccl.Work("x", 0).wait(bad)
+            if bad != 0:  # wait(0) polls
+                with pytest.raises(aioccl.InvalidArgument, match="timeout"):
+                    aioccl.Work("x", 0).wait(bad)
         xs = [np.full(4, r + 1.0) for r in range(2)]
         await asyncio.gather(*(c.all_reduce(x, timeout=5) for c, x in zip(comms, xs, strict=True)))
         assert all((x == 3).all() for x in xs)
