@@ -116,8 +116,10 @@ class Engine:
         self.tasks: set[asyncio.Task[None]] = set()
         self.aborted: BaseException | None = None
         self.shm: ShmChannel | None = None  # the world communicator's, when all ranks share this host
-        # collectives running over the connections: (ctx, seq) -> (comm, fingerprint, progress, probe timer)
-        self.running: dict[tuple[int, int], tuple[CommView, Fingerprint, Progress]] = {}
+        # collectives running over the connections: (ctx, seq) -> (comm, fingerprint, progress, start time)
+        self.running: dict[tuple[int, int], tuple[CommView, Fingerprint, Progress, float]] = {}
+        self._probed: set[tuple[int, int]] = set()
+        self._probe_timer: asyncio.TimerHandle | None = None  # one timer for all ops, armed while some run
         self.watchdog = Watchdog(self.loop, watchdog_seconds(os.environ))
 
     @classmethod
@@ -200,8 +202,10 @@ class Engine:
         fp = spec.fingerprint()
         key = (comm.ctx, spec.seq)
         err: AiocclError | None = None
-        probe = self.loop.call_later(PROBE_S, self._probe, key) if comm.size > 1 else None
-        self.running[key] = (comm, fp, progress)
+        if comm.size > 1:
+            self.running[key] = (comm, fp, progress, self.loop.time())
+            if self._probe_timer is None:
+                self._probe_timer = self.loop.call_later(PROBE_S, self._probe_tick)
         try:
             doomed = self.mailbox.begin(comm.ctx, spec.seq, fp, comm.ranks, comm.rank)
             if doomed is not None:
@@ -230,9 +234,8 @@ class Engine:
             _log.exception("internal error in %s", what)
             err = AiocclError(f"internal error in {what}: {e!r}")
         finally:
-            if probe is not None:
-                probe.cancel()
-            self.running.pop(key, None)
+            if self.running.pop(key, None) is not None:
+                self._probed.discard(key)
             if err is not None:
                 work._set_exception(err)
                 self.report_failure(comm.ctx, comm.ranks, comm.rank, spec.seq, fp, err)
@@ -279,19 +282,23 @@ class Engine:
             work._set_exception(e)
 
     # -- failure propagation (MPI ULFM's revoke, NCCL's abort) ----------------------------------------
-    def _probe(self, key: tuple[int, int]) -> None:
-        """A collective has waited PROBE_S: show its call to the peers it waits for. A peer that issued a
-        different one (another root, say, where nobody sends) then reports the mismatch at once."""
-        entry = self.running.get(key)
-        if entry is None:
-            return
-        comm, fp, progress = entry
-        op, dtype, redop, count, root = fp
-        frame = Header(PROBE, op, dtype, 0, key[0], key[1], 0, count, root, redop).pack()
-        for peer in progress.waiting_for():
-            world = comm.ranks[peer]
-            if world != self.rank and world not in self.mailbox.lost:
-                self._control(world, frame)
+    def _probe_tick(self) -> None:
+        """Collectives that have waited PROBE_S show their call to the peers they wait for, once. A peer
+        that issued a different one (another root, say, where nobody sends) then reports the mismatch."""
+        self._probe_timer = None
+        now = self.loop.time()
+        for key, (comm, fp, progress, t0) in list(self.running.items()):
+            if now - t0 < PROBE_S or key in self._probed:
+                continue
+            self._probed.add(key)
+            op, dtype, redop, count, root = fp
+            frame = Header(PROBE, op, dtype, 0, key[0], key[1], 0, count, root, redop).pack()
+            for peer in progress.waiting_for():
+                world = comm.ranks[peer]
+                if world != self.rank and world not in self.mailbox.lost:
+                    self._control(world, frame)
+        if self.running and self.aborted is None:
+            self._probe_timer = self.loop.call_later(PROBE_S, self._probe_tick)
 
     def report_failure(self, ctx: int, ranks: tuple[int, ...], rank: int, seq: int, fp: Fingerprint,
                        exc: BaseException) -> None:
@@ -356,6 +363,9 @@ class Engine:
     async def shutdown(self) -> None:
         """Graceful: say goodbye on every connection and stop the loop thread."""
         self.watchdog.stop()
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
+            self._probe_timer = None
         if self.shm is not None:
             self.shm.close()
         await asyncio.gather(*(c.close(graceful=True) for c in self.conns.values()))
@@ -366,10 +376,13 @@ class Engine:
 
     def abort_on_loop(self, exc: BaseException) -> None:
         if self.aborted is None:  # last words: the ops running here are given up, and the peers told why
-            for (ctx, seq), (comm, fp, _p) in list(self.running.items()):
+            for (ctx, seq), (comm, fp, _p, _t) in list(self.running.items()):
                 self.report_failure(ctx, comm.ranks, comm.rank, seq, fp, CommAborted(f"it aborted: {exc}"))
         self.aborted = exc
         self.watchdog.stop()
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
+            self._probe_timer = None
         if self.shm is not None:
             self.shm.fail_all(exc)
             self.shm.close()
