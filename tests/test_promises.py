@@ -106,7 +106,9 @@ def test_watchdog_names_a_deadlock_long_before_the_deadline(transport):
         assert lines and f"waiting for ranks [{peer}]" in lines[0], proc.stderr
         assert 2 <= len(lines) <= 6, lines  # once per interval, not per tick
     got = results(proc)
-    assert {r: v[0] for r, v in got.items()} == {0: "CollectiveTimeout", 1: "CollectiveTimeout"}, proc.stdout
+    # both time out at 2.5 s; the later one may instead see the earlier one close its communicator
+    kinds = sorted(v[0] for v in got.values())
+    assert kinds in (["CollectiveTimeout", "CollectiveTimeout"], ["CollectiveTimeout", "PeerLost"]), proc.stdout
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])

@@ -23,19 +23,14 @@ from ..bootstrap.rendezvous import Table, rendezvous
 from ..bootstrap.sockio import Closed
 from ..bootstrap.unique_id import UniqueId
 from ..dtypes import ReduceOp
-from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted, InvalidArgument, PeerLost
+from ..errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument, PeerLost
 from ..transport.frames import (
-    ABORTED,
-    FAIL,
     HEADER_SIZE,
-    LOST,
     MISMATCH,
     NOTICE,
     P2P,
     PROBE,
-    TIMEOUT,
     Header,
-    pack_failure,
 )
 from ..transport.ib import setup as ib_setup
 from ..transport.ib.connection import IbConnection
@@ -46,7 +41,8 @@ from ..tuning import Tuning
 from ..watchdog import Watchdog, report_unfinished, watchdog_seconds
 from ..work import Work
 from .executor import Progress, execute
-from .mailbox import Active, Fingerprint, Mailbox
+from .mailbox import Active, Mailbox
+from .notices import Fingerprint, failure_frame
 from .placement import Placement
 from .pool import BufferPool
 from .shm_channel import ShmChannel
@@ -305,21 +301,9 @@ class Engine:
         """This rank gave up collective ``seq`` of ``ctx`` for ``exc``: tell every other rank of it why,
         so they raise the root cause now instead of waiting for their deadlines. Errors that were
         themselves told to us, and mismatches (which have their own notice), are not passed on."""
-        if not isinstance(exc, AiocclError) or exc.relayed or isinstance(exc, CollectiveMismatch):
+        frame = failure_frame(ctx, ranks, rank, seq, fp, exc)
+        if frame is None:
             return
-        if isinstance(exc, PeerLost):
-            cause, culprits, seconds = LOST, [exc.rank], 0.0
-            message = exc.detail
-        elif isinstance(exc, CollectiveTimeout):
-            cause, culprits, seconds = TIMEOUT, [ranks[r] for r in exc.waiting_for if 0 <= r < len(ranks)], \
-                exc.timeout
-            message = f"rank {rank} timed out waiting for ranks {exc.waiting_for}"
-        else:
-            cause, culprits, seconds = ABORTED, [], 0.0
-            message = f"{type(exc).__name__}: {exc}"
-        payload = pack_failure(cause, culprits, seconds, message)
-        op, dtype, redop, count, root = fp
-        frame = Header(FAIL, op, dtype, 0, ctx, seq, len(payload), count, root, redop).pack() + payload
         for world in ranks:
             if world != self.rank and world not in self.mailbox.lost:
                 self._control(world, frame)

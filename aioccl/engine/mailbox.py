@@ -29,12 +29,10 @@ import numpy as np
 
 from .. import log
 from ..dtypes import ReduceOp, dtype_from_code
-from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, PeerLost
+from ..errors import AiocclError, CollectiveMismatch, PeerLost
 from ..transport.frames import (
-    ABORTED,
     COLL,
     FAIL,
-    LOST,
     MAX_FAILURE_BYTES,
     MISMATCH,
     NOTICE,
@@ -43,15 +41,13 @@ from ..transport.frames import (
     unpack_failure,
 )
 from ..work import Work
+from .notices import OP_NAMES, Fingerprint, failure_error
 from .pool import BufferPool
 
 _log = log.get("COLL")
-OP_NAMES = ("?", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
-            "gather", "scatter", "all_to_all", "barrier")
 
 
 ROOTED = {2, 3, 6, 7}  # broadcast, reduce, gather, scatter
-Fingerprint = tuple[int, int, int, int, int]  # op, dtype, redop, count, root (Header.fingerprint)
 
 
 def describe(op: int, dtype: int, nbytes: int) -> str:
@@ -304,24 +300,9 @@ class Mailbox:
         op_key = (h.ctx, h.seq)
         if op_key in self._dead or op_key in self._doomed:
             return
-        name = OP_NAMES[h.op] if 0 < h.op < len(OP_NAMES) else f"op {h.op}"
         active = self.active.get(op_key) or self._finished.get(op_key)
         ranks = active.ranks if active is not None else ()
-
-        def local(world: int) -> int:  # the communicator's numbering, as the user knows it
-            return ranks.index(world) if world in ranks else world
-
-        by = f"reported by rank {local(reporter)}"
-        exc: AiocclError
-        if cause == LOST:
-            culprit = culprits[0] if culprits else reporter
-            exc = PeerLost(culprit, f"{message} ({by}, seq {h.seq} on comm {h.ctx:x})")
-        elif cause == ABORTED:
-            exc = PeerLost(reporter, f"it gave up {name} seq {h.seq} on comm {h.ctx:x}: {message}")
-        else:
-            exc = CollectiveTimeout(name, h.seq, [local(c) for c in culprits], seconds, f"{by}: {message}",
-                                    f"{h.ctx:x}")
-        exc.relayed = True  # told to us: not to be told on again
+        exc = failure_error(h, reporter, ranks, cause, culprits, seconds, message)
         if op_key in self._finished:
             _log.warning("%s (after this rank's part of it had finished)", exc)
         self.fail_op(h.ctx, h.seq, exc)

@@ -29,7 +29,7 @@ from ..dtypes import ReduceOp, dtype_from_code
 from ..errors import CollectiveMismatch
 from ..kernels import UFUNCS, scale
 from ..work import Work
-from .mailbox import OP_NAMES
+from .notices import OP_NAMES
 
 if TYPE_CHECKING:
     from .shm_channel import ShmChannel
