@@ -28,6 +28,8 @@ def write(path: str, exc: BaseException) -> None:
         "type": type(exc).__name__,
         "message": str(exc).splitlines()[0] if str(exc) else "",
         "traceback": "".join(traceback.format_exception(exc))[-8000:],
+        # a rank that failed because a peer was lost names it: the launcher follows that to the root cause
+        "culprit": getattr(exc, "rank", None) if type(exc).__name__ == "PeerLost" else None,
     }
     try:
         with open(path + ".tmp", "w") as f:

@@ -185,6 +185,23 @@ class Failure:
         return f"rank {self.rank} {_how(self.code)}"
 
 
+def _root_cause(failures: list[Failure]) -> Failure:
+    """The earliest failure, unless it blames a peer that failed too (PeerLost): then that peer's.
+
+    Error files are written when the exception reaches the top of a rank, which for the rank that
+    raised first can be later than for a peer that noticed it had gone: the blame chain decides."""
+    by_rank = {f.rank: f for f in failures}
+    first = min(failures, key=lambda f: f.when)
+    seen = {first.rank}
+    while first.record is not None:
+        culprit = first.record.get("culprit")
+        if not isinstance(culprit, int) or culprit not in by_rank or culprit in seen:
+            break
+        first = by_rank[culprit]
+        seen.add(culprit)
+    return first
+
+
 async def launch(ns: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="aioccl-run-") as error_dir:
         return await _launch(ns, error_dir)
@@ -226,7 +243,8 @@ async def _launch(ns: argparse.Namespace, error_dir: str) -> int:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         for t in done:
             rank, p = waits[t]
-            if p.returncode and not signalled and not stopping:
+            stopped_by_us = stopping and p.returncode in (-signal.SIGTERM, -signal.SIGKILL)
+            if p.returncode and not signalled and not stopped_by_us:  # a rank raising as we stop counts too
                 failures.append(Failure(rank, p.returncode, time.time()))
                 if len(failures) == 1:
                     what = "the others run on (--keep-going)" if ns.keep_going else "stopping the other ranks"
@@ -234,13 +252,13 @@ async def _launch(ns: argparse.Namespace, error_dir: str) -> int:
                     sys.stderr.flush()
         if failures and not ns.keep_going and not stopping:
             stopping = True
-            await asyncio.sleep(0.2)  # a rank that raised a moment ago finishes writing its error file
+            await asyncio.sleep(0.5)  # a rank that raised a moment ago finishes writing its error file
             await _stop([q for _, q in procs if q.returncode is None])
     await asyncio.gather(*pumps, return_exceptions=True)
     if failures:
         for f in failures:
             f.record = error_file.read(os.path.join(error_dir, f"rank{f.rank}.json"))
-        first = min(failures, key=lambda f: f.when)
+        first = _root_cause(failures)
         others = [f.line() for f in sorted(failures, key=lambda f: f.when) if f is not first]
         sys.stderr.write(f"aioccl-run: failed: first failure: {first.line()}\n")
         if others:
