@@ -115,9 +115,12 @@ def test_watchdog_names_a_deadlock_long_before_the_deadline(transport):
 def test_a_forgotten_await_is_reported_not_dropped(transport):
     proc = run("forgotten_await", transport, 2)
     for rank in (0, 1):
-        # still running at the end, or failed (its peer had gone) with nobody awaiting it: either is said
-        assert re.search(rf"\[rank {rank}\].*RuntimeWarning: all_reduce seq 1 \(4194304 x float32, sum\) (never "
-                         r"finished|failed and nobody awaited it)", proc.stderr), proc.stderr
+        state = re.search(rf"AT EXIT {rank} (complete|partial)", proc.stdout)
+        assert state, proc.stdout + proc.stderr
+        warned = re.search(rf"\[rank {rank}\].*RuntimeWarning: all_reduce seq 1 \(4194304 x float32, sum\) (never "
+                           r"finished|failed and nobody awaited it)", proc.stderr)
+        # the loop's shutdown may have let it finish (then its output is whole); if not, it is said
+        assert warned or state.group(1) == "complete", proc.stderr
 
 
 def test_settings_that_must_agree_are_compared_at_creation():

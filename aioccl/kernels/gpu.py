@@ -65,8 +65,9 @@ _EXPR = {
     ReduceOp.SUM: "x + y",
     ReduceOp.AVG: "x + y",  # summed like SUM, divided once at the end (see scale_spec)
     ReduceOp.PROD: "x * y",
-    ReduceOp.MIN: "(x != x || x <= y) ? x : y",  # x != x: x is NaN, which wins as in np.minimum
-    ReduceOp.MAX: "(x != x || x >= y) ? x : y",
+    # x != x: x is NaN, which wins as in np.minimum; on a tie (+0 vs -0) y wins, as in numpy and x86's minps
+    ReduceOp.MIN: "(x != x || x < y) ? x : y",
+    ReduceOp.MAX: "(x != x || x > y) ? x : y",
 }
 
 

@@ -7,6 +7,7 @@ the seconds count from issuing it; the test reads those lines.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import signal
 import sys
@@ -117,9 +118,16 @@ async def both_receive_first(comm: aioccl.Communicator) -> None:
 
 
 async def forgotten_await(comm: aioccl.Communicator) -> None:
-    """``comm.all_reduce(x)`` without ``await``, then the program ends: reported, never silent."""
+    """``comm.all_reduce(x)`` without ``await``, then the program ends: finished, or reported; never silent.
+
+    Whether the op is still running at exit is a race (the loop's shutdown may let it end), so the rank
+    says at exit, before aioccl's own exit report runs (atexit is last in, first out), which it was.
+    """
     await comm.barrier()
-    comm.all_reduce(np.ones(4 << 20, np.float32))
+    x = np.ones(4 << 20, np.float32)
+    rank = comm.rank
+    atexit.register(lambda: print(f"AT EXIT {rank} {'complete' if (x == 2).all() else 'partial'}", flush=True))
+    comm.all_reduce(x)
 
 
 async def diverging_knobs() -> None:
