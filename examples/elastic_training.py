@@ -4,16 +4,20 @@ Data-parallel least squares on N ranks: every step takes the same global
 batch, each rank computes the gradient of its share of the rows, and an
 all_reduce sums them. At ``--kill-step`` one rank is killed (SIGKILL: no
 goodbye, no cleanup). The survivors' all_reduce fails with ``PeerLost``
-within the peer timeout; they call ``comm.shrink()``, re-split the same
-global batch among themselves, redo the step and finish. Because the global
-batch never changes, the final weights equal single-process full-batch
-training (to rounding), which every survivor checks.
+naming it, at once; they call ``comm.shrink()``, re-split the same global
+batch among themselves, redo the step and finish. Because the global batch
+never changes, the final weights equal single-process full-batch training
+(to rounding), which every survivor checks.
 
-    python examples/elastic_training.py [--ranks 4] [--kill-rank 2] [--kill-step 10] [--steps 40]
+    aioccl-run --keep-going --nproc-per-node 4 examples/elastic_training.py --kill-rank 2
 
-The script starts its own ranks (subprocesses joined by a unique id) rather
-than running under ``aioccl-run``, because the launcher's job is the opposite
-one: stop everything when a rank fails.
+``--keep-going`` is what makes this possible: by default ``aioccl-run`` (like
+``torchrun``) stops every rank as soon as one fails, which is right for a job
+that cannot continue, and wrong for one that shrinks. With it the survivors
+run on, and the launcher still ends with the first failure's exit code (137
+here, for the SIGKILL) and names it: ``first failure: rank 2 was killed by
+SIGKILL``. Run without a launcher (``python examples/elastic_training.py``),
+the script starts itself under ``aioccl-run --keep-going``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ import argparse
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -59,8 +62,9 @@ def reference(steps: int) -> np.ndarray:
     return w
 
 
-async def worker(uid: str, rank: int, size: int, args: argparse.Namespace) -> None:
-    comm = await aioccl.Communicator.create(uid, rank, size, timeout=30)
+async def worker(args: argparse.Namespace) -> None:
+    comm = await aioccl.init(timeout=30)
+    size = comm.world_size
     x, y = dataset()
     w = np.zeros(DIM)
     step = 0
@@ -91,24 +95,15 @@ async def worker(uid: str, rank: int, size: int, args: argparse.Namespace) -> No
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--ranks", type=int, default=4, help="ranks to start when run without a launcher")
     p.add_argument("--kill-rank", type=int, default=2)
     p.add_argument("--kill-step", type=int, default=10)
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--worker", nargs=2, metavar=("UID", "RANK"), help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.worker:
-        asyncio.run(worker(args.worker[0], int(args.worker[1]), args.ranks, args))
-        return
-    uid = str(aioccl.UniqueId.new(host="127.0.0.1"))
-    argv = [sys.executable, __file__, "--ranks", str(args.ranks), "--kill-rank", str(args.kill_rank),
-            "--kill-step", str(args.kill_step), "--steps", str(args.steps)]
-    procs = [subprocess.Popen([*argv, "--worker", uid, str(r)]) for r in range(args.ranks)]
-    codes = [proc.wait(timeout=300) for proc in procs]
-    survivors_ok = all(c == 0 for r, c in enumerate(codes) if r != args.kill_rank)
-    print(f"exit codes {codes}: rank {args.kill_rank} was killed, "
-          f"{'the survivors finished' if survivors_ok else 'a survivor FAILED'}")
-    sys.exit(0 if survivors_ok and codes[args.kill_rank] == -signal.SIGKILL else 1)
+    if "AIOCCL_RANK" not in os.environ:  # not under a launcher: start the job under aioccl-run --keep-going
+        os.execv(sys.executable, [sys.executable, "-m", "aioccl.run", "--keep-going", "--nproc-per-node",
+                                  str(args.ranks), __file__, *sys.argv[1:]])
+    asyncio.run(worker(args))
 
 
 if __name__ == "__main__":

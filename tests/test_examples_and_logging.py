@@ -60,17 +60,27 @@ def test_jax_shard_map_example_one_process_and_two():
 
 
 def test_elastic_training_continues_on_the_survivors():
-    """A rank is SIGKILLed mid-training; the others see PeerLost fast, shrink, and match 1-process training."""
-    p = subprocess.run([sys.executable, str(ROOT / "examples" / "elastic_training.py"), "--ranks", "4",
-                        "--kill-rank", "1", "--kill-step", "6", "--steps", "20"],
+    """A rank is SIGKILLed mid-training under ``aioccl-run --keep-going``; the others see PeerLost at once,
+    shrink, and match 1-process training; the launcher names the killed rank and exits with its code."""
+    p = subprocess.run([sys.executable, "-m", "aioccl.run", "--keep-going", "--nproc-per-node", "4",
+                        str(ROOT / "examples" / "elastic_training.py"), "--kill-rank", "1", "--kill-step", "6",
+                        "--steps", "20"],
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "exit codes [0, -9, 0, 0]" in p.stdout
-    # the three survivors print concurrently into one pipe, so lines may run together: match, don't split
-    lost = re.findall(r"PeerLost\(rank 1\) after ([0-9.]+)s;", p.stdout)
+    assert p.returncode == 128 + 9, p.stdout + p.stderr
+    assert "first failure: rank 1 was killed by SIGKILL" in p.stderr, p.stderr
+    lost = re.findall(r"\[rank \d\] step 6: PeerLost\(rank 1\) after ([0-9.]+)s;", p.stdout)
     assert len(lost) == 3 and all(float(t) < 2.0 for t in lost), p.stdout
-    assert p.stdout.count("finished 20 steps on 3 ranks") == 3
-    assert p.stdout.count("max |w - single-process w| = ") == 3
+    for rank in (0, 2, 3):
+        assert re.search(rf"\[rank {rank}\] finished 20 steps on 3 ranks: .* = \d", p.stdout), p.stdout
+    errs = [float(e) for e in re.findall(r"max \|w - single-process w\| = ([0-9.e+-]+)", p.stdout)]
+    assert len(errs) == 3 and max(errs) <= 1e-9, p.stdout
+
+
+def test_elastic_training_run_directly_starts_itself_under_the_launcher():
+    p = subprocess.run([sys.executable, str(ROOT / "examples" / "elastic_training.py"), "--ranks", "3",
+                        "--kill-rank", "2", "--kill-step", "3", "--steps", "8"],
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 128 + 9 and p.stdout.count("finished 8 steps on 2 ranks") == 2, p.stdout + p.stderr
 
 
 def test_torch_data_parallel_matches_single_process_training():
