@@ -3,10 +3,10 @@
 The engine always runs on an asyncio loop. Under asyncio it may run on the
 caller's own loop (``engine="inline"``); under trio it runs on a proxy
 thread, and the caller only needs three things from trio: to park a task
-until a :class:`~aioccl.work.Work` completes on the engine's thread, to
+until a ``Work`` completes on the engine's thread, to
 wait for a thread's future (communicator creation), and to run a blocking
-call on a worker thread. Those live here so that :mod:`aioccl.work` and
-:mod:`aioccl.communicator` name no async library but asyncio. trio is
+call on a worker thread. Those live here so that ``aioccl.work`` and
+``aioccl.communicator`` name no async library but asyncio. trio is
 never imported here: if a trio task is running, trio is in ``sys.modules``.
 """
 

@@ -1,11 +1,11 @@
 """Turn what users pass (numpy, JAX, DLPack or buffer-protocol objects) into one view.
 
-Everything below the API works on :class:`Buf`: a C-contiguous numpy array,
-or for GPU memory a :class:`~aioccl.gpu.arrays.DevArray` (the caller's
+Everything below the API works on ``Buf``: a C-contiguous numpy array,
+or for GPU memory a ``DevArray`` (the caller's
 memory, never a copy, unless the input is immutable) plus a function that
 turns the filled array back into what the caller expects to get: the same
 numpy or cupy array, the same torch tensor (CPU ones through
-:mod:`aioccl.interop.torch`), or a new JAX array.
+``aioccl.interop.torch``), or a new JAX array.
 Validation lives here so every op rejects bad input *before* a byte moves.
 """
 
@@ -59,7 +59,7 @@ def _always(x: Any) -> Callable[[np.ndarray], Any]:
 
 
 def adapt(x: Any, name: str) -> Buf:
-    """Validate and view ``x``; raises :class:`InvalidArgument` with the argument's name."""
+    """Validate and view ``x``; raises ``InvalidArgument`` with the argument's name."""
     if x is None:
         raise InvalidArgument(f"{name} is None")
     arr: np.ndarray
@@ -164,7 +164,7 @@ def address(arr: Any) -> int:
 
 
 def same_device(what: str, *bufs: Buf) -> int | None:
-    """The one device all ``bufs`` are on (None: host); mixing devices is an :class:`InvalidArgument`."""
+    """The one device all ``bufs`` are on (None: host); mixing devices is an ``InvalidArgument``."""
     devices = {b.device for b in bufs}
     if len(devices) > 1:
         names = sorted("host" if d is None else f"cuda:{d}" for d in devices)

@@ -3,8 +3,8 @@
 The same checks serve host and GPU buffers; ``stream=`` orders an op on GPU
 buffers on that CUDA stream (default: the current one, see docs/gpu.md).
 
-A mixin of :class:`~aioccl.communicator.Communicator`: each method validates
-(raising :class:`InvalidArgument` before anything is sent), decides the
+A mixin of ``Communicator``: each method validates
+(raising ``InvalidArgument`` before anything is sent), decides the
 buffers and the result, and hands them to ``Communicator._collective``.
 """
 

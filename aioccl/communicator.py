@@ -1,8 +1,8 @@
 """The communicator: validate arguments, pick a schedule, hand the op to the engine.
 
 Every method checks its arguments in the caller's thread and raises
-:class:`InvalidArgument` *before* anything is sent, then returns a
-:class:`Work` at once. Collectives on one communicator are matched across
+``InvalidArgument`` *before* anything is sent, then returns a
+``Work`` at once. Collectives on one communicator are matched across
 ranks by issue order: each call takes the next sequence number, so all ranks
 must issue the same collectives in the same order (from any number of tasks
 or threads, as long as that order is the same everywhere), exactly as in
@@ -54,7 +54,10 @@ def _env_timeout(env: Mapping[str, str] = os.environ) -> float:
 
 
 class Communicator(CollectiveOps, PointToPointOps):
-    """A group of ranks that run collectives together. Create with :meth:`create` or ``aioccl.init()``."""
+    """A group of ranks that run collectives together.
+
+    Create with [`create`][aioccl.Communicator.create] or [`init()`][aioccl.init].
+    """
 
     def __init__(self, engine: Engine, view: CommView, hosts: list[str], timeout: float, tuning: Tuning,
                  parent: Communicator | None = None, shm: bool = True) -> None:
@@ -114,7 +117,7 @@ class Communicator(CollectiveOps, PointToPointOps):
 
     @classmethod
     def create_sync(cls, uid: Any, rank: int, world_size: int, timeout: float | None = None) -> Communicator:
-        """Blocking flavour of :meth:`create`; the engine runs on a proxy thread."""
+        """Blocking flavour of [`create`][aioccl.Communicator.create]; the engine runs on a proxy thread."""
         uid, timeout = cls._check_create(uid, rank, world_size, timeout, "thread")
         log.configure_from_env()
         log.set_rank(rank)
@@ -392,10 +395,10 @@ class Communicator(CollectiveOps, PointToPointOps):
         return result
 
     def shrink(self, *, timeout: float | None = None) -> Work[Communicator]:
-        """After :class:`PeerLost`: the survivors agree on who is alive and form a new communicator.
+        """After [`PeerLost`][aioccl.errors.PeerLost]: the survivors agree on who is alive and form a new communicator.
 
         Every surviving rank calls it (it is collective over the survivors);
-        the Work gives the new :class:`Communicator`, with ranks renumbered in
+        the Work gives the new [`Communicator`][aioccl.Communicator], with ranks renumbered in
         the old order. It reuses the existing connections (so it takes
         milliseconds, not a new bootstrap) and runs over sockets. This
         communicator is then closed and hands the engine to the new one: close
@@ -437,8 +440,9 @@ class Communicator(CollectiveOps, PointToPointOps):
         """Let in-flight ops finish (for at most ``timeout`` s, default the communicator's), then release
         the communicator, saying goodbye to peers if it owns the connections.
 
-        Past the deadline the ops still running fail with :class:`CommAborted`, the communicator is
-        released anyway, and the returned Work raises :class:`CollectiveTimeout` naming them.
+        Past the deadline the ops still running fail with [`CommAborted`][aioccl.errors.CommAborted], the
+        communicator is released anyway, and the returned Work raises
+        [`CollectiveTimeout`][aioccl.errors.CollectiveTimeout] naming them.
         """
         t = self._op_timeout(timeout)
         with self._lock:

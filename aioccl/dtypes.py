@@ -51,10 +51,15 @@ class ReduceOp(enum.Enum):
     """Reduction operators; ``"sum"`` and ``ReduceOp.SUM`` are interchangeable."""
 
     SUM = "sum"
+    """The sum over the ranks."""
     PROD = "prod"
+    """The product over the ranks."""
     MIN = "min"
+    """The smallest value; NaN wins, as in ``np.minimum``."""
     MAX = "max"
+    """The largest value; NaN wins, as in ``np.maximum``."""
     AVG = "avg"
+    """The sum divided by the number of ranks, once, at the end; floating-point dtypes only."""
 
     @classmethod
     def parse(cls, op: ReduceOp | str) -> ReduceOp:

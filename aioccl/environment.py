@@ -1,4 +1,4 @@
-"""Reading a launcher's environment: a pure function from a mapping to a :class:`LaunchEnv`.
+"""Reading a launcher's environment: a pure function from a mapping to a ``LaunchEnv``.
 
 Understood, first match wins: aioccl's own (``AIOCCL_RANK``,
 ``AIOCCL_WORLD_SIZE``, ``AIOCCL_LOCAL_RANK``, ``AIOCCL_COMM_ID``), torchrun's

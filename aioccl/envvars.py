@@ -15,7 +15,7 @@ def check_timeout(value: Any, what: str = "timeout") -> float:
     """A deadline in seconds, as every API that takes one accepts it: a finite number greater than 0.
 
     ``nan`` would never compare as passed, ``inf`` never passes, and a string is a typo: each is an
-    :class:`InvalidArgument` naming ``what``, never a wait without end or a ``TypeError`` later.
+    ``InvalidArgument`` naming ``what``, never a wait without end or a ``TypeError`` later.
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
         raise InvalidArgument(f"{what} must be a number of seconds, got {type(value).__name__} {value!r}")

@@ -1,6 +1,6 @@
 """The exception hierarchy.
 
-Every failure a user can see is an :class:`AiocclError`, so one ``except``
+Every failure a user can see is an [`AiocclError`][aioccl.errors.AiocclError], so one ``except``
 clause catches them all; each subclass also derives from the builtin it is
 closest to (``ValueError``, ``TimeoutError``) so generic code keeps working.
 Failures carry data (op name, sequence number, ranks), not only text, because

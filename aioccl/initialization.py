@@ -44,7 +44,7 @@ def _root_done(server: RootServer | None) -> None:
 async def init(timeout: float | None = None, *, engine: str = "auto") -> Communicator:
     """Form the world communicator from the launcher's environment (rank 0 hosts the root).
 
-    Works under asyncio and trio; ``engine`` is as in :meth:`Communicator.create`.
+    Works under asyncio and trio; ``engine`` is as in [`Communicator.create`][aioccl.Communicator.create].
     """
     uid, env, server = _prepare(timeout)
     try:
@@ -58,7 +58,7 @@ async def init(timeout: float | None = None, *, engine: str = "auto") -> Communi
 
 
 def init_sync(timeout: float | None = None) -> Communicator:
-    """Blocking :func:`init`; the engine runs on a proxy thread, ops are waited with ``.wait()``."""
+    """Blocking [`init`][aioccl.init]; the engine runs on a proxy thread, ops are waited with ``.wait()``."""
     uid, env, server = _prepare(timeout)
     try:
         comm = Communicator.create_sync(uid, env.rank, env.world_size, timeout)

@@ -1,10 +1,10 @@
-"""What a communicator is doing now (:meth:`pending`) and what it did last (the flight recorder).
+"""What a communicator is doing now (``pending()``) and what it did last (the flight recorder).
 
 A hang in a collective library is almost always one rank that issued
 something else, or nothing, a few calls back. So every op is described
 when it is issued (op, sequence number, count, dtype, root), and the last
 ``AIOCCL_FLIGHT_RECORDER`` (64) finished ops are kept in a bounded ring that a
-:class:`~aioccl.errors.CollectiveTimeout` carries in its message and the
+``CollectiveTimeout`` carries in its message and the
 log prints. Nothing here is on the data path: a description is one short
 string per op, and the ring is a ``deque`` with ``maxlen``.
 """
@@ -32,7 +32,7 @@ def recorder_size(env: Mapping[str, str] = os.environ) -> int:
 
 @dataclass(frozen=True)
 class PendingOp:
-    """One in-flight op, as :meth:`Communicator.pending` reports it."""
+    """One in-flight op, as ``Communicator.pending()`` reports it."""
 
     op: str
     seq: int  # sequence number (collectives) or tag (p2p)
@@ -75,7 +75,7 @@ class FlightRecorder:
         self._ring: deque[tuple[str, int, Any, BaseException | None, float]] = deque(maxlen=max(1, size))
 
     def add(self, work: Work[Any]) -> None:
-        """Called for every op: keeps the raw facts; :meth:`lines` formats them."""
+        """Called for every op: keeps the raw facts; ``lines()`` formats them."""
         self._ring.append((work.op, work.seq, work._desc, work._exc, time.monotonic() - work._t0))
 
     def lines(self) -> list[str]:

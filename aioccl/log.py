@@ -1,4 +1,4 @@
-"""Logging in the manner of ``NCCL_DEBUG``, built on :mod:`logging`.
+"""Logging in the manner of ``NCCL_DEBUG``, built on ``logging``.
 
 ``AIOCCL_DEBUG`` = ``WARN`` | ``INFO`` | ``TRACE`` turns on a stderr handler;
 ``AIOCCL_DEBUG_SUBSYS`` = ``INIT,NET`` (or ``^NET`` to exclude) filters the

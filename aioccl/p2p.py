@@ -1,4 +1,4 @@
-"""Point-to-point ops: a mixin of :class:`~aioccl.communicator.Communicator`.
+"""Point-to-point ops: a mixin of ``Communicator``.
 
 Messages match by (peer, tag) in posting order, like MPI; sends may be
 posted before their receives (the data waits in a pooled buffer).

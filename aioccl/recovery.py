@@ -1,4 +1,4 @@
-"""Agreeing on the survivors after a rank is lost, for :meth:`Communicator.shrink`.
+"""Agreeing on the survivors after a rank is lost, for ``Communicator.shrink()``.
 
 Each survivor knows only whom *it* has lost. Agreement runs in rounds over
 point-to-point messages on tags beyond the user's range: every rank sends

@@ -1,13 +1,13 @@
 """Which algorithm, and how big a chunk, for one call.
 
-The tuner asks the cost model (:mod:`aioccl.algorithms.cost`) to run each
+The tuner asks the cost model (``aioccl.algorithms.cost``) to run each
 candidate's schedules for the size bucket of the call (the count rounded up
 to a quarter octave), on the link model of the transport in use, and takes the
 fastest; the answer is cached per (collective, bucket, ranks). This is the
 same simulation ``aioccl-sim`` prints, and a test checks that the choice is
 within 10% of the best simulated algorithm over a grid of sizes and ranks.
 
-On shared memory (:meth:`Tuning.choose_shm`) all_reduce and reduce use
+On shared memory (``Tuning.choose_shm()``) all_reduce and reduce use
 ``flat`` while bytes x ranks <= ``SHM_FLAT_MAX`` and ``direct`` above; the other
 collectives have one same-host algorithm each, chunked by the slot size.
 

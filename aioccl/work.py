@@ -1,14 +1,14 @@
 """The handle every op returns at once.
 
-A :class:`Work` is completed by the engine, which may run on another thread
+A ``Work`` is completed by the engine, which may run on another thread
 and another event loop than the caller's. It is therefore a small
 thread-safe future: awaitable from *any* asyncio loop (each awaiter gets a
 future on its own loop, woken with ``call_soon_threadsafe`` when needed), and
-blockable with :meth:`wait` from plain threads. Under trio, awaiting parks
-the task through :func:`aioccl.async_libs.trio_wait`.
+blockable with ``wait()`` from plain threads. Under trio, awaiting parks
+the task through ``aioccl.async_libs.trio_wait()``.
 
 Awaiting is *shielded*: cancelling the task that awaits a Work does not
-cancel the op, because peers are already counting on it. :meth:`cancel`
+cancel the op, because peers are already counting on it. ``cancel()``
 succeeds only while no peer can have observed the op (an unmatched receive,
 a send or group member not yet started); collectives are a promise to the
 other ranks and are never cancelled locally (use ``comm.abort()``).
@@ -103,7 +103,7 @@ class Work(Generic[T]):
         return self._state in (_DONE, _CANCELLED)
 
     def cancelled(self) -> bool:
-        """Whether :meth:`cancel` withdrew the op."""
+        """Whether [`cancel`][aioccl.Work.cancel] withdrew the op."""
         return self._state == _CANCELLED
 
     def cancel(self) -> bool:

@@ -72,7 +72,7 @@ def versions() -> dict[str, str]:
     try:
         from mpi4py import MPI
 
-        v["mpi_library"] = MPI.Get_library_version().splitlines()[0]
+        v["mpi_library"] = MPI.Get_library_version().replace("\0", "").strip().splitlines()[0]  # C string: NUL-ended
     except ImportError:
         pass
     v["aioccl_commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],

@@ -1,7 +1,9 @@
 """aioccl collectives inside jitted JAX code: process-level (like mpi4jax) and mesh-level (like jax.lax).
 
-    y = jax_ext.all_reduce(x)                  # across processes, under jit, grad, vmap
-    y = jax_ext.psum(x, "data")                # inside jax.shard_map, one aioccl rank per device
+    # across processes, under jit, grad and vmap
+    y = jax_ext.all_reduce(x)
+    # inside jax.shard_map: one aioccl rank per device
+    y = jax_ext.psum(x, "data")
 
 Every op is a JAX primitive with an *ordered* effect, lowered to XLA's
 buffer callback: zero-copy, and run in program order on every device, so

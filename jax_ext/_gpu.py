@@ -50,7 +50,7 @@ class _Retyped:
 
 
 def view(cp: Any, buf: Any) -> Any:
-    """A zero-copy view of an XLA GPU buffer: a cupy array, or :class:`Bf16View` for bfloat16."""
+    """A zero-copy view of an XLA GPU buffer: a cupy array, or ``Bf16View`` for bfloat16."""
     if np.dtype(buf.dtype) == BF16:
         return Bf16View(cp, buf)
     return cp.asarray(buf)

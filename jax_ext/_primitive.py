@@ -5,8 +5,8 @@ position in the ``shard_map`` mesh (``lax.axis_index`` over all mesh axes;
 0 for process-level ops). XLA gives the host callback no device identity,
 so this operand is how a callback running for device 3 finds device 3's
 communicator. ``group`` (a static parameter) says which communicators:
-:class:`CommGroup` (process-level, a fixed communicator) or
-:class:`AxisGroup` (mesh axes, resolved when the program is lowered, on the
+``CommGroup`` (process-level, a fixed communicator) or
+``AxisGroup`` (mesh axes, resolved when the program is lowered, on the
 concrete mesh).
 
 Every collective works on axis 0 (aioccl's own convention); the public
@@ -152,7 +152,7 @@ def varying_in(group: Group, x: Any) -> Any:
 
 # -- lowering ------------------------------------------------------------------------------------------
 def callback_factory(run: RunFn) -> Callable[..., _compat.HostCallback]:
-    """Build ``make_callback`` for :func:`_compat.def_lowering` from a ``run`` on array views
+    """Build ``make_callback`` for ``_compat.def_lowering()`` from a ``run`` on array views
     (numpy on CPU; on GPU cupy views, with XLA's stream current: see ``_gpu.py``)."""
 
     def make(info: _compat.LoweringInfo, *, group: Group, **params: Any) -> _compat.HostCallback:

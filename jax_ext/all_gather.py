@@ -45,7 +45,8 @@ def all_gather(x: Any, axis_name: Any = None, *, axis: int = 0, tiled: bool = Fa
     """Gather ``x`` from every member: a new axis ``axis`` of size n, or (``tiled``) concatenated along it.
 
     With ``axis_name`` (inside ``shard_map``) the members are the devices along those mesh axes, as
-    ``jax.lax.all_gather``; without it, the processes of ``comm`` (default :func:`jax_ext.default_comm`).
+    ``jax.lax.all_gather``; without it, the processes of ``comm``
+    (default [`default_comm()`][jax_ext.runtime.default_comm]).
     """
     group, pos = group_for("all_gather", axis_name, comm)
 

@@ -69,7 +69,10 @@ def _bind_group(x: Any, op: str | ReduceOp, group: Group, pos: Any) -> Any:
 
 
 def all_reduce(x: Any, op: str | ReduceOp = "sum", *, comm: Communicator | None = None) -> Any:
-    """Reduce ``x`` across the processes of ``comm`` (default: :func:`jax_ext.default_comm`); jit-able."""
+    """Reduce ``x`` across the processes of ``comm``; jit-able.
+
+    ``comm`` defaults to [`default_comm()`][jax_ext.runtime.default_comm], one rank per process.
+    """
     return _bind("all_reduce", x, op, None, comm)
 
 

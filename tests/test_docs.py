@@ -28,6 +28,24 @@ def test_site_builds_strict(tmp_path):
     for member in ("aioccl.Communicator.all_reduce", "aioccl.Work.wait", "aioccl.errors.PeerLost"):
         assert f'id="{member}"' in reference, f"{member} missing from the generated API reference"
     assert (tmp_path / "site" / "bench" / "compare_all_reduce.png").exists()
+    jax_page = (tmp_path / "site" / "reference" / "jax_ext" / "index.html").read_text()
+    for page in (reference, jax_page):
+        text = re.sub(r"<[^>]+>", "", page)
+        assert not re.search(r":(meth|class|func|attr|exc|mod):", text), "a raw Sphinx role in the reference"
+        assert "jax_ext.all_reduce.all_reduce" not in text  # headings show the public names
+    for member in ("SUM", "PROD", "MIN", "MAX", "AVG"):
+        assert f'id="aioccl.ReduceOp.{member}"' in reference, f"ReduceOp.{member} is not listed"
+    start = reference.rindex('data-md-component="toc"')  # the page's table of contents (the right sidebar)
+    toc = reference[start:reference.index("md-content", start)]
+    for name in ("Communicator", "Work"):  # once each: no section heading of the same name above the object
+        assert toc.count(f'href="#aioccl.{name}"') == 1 and f'href="#{name.lower()}"' not in toc, name
+
+
+def test_doc_sources_hold_no_control_characters():
+    for path in [*(ROOT / "docs").rglob("*.md"), *(ROOT / "docs").rglob("*.json"), ROOT / "README.md"]:
+        text = path.read_text()
+        bad = [c for c in set(text) if ord(c) < 32 and c not in "\n\t"] + [e for e in ("\\u0000",) if e in text]
+        assert not bad, f"{path.relative_to(ROOT)} holds {bad!r}"
 
 
 def test_every_getting_started_block_runs(tmp_path):

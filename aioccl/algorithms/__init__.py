@@ -1,6 +1,6 @@
-"""Sans-io collective algorithms: each returns one rank's :class:`Schedule`.
+"""Sans-io collective algorithms: each returns one rank's ``Schedule``.
 
-:func:`plan` is the single entry point the engine uses; it is a pure,
+``plan()`` is the single entry point the engine uses; it is a pure,
 cached function of (collective, size, rank, nranks, root, chunk, algorithm).
 """
 

@@ -7,11 +7,11 @@ seconds per byte; each reduced byte costs ``gamma``; each copied byte
 follows the executor's contract: copies, then sends and receives, then the
 reductions once all its transfers are done.
 
-:func:`simulate` is an exact discrete-event run of every rank's schedule
+``simulate()`` is an exact discrete-event run of every rank's schedule
 (for trees and recursive doubling at any size: few rounds per rank);
-:func:`lockstep` runs one rank's schedule as if all ranks moved in step,
+``lockstep()`` runs one rank's schedule as if all ranks moved in step,
 which is exact for rank-symmetric schedules (ring, dissemination, recursive
-doubling on powers of two; the tests prove it against :func:`simulate`) and
+doubling on powers of two; the tests prove it against ``simulate()``) and
 lets the model reach thousands of ranks; the pipelined chain has an exact
 recurrence; ring reduce beyond 64 ranks an upper bound.
 """
@@ -117,7 +117,7 @@ def lockstep(schedule: Schedule, link: Link, itemsize: int) -> float:
 
 
 def chain_time(count: int, n: int, chunk: int, link: Link, itemsize: int) -> float:
-    """The pipelined chain broadcast, rank after rank: the same recurrence :func:`simulate` runs
+    """The pipelined chain broadcast, rank after rank: the same recurrence ``simulate()`` runs
     (the tests check they agree), in O(ranks x chunks) instead of building every schedule."""
     from .schedule import pieces
 
@@ -175,11 +175,11 @@ SYMMETRIC = {("all_reduce", "ring"), ("reduce_scatter", "ring"), ("all_gather", 
 
 @lru_cache(maxsize=8192)
 def predict(coll: str, algo: str, count: int, n: int, link: Link, itemsize: int, chunk: int) -> float:
-    """Predicted seconds for one call; ``count`` as in :func:`aioccl.algorithms.plan`.
+    """Predicted seconds for one call; ``count`` as in ``aioccl.algorithms.plan()``.
 
     Exact (the event simulation, or a form proven equal to it) everywhere
-    except ring reduce beyond :data:`DES_MAX_RANKS_REDUCE` ranks, where
-    :func:`ring_reduce_time` is an upper bound.
+    except ring reduce beyond ``DES_MAX_RANKS_REDUCE`` ranks, where
+    ``ring_reduce_time()`` is an upper bound.
     """
     if n == 1:
         return count * itemsize * link.mem_beta

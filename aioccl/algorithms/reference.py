@@ -3,7 +3,7 @@
 This is the algorithms' test bench: it checks that every transfer fits its
 buffers, that sends and receives pair up in size and order, that nothing
 deadlocks, and it produces the outputs to compare with a plain numpy
-reduction. It follows the round contract of :mod:`.schedule` exactly.
+reduction. It follows the round contract of ``.schedule`` exactly.
 """
 
 from __future__ import annotations

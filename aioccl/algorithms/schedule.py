@@ -1,16 +1,16 @@
 """The vocabulary of sans-io schedules.
 
 A schedule is what one rank does for one collective: a tuple of
-:class:`Round` s over three flat buffers (``IN``, ``OUT``, ``SCRATCH``),
+``Round`` s over three flat buffers (``IN``, ``OUT``, ``SCRATCH``),
 addressed in *elements*. It is pure data: no sockets, no arrays, no loop. The
-engine executes it over real transports; :mod:`.reference` executes the
+engine executes it over real transports; ``.reference`` executes the
 schedules of all ranks in-process for tests; a simulator can cost it.
 
 Round semantics (the executor's contract):
 
 1. ``copies`` run first, in order;
 2. ``sends`` and ``recvs`` then run concurrently;
-3. once *all* of them have finished, each :class:`RecvReduce` applies
+3. once *all* of them have finished, each ``RecvReduce`` applies
    ``dst = op(src, incoming)`` in order (so a region may be sent and reduced
    into in the same round without a race).
 

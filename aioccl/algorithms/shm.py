@@ -1,7 +1,7 @@
 """Same-host schedules over shared memory: steps of *stage, publish, wait, read*.
 
 On one host a rank can read its peers' memory, so instead of messages a
-collective is a sequence of :class:`Step` s, executed by every rank of the
+collective is a sequence of ``Step`` s, executed by every rank of the
 communicator in lockstep:
 
 1. **stage**: copy regions of my buffers into my slot (half ``s % 2`` of my
@@ -10,7 +10,7 @@ communicator in lockstep:
    it lies;
 2. **publish**: set my step counter to ``s``;
 3. **wait**: until the ranks named in ``wait`` have published ``s``;
-4. **read**: :class:`Fetch` (copy) or :class:`Reduce` (combine) peers'
+4. **read**: ``Fetch`` (copy) or ``Reduce`` (combine) peers'
    staged regions into my OUT or SCRATCH.
 
 The two slot halves alternate by step, and a rank stages for step ``s`` only
@@ -18,7 +18,7 @@ after every peer has published ``s - 1``; since every rank finishes its
 reads of step ``s - 2`` before it publishes ``s - 1``, a slot is never
 overwritten while someone reads it, with no extra synchronisation. The
 first step of every op waits for all ranks, which also lets every rank check
-that all issued the same op (see :mod:`aioccl.engine.shm_executor`).
+that all issued the same op (see ``aioccl.engine.shm_executor``).
 
 Algorithms (``cap`` = slot half in elements; larger ops run in chunks):
 
@@ -30,7 +30,7 @@ Algorithms (``cap`` = slot half in elements; larger ops run in chunks):
 - broadcast, all_gather, reduce_scatter, gather, scatter and all_to_all fetch
   exactly what they need in one step per chunk; barrier is one empty step.
 
-Like :mod:`.schedule` this is pure data; :mod:`.reference` style checks run it
+Like ``.schedule`` this is pure data; ``.reference`` style checks run it
 in-process (``tests/test_shm_algorithms.py``) and the engine runs it over
 real segments.
 """
@@ -187,7 +187,7 @@ def _blockwise(coll: str, block: int, rank: int, n: int, root: int, cap: int, in
 @lru_cache(maxsize=4096)
 def shm_plan(coll: str, count: int, rank: int, n: int, root: int, cap: int, algo: str = "direct",
              in_place: bool = False) -> ShmSchedule:
-    """One rank's shared-memory schedule; ``count`` as in :func:`aioccl.algorithms.plan`,
+    """One rank's shared-memory schedule; ``count`` as in ``aioccl.algorithms.plan()``,
     ``cap`` the slot half in elements (the same on every rank)."""
     if cap < 1:
         raise ValueError("cap must be at least one element")

@@ -72,7 +72,7 @@ class Gate:
     """This rank's listening socket, served from the moment it is bound.
 
     Every connection is authenticated concurrently (at most
-    :data:`MAX_HANDSHAKES` at once, each within :data:`HANDSHAKE_S`), so
+    ``MAX_HANDSHAKES`` at once, each within ``HANDSHAKE_S``), so
     a slow, silent or hostile stranger neither delays a real peer nor holds
     anything past its deadline; each one is logged once, with its address,
     and dropped. A connection that proves the secret and says hello is kept

@@ -1,7 +1,7 @@
 """The unique id: where the root listens, and the secret every connection must prove.
 
 Printable as ``host:port/<32 hex digits>`` and parsed back by
-:meth:`UniqueId.parse`. Like ``ncclGetUniqueId``, :meth:`UniqueId.new` also
+``UniqueId.parse()``. Like ``ncclGetUniqueId``, ``UniqueId.new()`` also
 starts the root (on a daemon thread) in the calling process, so the id is
 immediately usable by every rank, including ones in this process.
 """

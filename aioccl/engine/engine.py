@@ -1,9 +1,9 @@
 """The progress engine (NCCL's "proxy"): owns connections, in-flight ops and their deadlines.
 
-All engine state lives on one event loop (see :mod:`.placement`); the
-communicator hands it ops from any thread through :meth:`Engine.launch`.
+All engine state lives on one event loop (see ``.placement``); the
+communicator hands it ops from any thread through ``Engine.launch()``.
 Each op runs as a task that executes its schedule under its deadline and
-completes its :class:`~aioccl.work.Work` with a result or a precise error.
+completes its ``Work`` with a result or a precise error.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run one rank's schedule over the engine's connections.
 
 This is the only place where schedules meet sockets. It follows the round
-contract of :mod:`aioccl.algorithms.schedule` exactly, numbers messages per
+contract of ``aioccl.algorithms.schedule`` exactly, numbers messages per
 peer pair, and keeps track of whom it is waiting for, so a deadline that
 passes names the silent ranks.
 """

@@ -4,7 +4,7 @@ Collective frames are matched by key ``(peer, ctx, seq, k)``: the op's
 sequence number and the message's index within the op. Every collective
 frame also carries its sender's *fingerprint* (op, dtype, reduction,
 count, root); the first frame whose fingerprint differs from this rank's
-call fails the op with :class:`CollectiveMismatch` and tells every other
+call fails the op with ``CollectiveMismatch`` and tells every other
 rank of the communicator with a MISMATCH notice, so all of them fail the
 same op at once instead of timing out (no extra round trip when calls
 agree). Point-to-point

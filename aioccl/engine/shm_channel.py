@@ -17,11 +17,11 @@ Waiting, the part that decides latency:
    re-check timer backs it up regardless, and ``stats`` counts how often it
    was needed (it should stay 0).
 
-Failure: an op past its deadline raises :class:`CollectiveTimeout` naming
+Failure: an op past its deadline raises ``CollectiveTimeout`` naming
 the ranks that have not published the step it waits for. A timeout or a
 lost peer leaves the ranks out of step, so the channel is then *broken*:
 later collectives on it fail at once (abort and re-create the communicator,
-as with NCCL). An :class:`CollectiveMismatch` does not break it (see the executor).
+as with NCCL). An ``CollectiveMismatch`` does not break it (see the executor).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Run one rank's shared-memory schedule as a generator of waits.
 
-:func:`execute` does the stage / publish / read work of each
-:class:`~aioccl.algorithms.shm.Step` and *yields* ``(ranks, step)`` whenever
+``execute()`` does the stage / publish / read work of each
+``Step`` and *yields* ``(ranks, step)`` whenever
 it needs those ranks to have published ``step``. It never blocks: the
-:class:`~.shm_channel.ShmChannel` decides whether to spin, or park the op
+``ShmChannel`` decides whether to spin, or park the op
 until a doorbell rings, and resumes it. That keeps the data path free of
 any notion of time or of the event loop.
 
@@ -11,7 +11,7 @@ The first step of every op writes this rank's *descriptor* (op, dtype,
 count, root, algorithm, sequence number, and where its registered buffers
 lie) and waits for every rank, so all ranks read all descriptors at the same
 step: an op issued differently somewhere fails everywhere with
-:class:`~aioccl.errors.CollectiveMismatch` after exactly one step, and the channel
+``CollectiveMismatch`` after exactly one step, and the channel
 stays in step for the next op.
 """
 

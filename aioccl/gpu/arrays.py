@@ -1,7 +1,7 @@
 """GPU buffers as the rest of aioccl sees them.
 
-:class:`DevArray` is the GPU counterpart of the numpy array inside a
-:class:`~aioccl.buffers.Buf`: it answers ``shape``, ``dtype``, ``size``,
+``DevArray`` is the GPU counterpart of the numpy array inside a
+``Buf``: it answers ``shape``, ``dtype``, ``size``,
 slicing and ``reshape`` the way the argument checks in ``collectives.py``
 expect, so every op validates GPU and host buffers with the same code.
 

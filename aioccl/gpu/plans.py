@@ -7,8 +7,8 @@ after each:
 1. **publish**: every rank that has input copies its part of the piece into
    its own scratch (``(input offset, scratch offset, count)`` triples);
 2. **consume**: every rank that gets output builds its part of the piece
-   from the peers' scratch: :class:`Copy` one peer's span, or
-   :class:`Reduce` the same span of every rank's scratch, in rank order (so
+   from the peers' scratch: ``Copy`` one peer's span, or
+   ``Reduce`` the same span of every rank's scratch, in rank order (so
    all ranks compute bit-identical results).
 
 The published data of a piece is ``nblk`` blocks of the piece's length:
@@ -18,7 +18,7 @@ input (reduce_scatter, scatter, all_to_all). Offsets count elements.
 ``tests/test_gpu_plans.py`` runs these plans with numpy for every op.
 
 The staged path (ranks on other hosts) copies through pinned host memory
-instead and lets the host engine move the bytes; :func:`stage_pieces` cuts
+instead and lets the host engine move the bytes; ``stage_pieces()`` cuts
 its elementwise ops into pieces so the copies overlap the transfers.
 """
 

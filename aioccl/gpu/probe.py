@@ -1,7 +1,7 @@
 """Is there a usable GPU? Answered once, lazily, with a reason a person can act on.
 
 ``import aioccl`` never imports cupy: the first GPU buffer (or
-``aioccl-info``) calls :func:`status`, which imports cupy and asks the CUDA
+``aioccl-info``) calls ``status()``, which imports cupy and asks the CUDA
 runtime for devices. Every failure becomes one sentence (no cupy, no driver,
 a driver too old for this cupy, no visible device) that GPU errors, skipped
 tests and ``aioccl-info`` all repeat.
@@ -62,7 +62,7 @@ def _probe() -> GpuStatus:
 
 
 def load_cupy(what: str) -> ModuleType:
-    """cupy, or :class:`InvalidArgument` saying why ``what`` (an argument, a feature) cannot use the GPU."""
+    """cupy, or ``InvalidArgument`` saying why ``what`` (an argument, a feature) cannot use the GPU."""
     st = status()
     if not st.available:
         raise InvalidArgument(f"{what} needs the GPU path, which is unavailable: {st.reason}")

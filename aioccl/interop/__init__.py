@@ -1,1 +1,1 @@
-"""Adapters for array libraries that have no place in :mod:`aioccl.buffers`' generic paths."""
+"""Adapters for array libraries that have no place in ``aioccl.buffers``' generic paths."""

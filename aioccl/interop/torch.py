@@ -6,7 +6,7 @@ plain ``np.from_dlpack``: tensors that require grad refuse to export (so we
 view ``detach()``, which shares the storage; like torch.distributed, the op
 is invisible to autograd), and numpy has no bfloat16 for DLPack to name (so
 bfloat16 travels as int16 bits and is re-labelled with ml_dtypes' bfloat16).
-CUDA tensors never come here; :mod:`aioccl.gpu.arrays` takes them first.
+CUDA tensors never come here; ``aioccl.gpu.arrays`` takes them first.
 """
 
 from __future__ import annotations

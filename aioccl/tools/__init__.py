@@ -1,1 +1,1 @@
-"""Command-line tools: ``aioccl-perf`` (nccl-tests equivalent). The launcher is :mod:`aioccl.run`."""
+"""Command-line tools: ``aioccl-perf`` (nccl-tests equivalent). The launcher is ``aioccl.run``."""

@@ -3,7 +3,7 @@
     aioccl-sim all_reduce --link 100g --ranks 8,64,512,4096 --sizes 8,64K,1M,64M,1G [--json F] [--plot F.png]
 
 It runs the very schedules the engine runs (``aioccl.algorithms.plan``)
-under the alpha-beta model of :mod:`aioccl.algorithms.cost`, and marks with
+under the alpha-beta model of ``aioccl.algorithms.cost``, and marks with
 ``*`` the algorithm the tuner picks. ``--links`` lists the link models.
 """
 

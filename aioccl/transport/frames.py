@@ -33,7 +33,7 @@ def pack_failure(cause: int, culprits: list[int], seconds: float, message: str) 
 
 
 def unpack_failure(buf: bytes | memoryview) -> tuple[int, list[int], float, str]:
-    """Inverse of :func:`pack_failure`; ``ValueError`` for a payload that is not one."""
+    """Inverse of ``pack_failure()``; ``ValueError`` for a payload that is not one."""
     cause, n, seconds = FAILURE.unpack_from(buf)
     end = FAILURE.size + n * CULPRIT.size
     if cause not in (LOST, TIMEOUT, ABORTED) or end > len(buf):

@@ -12,7 +12,7 @@ peers map it, and once everyone has (a bootstrap agreement) the owner
 unlinks it; from then on the memory lives exactly as long as some process
 maps it. A crash inside that short window leaves a file whose name carries
 the dead owner's pid; the next communicator created on the host removes it
-(:func:`sweep_stale`).
+(``sweep_stale()``).
 
 The doorbell is an abstract-namespace Unix datagram socket (it vanishes with
 its process, so it cannot leak either). A rank that has spun long enough

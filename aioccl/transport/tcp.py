@@ -6,7 +6,7 @@ the payload goes, read the payload straight into that memory (the user's
 array when the receive is already posted, a pooled buffer otherwise), tell
 the sink it is done. No task and no future per frame, so a completed receive
 wakes its op one loop iteration sooner; no intermediate ``bytes`` objects.
-Each callback reads at most :data:`READ_BUDGET` bytes, so one large payload
+Each callback reads at most ``READ_BUDGET`` bytes, so one large payload
 cannot starve the sends that share the loop.
 
 Sends hand the header and payload to the kernel in one ``sendmsg`` when they

@@ -1,6 +1,6 @@
 """The loopback verbs backend: a test of the ib *protocol*, not of a NIC.
 
-Every device opened in this process sits on one in-process :class:`Fabric`.
+Every device opened in this process sits on one in-process ``Fabric``.
 A worker thread plays the NIC: it executes each queue pair's work requests in
 order (RC semantics), copies bytes between registered regions with
 ``memmove`` after checking keys and bounds as a NIC would, consumes posted
@@ -10,7 +10,7 @@ Communicators created in one process with ``AIOCCL_IB_BACKEND=loopback``
 therefore run the whole ib transport (chunking, credits, immediates,
 completion events, errors) with no RDMA hardware.
 
-:class:`Faults` injects what real fabrics do on a bad day: delayed
+``Faults`` injects what real fabrics do on a bad day: delayed
 completions, completions reordered, a remote access error on the n-th write,
 receives posted late (receiver not ready, retried like ``rnr_retry``), and a
 retry budget after which the sender sees the error.

@@ -4,7 +4,7 @@ Completions are event-driven, as in any verbs program that does not spin:
 the completion channel's fd is registered with ``loop.add_reader``; when it
 turns readable we *re-arm first, then drain* the CQ, so a completion that
 lands between the two still raises the next event. A periodic safety poll
-(:data:`SAFETY_POLL_S`) drains anyway, so a lost notification costs at most
+(``SAFETY_POLL_S``) drains anyway, so a lost notification costs at most
 that long, never a hang. Completions carry the connection's number in their
 ``wr_id`` and are handed to that connection.
 """

@@ -3,7 +3,7 @@
 A connection is one RC queue pair per peer pair. Each side owns a *ring* of
 ``nslots`` receive slots of ``slot`` bytes, registered for remote write; the
 peer learns its address and key at setup. A frame (the 48-byte header of
-:mod:`..frames` and its payload) travels as one or more *chunks*, one RDMA
+``..frames`` and its payload) travels as one or more *chunks*, one RDMA
 WRITE WITH IMMEDIATE each, into consecutive slots: the first chunk carries the
 header and the start of the payload, the rest carry payload only. The
 immediate is the chunk's number (mod 2**32): the receiver hands chunks on in
@@ -84,7 +84,7 @@ class SendWindow:
         return self.sent - self.freed < self.nslots and not self._busy[self.sent % self.nslots]
 
     def take(self) -> tuple[int, int]:
-        """(slot, immediate) for the next chunk; call only when :meth:`ready`."""
+        """(slot, immediate) for the next chunk; call only when ``ready()``."""
         assert self.ready()
         slot, imm = self.sent % self.nslots, self.sent & MASK32
         self._busy[slot] = True

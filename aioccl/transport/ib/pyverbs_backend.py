@@ -1,12 +1,12 @@
 """The real verbs backend, over pyverbs (Debian/Ubuntu: ``apt install python3-pyverbs``).
 
-The builders (:func:`sges`, :func:`write_wr`, :func:`send_wr`,
-:func:`recv_wr`, :func:`rts_attr`, :func:`completion`) are pure functions of
-pyverbs objects, unit-tested wherever pyverbs imports; :class:`PyverbsDevice`
+The builders (``sges()``, ``write_wr()``, ``send_wr()``,
+``recv_wr()``, ``rts_attr()``, ``completion()``) are pure functions of
+pyverbs objects, unit-tested wherever pyverbs imports; ``PyverbsDevice``
 is the thin part that needs a NIC.
 
 pyverbs (rdma-core 44) does not expose the completion channel's fd, which the
-event loop must watch; :func:`_new_fd` finds it as the one
+event loop must watch; ``_new_fd()`` finds it as the one
 ``anon_inode:[infinibandevent]`` descriptor that creating the channel added
 (newer pyverbs versions that offer ``.fd`` are used directly).
 """
