@@ -13,7 +13,6 @@ NCCL. Point-to-point ops do not take sequence numbers; they match by
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import threading
 import time
@@ -35,13 +34,14 @@ from .engine.placement import Placement
 from .engine.shm_channel import ShmChannel
 from .engine.shm_executor import ShmOp
 from .envvars import check_timeout, env_timeout
-from .errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument
+from .errors import CollectiveTimeout, CommAborted, InvalidArgument
 from .group import Group, current_group
 from .introspection import FlightRecorder, PendingOp, pending_op
+from .lifecycle import LifecycleOps
 from .p2p import PointToPointOps
 from .transport.ib.connection import IbConnection
 from .tuning import Tuning
-from .work import Work, completed
+from .work import Work
 
 _log = log.get("COLL")
 CODES = {name: i + 1 for i, name in enumerate(
@@ -53,7 +53,7 @@ def _env_timeout(env: Mapping[str, str] = os.environ) -> float:
     return env_timeout(env)
 
 
-class Communicator(CollectiveOps, PointToPointOps):
+class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
     """A group of ranks that run collectives together.
 
     Create with [`create`][aioccl.Communicator.create] or [`init()`][aioccl.init].
@@ -352,173 +352,15 @@ class Communicator(CollectiveOps, PointToPointOps):
             self._gpu = GpuRunner(self)
         return self._gpu
 
+    def _derive(self, ranks: list[int], ctx: int, *, shrunk: bool) -> Communicator:
+        """A communicator of ``ranks`` (of this one) on the same engine: a ``split`` child, or the
+        survivors after ``shrink`` (which replace this one, so they get its parent, not this one)."""
+        view = CommView(ctx, ranks.index(self.rank), len(ranks), tuple(self._view.ranks[r] for r in ranks))
+        parent = self._parent if shrunk else (self._parent or self)
+        return Communicator(self._engine, view, [self._hosts[r] for r in ranks], self._timeout, self._tuning,
+                            parent=parent, shm=not shrunk)
+
     # -- groups, split, lifetime -------------------------------------------
     def group(self) -> Group:
         """``async with comm.group():`` launches the ops issued inside together and awaits them all."""
         return Group()
-
-    def split(self, color: int | None, key: int | None = None, *,
-              timeout: float | None = None) -> Work[Communicator | None]:
-        """Collective: ranks with equal ``color`` form a new communicator, ordered by (key, rank).
-
-        ``color=None`` takes part but gets None.
-        """
-        if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
-            raise InvalidArgument(f"color must be a non-negative int or None, got {color!r}")
-        if key is not None and not isinstance(key, (int, np.integer)):
-            raise InvalidArgument(f"key must be an int or None, got {key!r}")
-        mine = np.array([-1 if color is None else color, self.rank if key is None else key], dtype=np.int64)
-        gathered = self.all_gather(mine, timeout=timeout)
-        result: Work[Communicator | None] = Work("split", gathered.seq)
-        result._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
-
-        def finish(w: Work[Any]) -> None:
-            exc = w.exception()
-            if exc is not None:
-                result._set_exception(exc)
-                return
-            if color is None:
-                result._set_result(None)
-                return
-            table = w.result().reshape(self.world_size, 2)
-            members = sorted((int(table[r, 1]), r) for r in range(self.world_size) if table[r, 0] == color)
-            ranks = [r for _, r in members]
-            digest = hashlib.blake2b(f"{self._view.ctx}:{w.seq}:{color}".encode(), digest_size=8).digest()
-            ctx = int.from_bytes(digest, "little") >> 1
-            view = CommView(ctx, ranks.index(self.rank), len(ranks), tuple(self._view.ranks[r] for r in ranks))
-            sub = Communicator(self._engine, view, [self._hosts[r] for r in ranks], self._timeout,
-                               self._tuning, parent=self._parent or self)
-            self._subs.append(sub)
-            result._set_result(sub)
-
-        gathered.add_done_callback(finish)
-        return result
-
-    def shrink(self, *, timeout: float | None = None) -> Work[Communicator]:
-        """After [`PeerLost`][aioccl.errors.PeerLost]: the survivors agree on who is alive and form a new communicator.
-
-        Every surviving rank calls it (it is collective over the survivors);
-        the Work gives the new [`Communicator`][aioccl.Communicator], with ranks renumbered in
-        the old order. It reuses the existing connections (so it takes
-        milliseconds, not a new bootstrap) and runs over sockets. This
-        communicator is then closed and hands the engine to the new one: close
-        the new one at the end.
-        """
-        t = self._op_timeout(timeout)
-        self._usable()
-        work: Work[Communicator] = Work("shrink", -1)
-        work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
-        eng, view = self._engine, self._view
-
-        async def run() -> None:
-            from .recovery import agree_on_survivors
-
-            try:
-                alive = await agree_on_survivors(eng, view, t)
-            except AiocclError as e:
-                work._set_exception(e)
-                return
-            work._set_result(self._successor(alive))
-
-        eng.launch(run)
-        return work
-
-    def _successor(self, alive: list[int]) -> Communicator:
-        digest = hashlib.blake2b(f"{self._view.ctx}:shrink:{alive}".encode(), digest_size=8).digest()
-        view = CommView(int.from_bytes(digest, "little") >> 1, alive.index(self.rank), len(alive),
-                        tuple(self._view.ranks[r] for r in alive))
-        new = Communicator(self._engine, view, [self._hosts[r] for r in alive], self._timeout, self._tuning,
-                           parent=self._parent, shm=False)
-        new._owns_engine, self._owns_engine = self._owns_engine, False
-        lost = [r for r in range(self.world_size) if r not in alive]
-        with self._lock:
-            self._closed = CommAborted(f"{self!r} was shrunk to {new!r} (lost ranks {lost}); use the new one")
-        _log.warning("shrunk to %d ranks without %s: now rank %d", len(alive), lost, new.rank)
-        return new
-
-    def close(self, *, timeout: float | None = None) -> Work[None]:
-        """Let in-flight ops finish (for at most ``timeout`` s, default the communicator's), then release
-        the communicator, saying goodbye to peers if it owns the connections.
-
-        Past the deadline the ops still running fail with [`CommAborted`][aioccl.errors.CommAborted], the
-        communicator is released anyway, and the returned Work raises
-        [`CollectiveTimeout`][aioccl.errors.CollectiveTimeout] naming them.
-        """
-        t = self._op_timeout(timeout)
-        with self._lock:
-            if self._closed is not None:
-                return completed("close", -1, None)
-            self._closed = CommAborted(f"{self!r} is closed")
-        pending = list(self._inflight)
-        work: Work[None] = Work("close", -1)
-        work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
-        owns = self._owns_engine
-        eng = self._engine
-
-        async def run() -> None:
-            late: CollectiveTimeout | None = None
-            try:
-                async with asyncio.timeout(t):
-                    for w in pending:
-                        if w.cancelled():
-                            continue
-                        try:
-                            await w
-                        except Exception:  # noqa: BLE001 - close reports nothing about earlier ops
-                            pass
-            except TimeoutError:
-                left = [w for w in pending if not w.done()]
-                waiting = sorted({r for w in left for r in (pending_op(w, time.monotonic()).waiting_for or [])})
-                late = CollectiveTimeout("close", -1, waiting, t, "still running: " + ", ".join(map(repr, left)),
-                                         f"{self._view.ctx:x}")
-                for w in left:
-                    w._set_exception(CommAborted(f"{w!r} was cut short by close() after {t:g}s"))
-                if owns:
-                    eng.abort_on_loop(CommAborted(f"{self!r} is closed"))
-            if self._gpu is not None:
-                self._gpu.release()
-            if owns and late is None:
-                await eng.shutdown()
-            if late is not None:
-                work._set_exception(late)
-            else:
-                work._set_result(None)
-            if owns:
-                eng.placement.stop()
-
-        if eng.loop.is_closed():
-            work._set_result(None)
-        else:
-            eng.launch(run)
-        return work
-
-    def abort(self) -> None:
-        """Fail every in-flight op with CommAborted now and drop the connections (peers see PeerLost).
-
-        Never blocks (the engine is told, not waited for), is idempotent, and may be called from any
-        thread, a signal handler's included, or from a done callback.
-        """
-        exc = CommAborted(f"{self!r} was aborted")
-        with self._lock:
-            if self._aborted:
-                return
-            self._aborted = True
-            self._closed = exc
-        for w in list(self._inflight):
-            w._set_exception(exc)
-        if self._owns_engine:
-            eng = self._engine
-            if eng.placement.on_loop_thread():
-                eng.abort_on_loop(exc)
-            elif not eng.loop.is_closed():
-                eng.placement.call(eng.abort_on_loop, exc)
-            eng.placement.stop(join=False)
-
-    async def __aenter__(self) -> Communicator:
-        return self
-
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            await self.close()
-        else:
-            self.abort()

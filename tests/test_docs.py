@@ -75,3 +75,15 @@ def test_every_getting_started_block_runs(tmp_path):
     assert "[rank 2] rank 2: [0, 1, 2]" in out
     assert "transport shm: available" in out and "environment (* = set):" in out
     assert len(ran) == 4, len(ran)  # two aioccl-run lines, the in-process program, aioccl-info
+
+
+def test_every_package_has_a_readme_naming_each_of_its_modules():
+    for init in [*(ROOT / "aioccl").rglob("__init__.py"), ROOT / "jax_ext" / "__init__.py"]:
+        pkg = init.parent
+        readme = pkg / "README.md"
+        assert readme.exists(), f"{pkg.relative_to(ROOT)} has no README.md"
+        text = readme.read_text()
+        names = [p.stem for p in pkg.glob("*.py") if p.name != "__init__.py"]
+        names += [p.parent.name for p in pkg.glob("*/__init__.py")]
+        missing = [n for n in names if not re.search(rf"\b{re.escape(n)}\b", text)]
+        assert not missing, f"{readme.relative_to(ROOT)} does not mention {missing}"
