@@ -41,8 +41,8 @@ from ..tuning import Tuning
 from ..watchdog import Watchdog, report_unfinished, watchdog_seconds
 from ..work import Work
 from .executor import Progress, execute
-from .mailbox import Active, Mailbox
-from .notices import Fingerprint, failure_frame
+from .mailbox import Mailbox
+from .notices import Active, Fingerprint, failure_frame
 from .placement import Placement
 from .pool import BufferPool
 from .shm_channel import ShmChannel

@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 
 from .. import log
-from ..dtypes import ReduceOp, dtype_from_code
-from ..errors import AiocclError, CollectiveMismatch, PeerLost
+from ..errors import AiocclError, PeerLost
 from ..transport.frames import (
     COLL,
     FAIL,
@@ -41,99 +40,11 @@ from ..transport.frames import (
     unpack_failure,
 )
 from ..work import Work
-from .notices import OP_NAMES, Fingerprint, failure_error
+from .notices import Active, Fingerprint, failure_error
 from .pool import BufferPool
+from .receives import Early, Posted
 
 _log = log.get("COLL")
-
-
-ROOTED = {2, 3, 6, 7}  # broadcast, reduce, gather, scatter
-
-
-def describe(op: int, dtype: int, nbytes: int) -> str:
-    dt = dtype_from_code(dtype)
-    name = OP_NAMES[op] if 0 <= op < len(OP_NAMES) and op else "send"
-    return f"{name} of {nbytes} bytes" + (f" ({dt.name})" if dt is not None else "")
-
-
-def describe_call(fp: Fingerprint) -> str:
-    """``all_reduce(sum) of 10 x float32``: a collective call as its fingerprint tells it."""
-    op, dtype, redop, count, root = fp
-    dt = dtype_from_code(dtype)
-    name = OP_NAMES[op] if 0 < op < len(OP_NAMES) else f"op {op}"
-    args = [o.value for o in ReduceOp if o.code == redop] + ([f"root {root}"] if op in ROOTED else [])
-    return f"{name}({', '.join(args)}) of {count} x {dt.name if dt is not None else '-'}"
-
-
-class Active:
-    """A collective this rank is running: its call, and its communicator's ranks (to name peers)."""
-
-    __slots__ = ("fp", "ranks", "rank")
-
-    def __init__(self, fp: Fingerprint, ranks: tuple[int, ...], rank: int) -> None:
-        self.fp, self.ranks, self.rank = fp, ranks, rank
-
-    def mismatch(self, ctx: int, seq: int, a: int, a_fp: Fingerprint, b: int, b_fp: Fingerprint
-                 ) -> CollectiveMismatch:
-        """World rank ``a`` issued ``a_fp`` where world rank ``b`` issued ``b_fp``."""
-        ra = self.ranks.index(a) if a in self.ranks else a
-        rb = self.ranks.index(b) if b in self.ranks else b
-        ca, cb = describe_call(a_fp), describe_call(b_fp)
-        return CollectiveMismatch(
-            f"collective mismatch at seq {seq} on comm {ctx:x}: rank {ra} issued {ca}, rank {rb} issued {cb}",
-            seq, (ra, rb), (ca, cb))
-
-
-class Posted:
-    __slots__ = ("target", "fut", "op", "dtype", "what", "work")
-
-    def __init__(self, target: memoryview, fut: asyncio.Future[None], op: int, dtype: int,
-                 what: str, work: Work[Any] | None) -> None:
-        self.target, self.fut, self.op, self.dtype, self.what, self.work = target, fut, op, dtype, what, work
-
-    def mismatch(self, peer: int, h: Header) -> CollectiveMismatch | None:
-        if h.nbytes == len(self.target) and h.op == self.op and (h.dtype == self.dtype or not h.nbytes):
-            return None
-        return CollectiveMismatch(f"{self.what}: rank {peer} sent {describe(h.op, h.dtype, h.nbytes)}, "
-                          f"this rank expected {describe(self.op, self.dtype, len(self.target))}")
-
-    def complete(self) -> None:
-        if not self.fut.done():
-            self.fut.set_result(None)
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.fut.done():
-            self.fut.set_exception(exc)
-            self.fut.exception()  # its op may have failed already and never await it: no "never retrieved"
-
-
-class Early:
-    """A frame that arrived before its receive was posted."""
-
-    __slots__ = ("peer", "header", "buf", "done", "waiter", "pool")
-
-    def __init__(self, peer: int, header: Header, pool: BufferPool) -> None:
-        self.peer, self.header, self.pool = peer, header, pool
-        self.buf = pool.acquire(header.nbytes)
-        self.done = False
-        self.waiter: Posted | None = None
-
-    def view(self) -> memoryview:
-        return self.buf.data[: self.header.nbytes]
-
-    def finish(self) -> None:
-        self.done = True
-        if self.waiter is not None:
-            self.deliver(self.waiter)
-
-    def deliver(self, p: Posted) -> None:
-        err = p.mismatch(self.peer, self.header)
-        if err is not None:
-            p.fail(err)
-        else:
-            p.target[:] = self.view()
-            p.complete()
-        self.pool.release(self.buf)
 
 
 class Mailbox:

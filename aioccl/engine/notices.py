@@ -1,15 +1,58 @@
-"""Failure notices, both ways: the frame a rank sends when it gives up a collective, and the error a
-peer raises on receiving it. Pure functions (no sockets), so both sides are written side by side.
+"""What ranks tell each other about a collective that went wrong, both ways, side by side.
+
+A collective is known by its *fingerprint* (op, dtype, reduction, count,
+root); two ranks whose fingerprints differ at one sequence number have
+issued different calls (``Active.mismatch`` says which). A rank that gives
+up a collective sends a FAIL frame (``failure_frame``); a peer turns it into
+the error it raises (``failure_error``). Pure functions and records, no
+sockets: the mailbox and the engine do the sending and receiving.
 """
 
 from __future__ import annotations
 
+from ..dtypes import ReduceOp, dtype_from_code
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, PeerLost
 from ..transport.frames import ABORTED, FAIL, LOST, TIMEOUT, Header, pack_failure
 
 Fingerprint = tuple[int, int, int, int, int]  # op, dtype, redop, count, root (Header.fingerprint)
 OP_NAMES = ("?", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
             "gather", "scatter", "all_to_all", "barrier")
+
+ROOTED = {2, 3, 6, 7}  # broadcast, reduce, gather, scatter
+
+
+def describe(op: int, dtype: int, nbytes: int) -> str:
+    dt = dtype_from_code(dtype)
+    name = OP_NAMES[op] if 0 <= op < len(OP_NAMES) and op else "send"
+    return f"{name} of {nbytes} bytes" + (f" ({dt.name})" if dt is not None else "")
+
+
+def describe_call(fp: Fingerprint) -> str:
+    """``all_reduce(sum) of 10 x float32``: a collective call as its fingerprint tells it."""
+    op, dtype, redop, count, root = fp
+    dt = dtype_from_code(dtype)
+    name = OP_NAMES[op] if 0 < op < len(OP_NAMES) else f"op {op}"
+    args = [o.value for o in ReduceOp if o.code == redop] + ([f"root {root}"] if op in ROOTED else [])
+    return f"{name}({', '.join(args)}) of {count} x {dt.name if dt is not None else '-'}"
+
+
+class Active:
+    """A collective this rank is running: its call, and its communicator's ranks (to name peers)."""
+
+    __slots__ = ("fp", "ranks", "rank")
+
+    def __init__(self, fp: Fingerprint, ranks: tuple[int, ...], rank: int) -> None:
+        self.fp, self.ranks, self.rank = fp, ranks, rank
+
+    def mismatch(self, ctx: int, seq: int, a: int, a_fp: Fingerprint, b: int, b_fp: Fingerprint
+                 ) -> CollectiveMismatch:
+        """World rank ``a`` issued ``a_fp`` where world rank ``b`` issued ``b_fp``."""
+        ra = self.ranks.index(a) if a in self.ranks else a
+        rb = self.ranks.index(b) if b in self.ranks else b
+        ca, cb = describe_call(a_fp), describe_call(b_fp)
+        return CollectiveMismatch(
+            f"collective mismatch at seq {seq} on comm {ctx:x}: rank {ra} issued {ca}, rank {rb} issued {cb}",
+            seq, (ra, rb), (ca, cb))
 
 
 def failure_frame(ctx: int, ranks: tuple[int, ...], rank: int, seq: int, fp: Fingerprint,

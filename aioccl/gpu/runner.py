@@ -45,6 +45,7 @@ from ..kernels import gpu as kernels
 from ..work import Work
 from . import plans
 from .events import wait_event
+from .host_phase import host_op
 from .ipc import EXPORT_BYTES, Export, IpcTable
 from .pinned import Block, PinnedPool
 from .probe import load_cupy
@@ -286,7 +287,7 @@ class GpuRunner:
             if reads and events:
                 await wait_event(events[k])
             piece = len(pieces) > 1
-            await _host_op(side, g.name, rank, g.root, g.op, hin[a:b] if piece else hin,
+            await host_op(side, g.name, rank, g.root, g.op, hin[a:b] if piece else hin,
                            hout[a:b] if piece else hout, self._remaining(deadline))
             if writes and g.out.array.nbytes:
                 lo, hi = (a, b) if piece else (0, g.out.array.size)
@@ -401,32 +402,3 @@ def _raw(cp: Any, ptr: int, nbytes: int, dev: int) -> Any:
     """A uint8 cupy array over raw device memory (this rank's scratch or a peer's IPC mapping)."""
     mem = cp.cuda.UnownedMemory(ptr, nbytes, None, dev)
     return cp.ndarray((nbytes,), dtype=np.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
-
-
-async def _host_op(side: Communicator, name: str, rank: int, root: int, op: ReduceOp | None, hin: np.ndarray,
-                   hout: np.ndarray, timeout: float) -> None:
-    """The staged op's host transfer on the private communicator, on pinned host views."""
-    o = op or ReduceOp.SUM
-    is_root = rank == root
-    if name == "all_reduce":
-        await side.all_reduce(hin, o, out=hout, timeout=timeout)
-    elif name == "reduce":
-        await (side.reduce(hin, root, o, out=hout, timeout=timeout) if is_root
-               else side.reduce(hin, root, o, timeout=timeout))
-    elif name == "broadcast":
-        await (side.broadcast(hin, root, out=hout, timeout=timeout) if is_root
-               else side.broadcast(hout, root, timeout=timeout))
-    elif name == "all_gather":
-        await side.all_gather(hin, out=hout, timeout=timeout)
-    elif name == "gather":
-        await (side.gather(hin, root, out=hout, timeout=timeout) if is_root
-               else side.gather(hin, root, timeout=timeout))
-    elif name == "reduce_scatter":
-        await side.reduce_scatter(hin, o, out=hout, timeout=timeout)
-    elif name == "scatter":
-        await (side.scatter(hin, root, out=hout, timeout=timeout) if is_root
-               else side.scatter(None, root, out=hout, timeout=timeout))
-    elif name == "all_to_all":
-        await side.all_to_all(hin, out=hout, timeout=timeout)
-    else:
-        raise ValueError(f"no GPU host phase for {name!r}")
