@@ -40,6 +40,7 @@ from .introspection import FlightRecorder, PendingOp, pending_op
 from .lifecycle import LifecycleOps
 from .p2p import PointToPointOps
 from .transport.ib.connection import IbConnection
+from .transport.shm_pair import ShmPairConnection
 from .tuning import Tuning
 from .work import Work
 
@@ -191,21 +192,22 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
 
     @property
     def transport(self) -> str:
-        """``"shm"`` when the collectives run over shared memory; else how this rank reaches its peers:
-        ``"tcp"``, ``"ib"``, or ``"ib+tcp"`` when some pairs run over each."""
+        """``"shm"`` when the collectives run over the shared-memory channel; else how this rank reaches
+        its peers: ``"shm"``, ``"tcp"`` or ``"ib"``, or several joined by ``+`` (``"shm+tcp"``) when
+        some pairs run over each."""
         if self._shm is not None:
             return "shm"
         kinds = {self.transport_to(p) for p in range(self.world_size) if p != self.rank}
         return "+".join(sorted(kinds)) if kinds else "tcp"
 
     def transport_to(self, peer: int) -> str:
-        """``"self"``, ``"tcp"`` or ``"ib"``: what carries this rank's messages to ``peer``
-        (point-to-point always; collectives too unless they run over shared memory)."""
+        """``"self"``, ``"shm"``, ``"tcp"`` or ``"ib"``: what carries this rank's messages to ``peer``
+        (point-to-point always; collectives too unless they run over the shared-memory channel)."""
         peer = self._peer(peer)
         if peer == self.rank:
             return "self"
         conn = self._engine.conns.get(self._view.ranks[peer])
-        return "ib" if isinstance(conn, IbConnection) else "tcp"
+        return "ib" if isinstance(conn, IbConnection) else "shm" if isinstance(conn, ShmPairConnection) else "tcp"
 
     def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """A zeroed array in this rank's registered shared memory (like ``ncclMemAlloc``).

@@ -196,8 +196,12 @@ async def test_parked_ranks_are_woken_by_the_doorbell(engine):
         await close_all(comms)
 
 
-def test_the_choice_is_unanimous():
+def test_the_channel_is_unanimous_and_pairs_are_chosen_each_alone():
+    """Rank 1 refuses shared memory: no rank runs collectives over the shared-memory channel, but the pair
+    of the two willing ranks still talks over shared memory (the choice is per pair)."""
     proc = launch(3, "shm_one_refuses.py")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = sorted(ln.split("] ", 1)[-1] for ln in proc.stdout.splitlines() if "transport" in ln)
-    assert lines == [f"rank {r} transport tcp ok True" for r in range(3)], proc.stdout
+    assert lines == ["rank 0 transport shm+tcp to 0:self 1:tcp 2:shm ok True",
+                     "rank 1 transport tcp to 0:tcp 1:self 2:tcp ok True",
+                     "rank 2 transport shm+tcp to 0:shm 1:tcp 2:self ok True"], proc.stdout

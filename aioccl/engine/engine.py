@@ -24,6 +24,7 @@ from ..bootstrap.sockio import Closed
 from ..bootstrap.unique_id import UniqueId
 from ..dtypes import ReduceOp
 from ..errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument, PeerLost
+from ..transport import shm_pair_setup as pair_setup
 from ..transport.frames import (
     HEADER_SIZE,
     MISMATCH,
@@ -36,6 +37,7 @@ from ..transport.ib import setup as ib_setup
 from ..transport.ib.connection import IbConnection
 from ..transport.ib.detect import detect as ib_detect
 from ..transport.ib.port import Port
+from ..transport.shm_pair import PairHub, ShmPairConnection
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
 from ..tuning import Tuning
 from ..watchdog import Watchdog, report_unfinished, watchdog_seconds
@@ -106,7 +108,8 @@ class Engine:
         self.mailbox = Mailbox(self.loop, self.pool)
         self.mailbox.notify = self._notify_mismatch
         self.mailbox.forward = self._forward
-        self.conns: dict[int, TcpConnection | SelfConnection | IbConnection] = {}
+        self.conns: dict[int, TcpConnection | SelfConnection | IbConnection | ShmPairConnection] = {}
+        self.pair_hub: PairHub | None = None  # the bell of this rank's shared-memory pairs
         self.ib_port: Port | None = None  # the opened RDMA port, when some pairs run over ib
         self.table: Table | None = None
         self.tasks: set[asyncio.Task[None]] = set()
@@ -125,7 +128,8 @@ class Engine:
         liveness = peer_timeout()
         ib_settings, verdict = ib_setup.settings(), ib_detect()
         agreed = Tuning.from_env(os.environ).agreed()
-        self.table = await rendezvous(uid, rank, size, timeout, {**ib_setup.hello(verdict), "agreed": agreed})
+        self.table = await rendezvous(uid, rank, size, timeout,
+                                      {**ib_setup.hello(verdict), **pair_setup.hello(), "agreed": agreed})
         _check_agreement(self.table)
         ib_peers = ib_setup.choose(self.table.peers, rank, ib_settings.net)
         ib_conns: dict[int, IbConnection] = {}
@@ -134,8 +138,10 @@ class Engine:
             if self.ib_port is not None:
                 port = self.ib_port
                 self.pool.on_new = lambda b: port.register(b.ctypes.data, b.nbytes) if b.nbytes >= 1 << 16 else None
+        shm_peers = pair_setup.choose(self.table.peers, rank, exclude=set(ib_conns))
+        self.pair_hub, shm_conns = await pair_setup.connect(self, self.table.comm_id, shm_peers, liveness, timeout)
         for peer, sock in self.table.conns.items():
-            conn = ib_conns.get(peer) or TcpConnection(sock, peer, self.mailbox, liveness)
+            conn = ib_conns.get(peer) or shm_conns.get(peer) or TcpConnection(sock, peer, self.mailbox, liveness)
             conn.start()
             self.conns[peer] = conn
         self.conns[rank] = SelfConnection(rank, self.mailbox)
@@ -321,7 +327,7 @@ class Engine:
         conn = self.conns.get(peer)
         if conn is None or conn.closed:
             return
-        if isinstance(conn, TcpConnection):
+        if isinstance(conn, (TcpConnection, ShmPairConnection)):
             conn.send_control(frame)
             return
 
@@ -355,6 +361,8 @@ class Engine:
         await asyncio.gather(*(c.close(graceful=True) for c in self.conns.values()))
         if self.ib_port is not None:
             self.ib_port.close()
+        if self.pair_hub is not None:
+            self.pair_hub.close()
         for t in list(self.tasks):
             t.cancel()
 
@@ -374,6 +382,8 @@ class Engine:
             c.abort()
         if self.ib_port is not None:
             self.ib_port.close()
+        if self.pair_hub is not None:
+            self.pair_hub.close()
         self.mailbox.fail_all(exc)
         for t in list(self.tasks):
             t.cancel()

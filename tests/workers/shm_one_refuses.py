@@ -1,4 +1,4 @@
-"""Rank 1 alone sets AIOCCL_SHM_DISABLE: the decision must be unanimous, so every rank uses sockets."""
+"""Rank 1 alone sets AIOCCL_SHM_DISABLE: no shared-memory channel for anyone, pairs without rank 1 on shm."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ async def main() -> None:
     x = np.full(3, comm.rank + 1.0)
     await comm.all_reduce(x)
     n = comm.world_size
-    print(f"rank {comm.rank} transport {comm.transport} ok {bool((x == n * (n + 1) / 2).all())}", flush=True)
+    to = " ".join(f"{p}:{comm.transport_to(p)}" for p in range(n))
+    print(f"rank {comm.rank} transport {comm.transport} to {to} ok {bool((x == n * (n + 1) / 2).all())}", flush=True)
     await comm.close()
 
 

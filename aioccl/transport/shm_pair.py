@@ -1,0 +1,300 @@
+"""One same-host peer over shared memory: the frame transport of ``tcp.py``, moved through two byte rings.
+
+Each direction of the pair is a ``ByteRing`` in the *receiver's* segment.
+``send`` writes header and payload into the ring as the bytes fit (a payload
+larger than the ring streams through it, so a pair's memory is the ring's
+size whatever the message), and rings the receiver's bell. The receiver's
+bell wakes the ``PairHub``, which pumps every ring of the process through the
+same two-state reader as TCP: read a header, ask the sink (the mailbox) where
+the payload goes, copy it there, tell the sink it is done.
+
+A sender that finds the ring full marks it *blocked* and waits; the reader
+rings the sender's bell when it frees space in a blocked ring. Both sides
+also re-check every ``POLL_S`` while they wait, so a wake-up lost to store
+reordering between the flag and the counters costs a millisecond, never a
+hang.
+
+The pair's bootstrap socket stays open beside the rings as a side channel,
+as for ib: it carries the goodbye, and its end (EOF, or the kernel's verdict)
+reports a crashed peer at once. Before a loss is reported the rings are
+drained, so frames the peer wrote before it went (a failure notice, the last
+data of a graceful close) are never overtaken by the news of its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+
+from .. import log
+from ..bootstrap.sockio import Closed
+from .frames import BYE, HEADER_SIZE, Header, unpack
+from .shm import Segment
+from .shm_ring import ByteRing
+from .tcp import Sink, TcpConnection
+
+_log = log.get("SHM")
+POLL_S = 0.001
+READ_BUDGET = 4 << 20
+
+
+def bell_address(comm_id: int, rank: int) -> bytes:
+    return f"\0aioccl-pair-{comm_id & (2**64 - 1):016x}-{rank}".encode()
+
+
+class PairHub:
+    """This rank's bell for all its shared-memory pairs: a wake-up pumps every inbound ring and
+    releases every sender that waits for space."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, comm_id: int, rank: int) -> None:
+        self.loop, self.comm_id = loop, comm_id
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            self.sock.bind(bell_address(comm_id, rank))
+            self.sock.setblocking(False)
+            self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._out.setblocking(False)
+        except BaseException:
+            self.sock.close()
+            raise
+        self.conns: list[ShmPairConnection] = []
+        self.segment: Segment | None = None  # mine, holding my inbound rings; closed with the hub
+        self._addrs: dict[int, bytes] = {}
+        self._reading = False
+
+    def start(self) -> None:
+        if not self._reading:
+            self.loop.add_reader(self.sock.fileno(), self._on_bell)
+            self._reading = True
+
+    def ring(self, rank: int) -> None:
+        addr = self._addrs.get(rank)
+        if addr is None:
+            addr = self._addrs[rank] = bell_address(self.comm_id, rank)
+        try:
+            self._out.sendto(b"!", addr)
+        except OSError:
+            pass  # a full bell has rung already; a vanished peer is seen on its side channel
+
+    def _on_bell(self) -> None:
+        while True:
+            try:
+                self.sock.recv(64)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+        for c in list(self.conns):
+            c.pump()
+            c.wake_sender()
+
+    def close(self) -> None:
+        if self._reading:
+            self._reading = False
+            try:
+                self.loop.remove_reader(self.sock.fileno())
+            except (ValueError, OSError):
+                pass
+        self.sock.close()
+        self._out.close()
+        for c in list(self.conns):
+            c._shut()
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
+
+
+class _SideChannel:
+    """The sink of the side-channel socket: a goodbye, and the end of the peer."""
+
+    def __init__(self, conn: ShmPairConnection) -> None:
+        self.conn = conn
+
+    def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]:
+        raise ValueError(f"unexpected frame on the shared-memory side channel: {h}")
+
+    def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None:
+        self.conn.pump()  # what the peer wrote before it went comes first
+        self.conn._ended(exc, graceful or self.conn.side.bye_received)
+
+
+class ShmPairConnection:
+    def __init__(self, hub: PairHub, peer: int, sink: Sink, sock: socket.socket, tx: ByteRing, rx: ByteRing,
+                 liveness: float | None, segment: Segment | None = None) -> None:
+        self.hub, self.peer, self.sink, self.tx, self.rx = hub, peer, sink, tx, rx
+        self.loop = hub.loop
+        self.side = TcpConnection(sock, peer, _SideChannel(self), liveness)
+        self.segment = segment  # the peer's, holding my outbound ring: closed when this connection ends
+        self.closed = False
+        self._lock = asyncio.Lock()
+        self._space: asyncio.Event | None = None
+        self._control = bytearray()
+        self._hbuf = bytearray(HEADER_SIZE)
+        self._hview = memoryview(self._hbuf)
+        self._view = self._hview
+        self._got = 0
+        self._done: Callable[[], None] | None = None
+
+    def start(self) -> None:
+        self.side.start()
+        self.hub.conns.append(self)
+        self.hub.start()
+        self.pump()  # frames the peer sent before this side was ready
+
+    # -- sending ---------------------------------------------------------------
+    async def send(self, header: bytes, payload: memoryview | None) -> None:
+        if self.closed:
+            raise Closed("connection already closed")
+        async with self._lock:
+            if self._control:
+                await self._write(memoryview(self._take_control()))
+            await self._write(memoryview(header))
+            if payload is not None and len(payload):
+                await self._write(payload.cast("B") if payload.format != "B" else payload)
+            if self._control:
+                await self._write(memoryview(self._take_control()))
+            self.hub.ring(self.peer)  # once per frame: the reader wakes to a whole frame, not its header
+
+    async def _write(self, buf: memoryview) -> None:
+        off = 0
+        while off < len(buf):
+            n = self.tx.write(buf[off:])
+            if n:
+                off += n
+                continue
+            self.hub.ring(self.peer)  # the ring is full: the reader must drain it before more fits
+            await self._wait_for_space()
+
+    async def _wait_for_space(self) -> None:
+        if self.closed:
+            raise Closed("connection closed while sending")
+        self._space = asyncio.Event()
+        self.tx.set_blocked(True)
+        try:
+            if self.tx.free() == 0:  # re-check after raising the flag: the reader may have just freed space
+                try:
+                    await asyncio.wait_for(self._space.wait(), POLL_S)
+                except TimeoutError:
+                    pass
+        finally:
+            self.tx.set_blocked(False)
+            self._space = None
+        if self.closed:
+            raise Closed("connection closed while sending")
+
+    def wake_sender(self) -> None:
+        if self._space is not None and self.tx.free():
+            self._space.set()
+
+    def send_control(self, frame: bytes) -> None:
+        """A small control frame, now if no frame is half written and it fits, else right after the current one."""
+        if self.closed:
+            return
+        if not self._lock.locked() and not self._control and self.tx.free() >= len(frame):
+            self.tx.write(memoryview(frame))
+            self.hub.ring(self.peer)
+            return
+        self._control += frame
+        if not self._lock.locked():
+            self.loop.create_task(self._flush_control())
+
+    async def _flush_control(self) -> None:
+        try:
+            async with self._lock:
+                if self._control and not self.closed:
+                    await self._write(memoryview(self._take_control()))
+                    self.hub.ring(self.peer)
+        except Closed:
+            pass
+
+    def _take_control(self) -> bytes:
+        data, self._control = bytes(self._control), bytearray()
+        return data
+
+    # -- receiving -------------------------------------------------------------
+    def pump(self) -> None:
+        """Read what the peer has published: headers, then payloads straight into their targets."""
+        if self.closed:
+            return
+        budget = READ_BUDGET
+        freed = False
+        try:
+            while budget > 0:
+                view = self._view
+                n = self.rx.read_into(view[self._got:])
+                if n == 0:
+                    break
+                freed = True
+                budget -= n
+                self._got += n
+                if self._got < len(view):
+                    break  # the ring is empty; the rest comes with the next bell
+                self._got = 0
+                if self._done is None:
+                    self._on_header(unpack(self._hbuf))
+                else:
+                    done, self._done, self._view = self._done, None, self._hview
+                    done()
+        except ValueError as e:  # a corrupt header: the stream cannot be trusted any more
+            self._ended(e, False)
+            return
+        if freed and self.rx.producer_blocked():
+            self.hub.ring(self.peer)
+        if budget <= 0:
+            self.loop.call_soon(self.pump)  # more is there; let other callbacks run first
+
+    def _on_header(self, h: Header) -> None:
+        if h.kind == BYE:
+            self.side.bye_received = True
+            return
+        target, done = self.sink.on_header(self.peer, h)
+        if h.nbytes:
+            self._view, self._done = target, done
+        else:
+            done()
+
+    # -- ending ----------------------------------------------------------------
+    def _ended(self, exc: BaseException, graceful: bool) -> None:
+        if self.closed:
+            return
+        self._shut()
+        self.side.abort()
+        _log.log(20 if graceful else 30, "connection to rank %d ended: %s", self.peer, exc)
+        self.sink.on_lost(self.peer, exc, graceful)
+
+    def _shut(self) -> None:
+        self.closed = True
+        if self in self.hub.conns:
+            self.hub.conns.remove(self)
+        if self._space is not None:
+            self._space.set()
+        self.tx.release()
+        self.rx.release()
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
+
+    async def close(self, graceful: bool) -> None:
+        """Say goodbye on the side channel (so the peer knows this was no crash) and close."""
+        if self.closed:
+            return
+        if graceful:
+            try:
+                async with asyncio.timeout(5.0):
+                    async with self._lock:
+                        await self._write(memoryview(Header(BYE, 0, 0, 0, 0, 0, 0).pack()))
+                        self.hub.ring(self.peer)
+            except (OSError, Closed, TimeoutError):
+                pass
+            await self.side.close(graceful=True)
+        self.abort()
+
+    def abort(self) -> None:
+        if self._control and not self._lock.locked() and not self.closed:  # last words: one try, no waiting
+            data = self._take_control()
+            if self.tx.free() >= len(data):
+                self.tx.write(memoryview(data))
+                self.hub.ring(self.peer)
+        self._shut()
+        self.side.abort()

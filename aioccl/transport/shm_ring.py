@@ -1,0 +1,99 @@
+"""A single-producer, single-consumer byte ring in shared memory: the stream under a shared-memory pair.
+
+One ring carries one direction of one pair of ranks, and behaves like the
+byte stream of a socket: the producer writes whatever fits and publishes it,
+the consumer reads whatever has been published. Frames (header + payload)
+are laid on it exactly as on TCP, so the same reader state machine serves.
+
+Layout, from ``base``::
+
+    [head: u64][pad to 64]   bytes ever published (written by the producer only)
+    [tail: u64][pad to 64]   bytes ever consumed (written by the consumer only)
+    [blocked: u64][pad]      1 while the producer waits for space (it wants a bell)
+    [pad to 256]
+    [data: cap bytes]
+
+Each counter has its own cache line and one writer; an aligned 8-byte store
+is atomic on x86, and total store order makes the data visible before the
+head that publishes it (shared memory is enabled on x86 only, see
+``shm_setup.TSO_MACHINES``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CTRL_BYTES = 256
+HEAD, TAIL, BLOCKED = 0, 8, 16  # u64 indices into the control block
+
+
+def ring_bytes(cap: int) -> int:
+    """Bytes one ring of capacity ``cap`` takes in a segment."""
+    return CTRL_BYTES + cap
+
+
+class ByteRing:
+    """One end's view of a ring (both ends construct the same view over their own mapping)."""
+
+    __slots__ = ("ctl", "data", "cap")
+
+    def __init__(self, buf: memoryview | bytearray, base: int, cap: int) -> None:
+        if cap <= 0 or cap % 64:
+            raise ValueError(f"ring capacity must be a positive multiple of 64, got {cap}")
+        self.ctl = np.frombuffer(buf, dtype=np.uint64, count=CTRL_BYTES // 8, offset=base)
+        self.data = np.frombuffer(buf, dtype=np.uint8, count=cap, offset=base + CTRL_BYTES)
+        self.cap = cap
+
+    def release(self) -> None:
+        """Let go of the shared memory (so its mapping can be closed): the ring is then empty and full."""
+        self.ctl = np.zeros(CTRL_BYTES // 8, dtype=np.uint64)
+        self.data = np.zeros(0, dtype=np.uint8)
+        self.cap = 0
+
+    def reset(self) -> None:
+        """Zero the counters (the owner does this once, before any peer maps the ring)."""
+        self.ctl[:] = 0
+
+    # -- producer ------------------------------------------------------------
+    def free(self) -> int:
+        return self.cap - int(self.ctl[HEAD] - self.ctl[TAIL])
+
+    def write(self, src: memoryview) -> int:
+        """Copy as much of ``src`` as fits and publish it; returns the bytes written (0: full)."""
+        head = int(self.ctl[HEAD])
+        n = min(len(src), self.cap - (head - int(self.ctl[TAIL])))
+        if n <= 0:
+            return 0
+        s = np.frombuffer(src, dtype=np.uint8, count=n)
+        at = head % self.cap
+        first = min(n, self.cap - at)
+        self.data[at:at + first] = s[:first]
+        if first < n:
+            self.data[:n - first] = s[first:]
+        self.ctl[HEAD] = head + n  # after the data: a consumer that sees the head sees the bytes
+        return n
+
+    def set_blocked(self, on: bool) -> None:
+        self.ctl[BLOCKED] = 1 if on else 0
+
+    # -- consumer ------------------------------------------------------------
+    def available(self) -> int:
+        return int(self.ctl[HEAD] - self.ctl[TAIL])
+
+    def read_into(self, dst: memoryview) -> int:
+        """Copy up to ``len(dst)`` published bytes into ``dst`` and free them; returns the count (0: empty)."""
+        tail = int(self.ctl[TAIL])
+        n = min(len(dst), int(self.ctl[HEAD]) - tail)
+        if n <= 0:
+            return 0
+        d = np.frombuffer(dst, dtype=np.uint8, count=n)
+        at = tail % self.cap
+        first = min(n, self.cap - at)
+        d[:first] = self.data[at:at + first]
+        if first < n:
+            d[first:] = self.data[:n - first]
+        self.ctl[TAIL] = tail + n  # after the copy: the producer may now overwrite those bytes
+        return n
+
+    def producer_blocked(self) -> bool:
+        return bool(self.ctl[BLOCKED])

@@ -1,0 +1,71 @@
+"""Shared memory as a transport between two ranks: the byte ring alone, then p2p, child communicators
+and a lost peer over it in real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from aioccl.transport.shm_ring import ByteRing, ring_bytes
+from conftest import ROOT, WORKERS
+
+
+def test_a_ring_carries_a_byte_stream_exactly_across_wrap_arounds():
+    cap = 256
+    ring = ByteRing(bytearray(ring_bytes(cap)), 0, cap)
+    rng = np.random.default_rng(5)
+    stream = rng.integers(0, 256, 20_000, dtype=np.uint8)
+    out = np.full(stream.size, 0xEE, np.uint8)  # poisoned
+    wrote = read = 0
+    while read < stream.size:
+        k = int(rng.integers(1, 300))
+        n = ring.write(memoryview(stream[wrote:wrote + k]))
+        assert n == min(k, stream.size - wrote, cap - (wrote - read))  # all that fits, never more
+        wrote += n
+        assert ring.available() == wrote - read and ring.free() == cap - (wrote - read)
+        k = int(rng.integers(1, 300))
+        got = ring.read_into(memoryview(out[read:read + k]))
+        assert got == min(k, wrote - read)
+        read += got
+    assert (out == stream).all()
+    assert ring.write(memoryview(bytes(cap))) == cap and ring.write(memoryview(b"x")) == 0  # full
+    assert not ring.producer_blocked()
+    ring.set_blocked(True)
+    assert ring.producer_blocked()
+
+
+def test_a_ring_refuses_a_capacity_it_cannot_align():
+    with pytest.raises(ValueError, match="multiple of 64"):
+        ByteRing(bytearray(1024), 0, 100)
+
+
+def run(scenario: str, n: int, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "PYTHONPATH": str(ROOT), "AIOCCL_SHM_DISABLE": "0", "AIOCCL_NET": "socket",
+            "AIOCCL_SHM_RING": "65536", **env}
+    return subprocess.run([sys.executable, "-m", "aioccl.run", "--keep-going", "--nproc-per-node", str(n),
+                           str(WORKERS / "shm_pairs.py"), scenario], env=full, capture_output=True, text=True,
+                          timeout=180)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_point_to_point_runs_over_shared_memory_pairs_bit_exact(n):
+    p = run("p2p", n)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.stdout.count(" p2p 7 sizes") == n, p.stdout
+
+
+@pytest.mark.parametrize("engine", ["inline", "thread"])
+def test_a_split_child_runs_over_shared_memory_pairs(engine):
+    p = run("children", 3, SHM_PAIRS_ENGINE=engine)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.stdout.count(" children") == 3, p.stdout
+
+
+def test_a_peer_lost_over_a_shared_memory_pair_is_seen_at_once():
+    p = run("peer_killed", 3)
+    assert "OK 1 lost 2 after" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "first failure: rank 2 was killed by SIGKILL" in p.stderr
