@@ -123,6 +123,12 @@ def test_a_forgotten_await_is_reported_not_dropped(transport):
         assert warned or state.group(1) == "complete", proc.stderr
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_peer_that_closed_after_its_part_dooms_nothing(transport):
+    got = results(run("closed_after_its_part", transport))
+    assert {r: v[0] for r, v in got.items()} == {0: "complete", 1: "complete", 2: "complete"}, got
+
+
 def test_settings_that_must_agree_are_compared_at_creation():
     got = results(run("diverging_knobs", "tcp"))
     assert set(got) == {0, 1, 2}, got

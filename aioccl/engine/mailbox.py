@@ -56,6 +56,7 @@ class Mailbox:
         self.p2p_posted: dict[tuple[int, int, int], deque[Posted]] = {}
         self.p2p_early: dict[tuple[int, int, int], deque[Early]] = {}
         self.lost: dict[int, PeerLost] = {}
+        self.closed_peers: set[int] = set()  # lost by a graceful close (after finishing their part of every op)
         self.lost_listeners: list[Callable[[int, PeerLost], None]] = []  # e.g. the shared-memory channel
         self._partial: dict[int, list[Posted]] = {}  # receives waiting on a frame still arriving
         self._dead: set[tuple[int, int]] = set()
@@ -154,6 +155,8 @@ class Mailbox:
     def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None:
         lost = PeerLost(peer, "it closed its communicator" if graceful else f"{type(exc).__name__}: {exc}")
         self.lost[peer] = lost
+        if graceful:
+            self.closed_peers.add(peer)
         for key in [k for k in self.posted if k[0] == peer]:
             self.posted.pop(key).fail(lost)
         for key3 in [k for k in self.p2p_posted if k[0] == peer]:
@@ -230,9 +233,9 @@ class Mailbox:
         doomed = self._doomed.get(op_key)
         if doomed is not None:
             return doomed
-        for r in ranks:
+        for r in ranks:  # a crashed rank dooms it; one that closed had finished its part of every op first
             lost = self.lost.get(r)
-            if lost is not None:
+            if lost is not None and r not in self.closed_peers:
                 return PeerLost(r, f"{lost.detail} (before seq {seq} on comm {ctx:x} began)")
         active = self.active[op_key] = Active(fp, ranks, rank)
         for peer, theirs in self._foreign.pop(op_key, {}).items():

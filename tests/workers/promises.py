@@ -130,6 +130,23 @@ async def forgotten_await(comm: aioccl.Communicator) -> None:
     comm.all_reduce(x)
 
 
+async def closed_after_its_part(comm: aioccl.Communicator) -> None:
+    """Rank 1 finishes its part of a broadcast and closes; rank 2 starts the same broadcast later and
+    must still complete it: a peer that closed had finished its part, so it dooms nothing."""
+    await comm.barrier()
+    b = np.arange(1000, dtype=np.int64) if comm.rank == 0 else np.full(1000, -1, np.int64)
+    if comm.rank == 2:
+        await asyncio.sleep(0.5)
+    await comm.broadcast(b, root=0)
+    ok = bool((b == np.arange(1000)).all())
+    if comm.rank == 1:
+        await comm.close()
+    else:
+        await asyncio.sleep(1.5 if comm.rank == 0 else 0.1)  # rank 0 stays until rank 2 has had its data
+        comm.abort()
+    print(f"RESULT {comm.rank} {'complete' if ok else 'WRONG'} - 0 :: -", flush=True)
+
+
 async def diverging_knobs() -> None:
     """Rank 1 has another AIOCCL_BUFFSIZE: refused at creation, on every rank, naming ranks and values."""
     if os.environ["AIOCCL_RANK"] == "1":
