@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from aioccl.transport.shm_ring import ByteRing, ring_bytes
+
 from conftest import ROOT, WORKERS
 
 
