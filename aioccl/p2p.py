@@ -13,6 +13,7 @@ import numpy as np
 
 from .buffers import Buf, adapt, byte_view, need_writable
 from .dtypes import dtype_code
+from .engine.point_to_point import start_recv, start_send
 from .errors import InvalidArgument
 from .work import Work
 
@@ -58,7 +59,7 @@ class PointToPointOps:
         payload = byte_view(xb.array)
         work._probe = lambda: [peer]
         desc = (xb.array.size, xb.array.dtype, None, None)
-        return self._track(work, lambda: eng.run_send(view, peer, tag, payload, code, t, work, None), desc)
+        return self._track(work, lambda: start_send(eng, view, peer, tag, payload, code, t, work, None), desc)
 
     send = isend
 
@@ -78,7 +79,7 @@ class PointToPointOps:
         target = byte_view(bb.array)
         work._probe = lambda: [peer]
         desc = (bb.array.size, bb.array.dtype, None, None)
-        return self._track(work, lambda: eng.run_recv(view, peer, tag, target, code, t, work,
+        return self._track(work, lambda: start_recv(eng, view, peer, tag, target, code, t, work,
                                                        bb.wrap(bb.array)), desc)
 
     recv = irecv

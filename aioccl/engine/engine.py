@@ -29,7 +29,6 @@ from ..transport.frames import (
     HEADER_SIZE,
     MISMATCH,
     NOTICE,
-    P2P,
     PROBE,
     Header,
 )
@@ -110,6 +109,7 @@ class Engine:
         self.mailbox.forward = self._forward
         self.conns: dict[int, TcpConnection | SelfConnection | IbConnection | ShmPairConnection] = {}
         self.pair_hub: PairHub | None = None  # the bell of this rank's shared-memory pairs
+        self.queued_sends: dict[int, int] = {}  # per world peer: p2p sends waiting for its connection
         self.ib_port: Port | None = None  # the opened RDMA port, when some pairs run over ib
         self.table: Table | None = None
         self.tasks: set[asyncio.Task[None]] = set()
@@ -245,43 +245,6 @@ class Engine:
                 self.mailbox.forget_op(comm.ctx, spec.seq)
             elif scratch_raw is not None:  # a failed op's scratch may still be written by a late frame
                 self.pool.release(scratch_raw)
-
-    async def run_send(self, comm: CommView, peer: int, tag: int, payload: memoryview, dtype_code: int,
-                       timeout: float, work: Work[Any], result: Any) -> None:
-        if not work._start():
-            return
-        try:
-            if self.aborted is not None:
-                raise self.aborted
-            async with asyncio.timeout(timeout):
-                hdr = Header(P2P, 0, dtype_code, 0, comm.ctx, tag, len(payload)).pack()
-                await self.send(comm.ranks[peer], hdr, payload)
-            work._set_result(result)
-        except TimeoutError:
-            work._set_exception(CollectiveTimeout(f"send(peer={peer}, tag={tag})", tag, [peer], timeout))
-        except AiocclError as e:
-            work._set_exception(e)
-
-    async def run_recv(self, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
-                       timeout: float, work: Work[Any], result: Any) -> None:
-        what = f"recv(peer={peer}, tag={tag})"
-        if self.aborted is not None:
-            if work._start():
-                work._set_exception(self.aborted)
-            return
-        fut = self.mailbox.post_p2p(comm.ranks[peer], comm.ctx, tag, target, dtype_code, what, work)
-        if fut is None:
-            return
-        try:
-            async with asyncio.timeout(timeout):
-                await asyncio.shield(fut)
-            work._set_result(result)
-        except TimeoutError:
-            self.mailbox.withdraw(comm.ranks[peer], comm.ctx, tag, fut)
-            if work._start() or not work.done():
-                work._set_exception(CollectiveTimeout(what, tag, [peer], timeout))
-        except AiocclError as e:
-            work._set_exception(e)
 
     # -- failure propagation (MPI ULFM's revoke, NCCL's abort) ----------------------------------------
     def _probe_tick(self) -> None:

@@ -59,6 +59,7 @@ class PairHub:
             self.sock.close()
             raise
         self.conns: list[ShmPairConnection] = []
+        self.spin_s = 0.0  # how long a receive may spin on a ring before it waits for the bell
         self.segment: Segment | None = None  # mine, holding my inbound rings; closed with the hub
         self._addrs: dict[int, bytes] = {}
         self._reading = False
@@ -155,6 +156,16 @@ class ShmPairConnection:
             if self._control:
                 await self._write(memoryview(self._take_control()))
             self.hub.ring(self.peer)  # once per frame: the reader wakes to a whole frame, not its header
+
+    def send_now(self, header: bytes, payload: memoryview) -> bool:
+        """Write a whole frame now, from synchronous code, if nothing is queued before it and it fits."""
+        if self.closed or self._lock.locked() or self._control or self.tx.free() < len(header) + len(payload):
+            return False
+        self.tx.write(memoryview(header))
+        if len(payload):
+            self.tx.write(payload.cast("B") if payload.format != "B" else payload)
+        self.hub.ring(self.peer)
+        return True
 
     async def _write(self, buf: memoryview) -> None:
         off = 0
