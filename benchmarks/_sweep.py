@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "pingpong")
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -36,8 +36,9 @@ def iterations(nbytes: int) -> tuple[int, int]:
 
 def measure(run: Callable[[], None], check: Callable[[], int], barrier: Callable[[], None],
             reduce_stats: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], nbytes: int,
-            n: int) -> dict[str, float]:
-    """``reduce_stats(v)`` -> (sum over ranks, max over ranks) of the vector v."""
+            n: int, legs: int = 1) -> dict[str, float]:
+    """``reduce_stats(v)`` -> (sum over ranks, max over ranks) of the vector v; ``legs``: one-way messages
+    in series per run (ping-pong: 2), so its times are one-way, as aioccl-perf reports them."""
     wrong = check()
     iters, warm = iterations(nbytes)
     for _ in range(warm):
@@ -48,8 +49,8 @@ def measure(run: Callable[[], None], check: Callable[[], int], barrier: Callable
     for _ in range(iters):
         t0 = time.perf_counter()
         run()
-        per.append(time.perf_counter() - t0)
-    loop = (time.perf_counter() - t_loop) / iters
+        per.append((time.perf_counter() - t0) / legs)
+    loop = (time.perf_counter() - t_loop) / iters / legs
     total, worst = reduce_stats(np.array([loop, float(np.median(per)), wrong], np.float64))
     return {"mean_us": total[0] / n * 1e6, "median_us": worst[1] * 1e6, "wrong": int(total[2]),
             "iters": iters}
@@ -70,7 +71,7 @@ def sweep(lib: str, op: str, n: int, sizes: list[int], setup: Callable[[int, int
         if inp == 0:
             continue
         run, check = setup(inp, total, total // n)
-        res = measure(run, check, barrier, reduce_stats, total * 4, n)
+        res = measure(run, check, barrier, reduce_stats, total * 4, n, 2 if op == "pingpong" else 1)
         points.append({"lib": lib, "op": op, "ranks": n, "bytes": total * 4, **res,
                        "busbw": total * 4 / (res["median_us"] * 1e-6) / 1e9 * busbw_factor(op, n)})
     return points

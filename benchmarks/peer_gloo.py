@@ -57,6 +57,25 @@ def worker(rank: int, n: int, port: int, op: str, sizes: list[int], q) -> None: 
                 dist.broadcast(x, 0)
                 return int((x.numpy() != values(0, inp)).sum())
             return run, check
+        elif op == "pingpong":  # pairs (0, 1), (2, 3), ...: the even rank sends first
+            x, out, mate = torch.zeros(inp), torch.zeros(inp), rank ^ 1
+
+            def run() -> None:
+                if mate >= n:
+                    return
+                if rank % 2 == 0:
+                    dist.send(x, mate)
+                    dist.recv(out, mate)
+                else:
+                    dist.recv(out, mate)
+                    dist.send(x, mate)
+
+            def check() -> int:
+                x.copy_(torch.from_numpy(values(rank, inp)))
+                out.fill_(-1)
+                run()
+                return int((out.numpy() != values(mate, inp)).sum()) if mate < n else 0
+            return run, check
         elif op == "all_gather":
             x, out = torch.zeros(inp), torch.zeros(total)
 

@@ -58,6 +58,25 @@ def main() -> None:
                 run()
                 return int((x != values(0, inp)).sum())
             return run, check
+        elif op == "pingpong":  # pairs (0, 1), (2, 3), ...: the even rank sends first
+            x, out, mate = np.full(inp, rank, np.float32), np.zeros(inp, np.float32), rank ^ 1
+
+            def run() -> None:
+                if mate >= n:
+                    return
+                if rank % 2 == 0:
+                    comm.Send(x, dest=mate, tag=2)
+                    comm.Recv(out, source=mate, tag=2)
+                else:
+                    comm.Recv(out, source=mate, tag=2)
+                    comm.Send(x, dest=mate, tag=2)
+
+            def check() -> int:
+                x[...] = values(rank, inp)
+                out[...] = -1
+                run()
+                return int((out != values(mate, inp)).sum()) if mate < n else 0
+            return run, check
         elif op == "all_gather":
             x, out = np.zeros(inp, np.float32), np.zeros(total, np.float32)
 

@@ -45,7 +45,7 @@ def parse_size(text: str) -> int:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="aioccl-perf", description=__doc__.split("\n\n")[0])
-    p.add_argument("op", choices=OPS)
+    p.add_argument("op", choices=OPS, help="pingpong: pairs (0,1), (2,3)... send back and forth; times are one-way")
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"))
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
     p.add_argument("-f", "--stepfactor", type=float, default=2.0)
@@ -106,7 +106,8 @@ async def _measure(comm: Any, case: Any, ns: argparse.Namespace) -> tuple[float,
         await case.run()
         sync()
         per_iter.append(time.perf_counter() - t0)
-    loop = (time.perf_counter() - t_loop) / ns.iters
+    loop = (time.perf_counter() - t_loop) / ns.iters / case.legs
+    per_iter = [t / case.legs for t in per_iter]
     sums = np.array([loop, wrong], np.float64)  # -> average time, total #wrong
     mins = np.array([loop])
     maxs = np.array([loop, float(np.median(per_iter))])  # -> slowest loop, slowest rank's median

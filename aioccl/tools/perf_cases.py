@@ -17,7 +17,7 @@ import numpy as np
 
 from ..communicator import Communicator
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv", "pingpong")
 ROOTED = ("broadcast", "reduce")
 
 
@@ -35,6 +35,7 @@ class Case:
     count: int  # nccl-tests' count column: elements of the whole buffer
     run: Callable[[], Awaitable[object]]
     check: Callable[[], Awaitable[int]]
+    legs: int = 1  # one-way messages in series per run: ping-pong reports the one-way time (round trip / 2)
 
 
 def values(rank: int, count: int, dt: np.dtype, redop: str) -> np.ndarray:
@@ -206,6 +207,32 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
             return e
 
         return Case(total, one, check)
+
+    if op == "pingpong":  # pairs (0, 1), (2, 3), ...: the even rank sends first; an odd last rank idles
+        if in_place:
+            return None
+        x, out = alloc(total, 0), alloc(total)
+        mate = r ^ 1
+
+        async def rally() -> None:
+            if mate >= n:
+                return
+            if r % 2 == 0:
+                await comm.isend(x, mate, tag=2)
+                await comm.irecv(out, mate, tag=2)
+            else:
+                await comm.irecv(out, mate, tag=2)
+                await comm.isend(x, mate, tag=2)
+
+        async def check_rally() -> int:
+            put(x, values(r, total, dt, redop))
+            put(out, poison(total, dt))
+            await rally()
+            e = wrong(out, values(mate, total, dt, redop)) if mate < n else 0
+            put(x, 0)
+            return e
+
+        return Case(total, rally, check_rally, legs=2)
     raise ValueError(f"unknown op {op!r}")
 
 
