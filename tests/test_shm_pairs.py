@@ -4,6 +4,7 @@ and a lost peer over it in real processes."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -70,3 +71,13 @@ def test_a_peer_lost_over_a_shared_memory_pair_is_seen_at_once():
     p = run("peer_killed", 3)
     assert "OK 1 lost 2 after" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
     assert "first failure: rank 2 was killed by SIGKILL" in p.stderr
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_unexpected_large_sends_wait_at_the_sender_not_in_the_receivers_memory(transport):
+    """40 x 4 MiB sent before any receive is posted: 160 MiB that, buffered, would grow the receiver."""
+    p = run("backlog", 2, AIOCCL_SHM_DISABLE="1" if transport == "tcp" else "0")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    m = re.search(r"OK 1 backlog 40 intact, grew (-?\d+) MiB", p.stdout)
+    assert m and int(m.group(1)) <= 32, p.stdout
+    assert "OK 0 sent 40" in p.stdout

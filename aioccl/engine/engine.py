@@ -46,6 +46,7 @@ from .mailbox import Mailbox
 from .notices import Active, Fingerprint, failure_frame
 from .placement import Placement
 from .pool import BufferPool
+from .rendezvous import eager_limit
 from .shm_channel import ShmChannel
 
 _log = log.get("PROXY")
@@ -107,6 +108,8 @@ class Engine:
         self.mailbox = Mailbox(self.loop, self.pool)
         self.mailbox.notify = self._notify_mismatch
         self.mailbox.forward = self._forward
+        self.mailbox.rdv.send_control = self._control
+        self.eager = eager_limit()  # larger p2p payloads go by rendezvous
         self.conns: dict[int, TcpConnection | SelfConnection | IbConnection | ShmPairConnection] = {}
         self.pair_hub: PairHub | None = None  # the bell of this rank's shared-memory pairs
         self.queued_sends: dict[int, int] = {}  # per world peer: p2p sends waiting for its connection

@@ -23,6 +23,7 @@ import asyncio
 import functools
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,11 +32,14 @@ from .. import log
 from ..errors import AiocclError, PeerLost
 from ..transport.frames import (
     COLL,
+    CTS,
     FAIL,
     MAX_FAILURE_BYTES,
     MISMATCH,
     NOTICE,
     PROBE,
+    RDATA,
+    RTS,
     Header,
     unpack_failure,
 )
@@ -43,6 +47,7 @@ from ..work import Work
 from .notices import Active, Fingerprint, failure_error
 from .pool import BufferPool
 from .receives import Early, Posted
+from .rendezvous import Rendezvous
 
 _log = log.get("COLL")
 
@@ -56,6 +61,7 @@ class Mailbox:
         self.p2p_posted: dict[tuple[int, int, int], deque[Posted]] = {}
         self.p2p_early: dict[tuple[int, int, int], deque[Early]] = {}
         self.lost: dict[int, PeerLost] = {}
+        self.rdv = Rendezvous(loop)  # large p2p messages: their ready-to-send, clear-to-send and data
         self.closed_peers: set[int] = set()  # lost by a graceful close (after finishing their part of every op)
         self.lost_listeners: list[Callable[[int, PeerLost], None]] = []  # e.g. the shared-memory channel
         self._partial: dict[int, list[Posted]] = {}  # receives waiting on a frame still arriving
@@ -93,7 +99,15 @@ class Mailbox:
                 return self._discard(h)
             buf = self.pool.acquire(h.nbytes)
             return buf.data[: h.nbytes], lambda: self._on_failure(peer, h, buf)
-        else:
+        elif h.kind == CTS:
+            self.rdv.on_cts(peer, h)
+            return self._discard(h)
+        elif h.kind == RDATA:
+            posted = self.rdv.on_data(peer, h)
+            if posted is None or h.nbytes != len(posted.target):
+                return self._discard(h)
+            return posted.target, posted.complete
+        else:  # P2P, or the RTS of a large one
             key3 = (peer, h.ctx, h.seq)
             p = None
             queue = self.p2p_posted.get(key3)
@@ -108,6 +122,9 @@ class Mailbox:
                 e = Early(peer, h, self.pool)
                 self.p2p_early.setdefault(key3, deque()).append(e)
                 return e.view(), e.finish
+            if h.kind == RTS:
+                self._match_rts(peer, h, p)
+                return self._discard(h)
         err = p.mismatch(peer, h)
         if err is not None:
             p.fail(err)
@@ -170,6 +187,7 @@ class Mailbox:
             self.p2p_early[key3] = deque(e for e in self.p2p_early[key3] if e.done)
         for p in self._partial.pop(peer, ()):
             p.fail(lost)
+        self.rdv.on_lost(peer, lost)
         # a crash fails every collective running here that includes the peer, not only those receiving
         # from it: a rank waiting on a live peer that is itself stuck on the lost one would time out.
         # A peer that closed its communicator finished its part of every op first: only its receives fail.
@@ -301,9 +319,14 @@ class Mailbox:
                 return None
             fut = self.loop.create_future()
             p = Posted(target, fut, 0, dtype, what, work)
-            self._attach(early.popleft(), p)
+            e = early.popleft()
             if not early:
                 del self.p2p_early[key]
+            if e.header.kind == RTS:
+                e.pool.release(e.buf)
+                self._match_rts(peer, e.header, p)
+            else:
+                self._attach(e, p)
             return fut
         fut = self.loop.create_future()
         p = Posted(target, fut, 0, dtype, what, work)
@@ -314,6 +337,16 @@ class Mailbox:
         self.p2p_posted.setdefault(key, deque()).append(p)
         work._on_cancel = functools.partial(self.loop.call_soon_threadsafe, self._unpost_p2p, key, p)
         return fut
+
+    def _match_rts(self, peer: int, h: Header, p: Posted) -> None:
+        """A large message met its receive: ask for its data (or, if the two do not match, discard it)."""
+        if peer in self.lost:
+            p.fail(self.lost[peer])
+            return
+        err = p.mismatch(peer, replace(h, nbytes=h.count))
+        if err is not None:
+            p.fail(err)
+        self.rdv.clear(peer, h, None if err is not None else p)
 
     def _attach(self, e: Early, p: Posted) -> None:
         if e.done:
@@ -333,6 +366,7 @@ class Mailbox:
 
     def withdraw(self, peer: int, ctx: int, tag: int, fut: asyncio.Future[None]) -> None:
         """A timed-out p2p receive leaves the queue (its successor takes the next message)."""
+        self.rdv.withdraw(fut)
         queue = self.p2p_posted.get((peer, ctx, tag))
         if queue:
             for p in list(queue):

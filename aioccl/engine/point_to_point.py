@@ -23,6 +23,7 @@ from ..errors import AiocclError, CollectiveTimeout
 from ..transport.frames import P2P, Header
 from ..transport.shm_pair import ShmPairConnection
 from ..work import Work
+from . import rendezvous
 
 if TYPE_CHECKING:
     from .engine import CommView, Engine
@@ -32,7 +33,8 @@ def start_send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memory
                timeout: float, work: Work[Any], result: Any) -> Coroutine[Any, Any, None] | None:
     world = comm.ranks[peer]
     conn = eng.conns.get(world)
-    if isinstance(conn, ShmPairConnection) and eng.aborted is None and not eng.queued_sends.get(world):
+    if (isinstance(conn, ShmPairConnection) and eng.aborted is None and not eng.queued_sends.get(world)
+            and len(payload) <= eng.eager):
         hdr = Header(P2P, 0, dtype_code, 0, comm.ctx, tag, len(payload)).pack()
         if conn.send_now(hdr, payload):
             if work._start():
@@ -51,8 +53,16 @@ async def _send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memor
         if eng.aborted is not None:
             raise eng.aborted
         async with asyncio.timeout(timeout):
-            hdr = Header(P2P, 0, dtype_code, 0, comm.ctx, tag, len(payload)).pack()
-            await eng.send(world, hdr, payload)
+            if len(payload) <= eng.eager:
+                await eng.send(world, Header(P2P, 0, dtype_code, 0, comm.ctx, tag, len(payload)).pack(), payload)
+            else:
+                rid, cts = eng.mailbox.rdv.expect_cts(world)
+                try:
+                    await eng.send(world, rendezvous.rts(comm.ctx, tag, dtype_code, len(payload), rid), None)
+                    await cts  # the receiver has posted a receive for it
+                    await eng.send(world, rendezvous.data(comm.ctx, tag, dtype_code, len(payload), rid), payload)
+                finally:
+                    eng.mailbox.rdv.forget(world, rid)
         work._set_result(result)
     except TimeoutError:
         work._set_exception(CollectiveTimeout(f"send(peer={peer}, tag={tag})", tag, [peer], timeout))

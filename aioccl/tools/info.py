@@ -99,7 +99,7 @@ def shared_memory(env: Mapping[str, str]) -> dict[str, Any]:
 def check_knobs(env: Mapping[str, str]) -> list[str]:
     """The error each knob's own parser raises for the values set now (none when all parse)."""
     from aioccl.communicator import _env_timeout
-    from aioccl.engine import shm_setup
+    from aioccl.engine import rendezvous, shm_setup
     from aioccl.errors import AiocclError
     from aioccl.gpu import runner as gpu_runner
     from aioccl.introspection import recorder_size
@@ -111,7 +111,8 @@ def check_knobs(env: Mapping[str, str]) -> list[str]:
     checks: list[Callable[[], object]] = [
         lambda: _env_timeout(env), lambda: recorder_size(env), lambda: tcp.peer_timeout(dict(env)),
         lambda: Tuning.from_env(env), lambda: shm_setup.settings(env), lambda: ib_setup.settings(env),
-        lambda: gpu_runner.settings(env), lambda: watchdog_seconds(env), lambda: shm_pair_setup.ring_capacity(env)]
+        lambda: gpu_runner.settings(env), lambda: watchdog_seconds(env), lambda: shm_pair_setup.ring_capacity(env),
+        lambda: rendezvous.eager_limit(env)]
     problems = []
     for check in checks:
         try:

@@ -21,8 +21,11 @@ CULPRIT = struct.Struct("<i")  # then that many world ranks, then the reporter's
 MAX_FAILURE_BYTES = 4096  # a FAIL frame's payload is capped: it is read into a pooled buffer
 
 COLL, P2P, BYE, MISMATCH, FAIL, PROBE = 1, 2, 3, 4, 5, 6
+# a large point-to-point message goes by rendezvous: ready-to-send (no payload; count = its bytes, k = its id),
+# clear-to-send (the receiver has posted a receive for it), then its data
+RTS, CTS, RDATA = 7, 8, 9
 KIND_NAMES = {COLL: "collective", P2P: "p2p", BYE: "bye", MISMATCH: "mismatch notice", FAIL: "failure notice",
-              PROBE: "fingerprint probe"}
+              PROBE: "fingerprint probe", RTS: "ready to send", CTS: "clear to send", RDATA: "rendezvous data"}
 LOST, TIMEOUT, ABORTED = 1, 2, 3  # a FAIL frame's causes
 
 

@@ -68,6 +68,33 @@ async def peer_killed(comm: aioccl.Communicator) -> None:
     comm.abort()
 
 
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+async def backlog(comm: aioccl.Communicator) -> None:
+    """Rank 0 sends MESSAGES x 4 MiB before rank 1 posts anything: rank 1's memory must not grow by them."""
+    count = int(os.environ.get("BACKLOG_MESSAGES", "40"))
+    await comm.barrier()
+    if comm.rank == 0:
+        msgs = [np.full(1 << 20, i, np.int32) for i in range(count)]
+        t0 = time.monotonic()
+        await asyncio.gather(*(comm.isend(m, 1, tag=5) for m in msgs))
+        print(f"OK 0 sent {count} after {time.monotonic() - t0:.2f}s", flush=True)
+    else:
+        before = rss_mib()
+        await asyncio.sleep(1.0)  # the sender has issued everything by now
+        grown = rss_mib() - before
+        buf = np.empty(1 << 20, np.int32)
+        for i in range(count):
+            buf[:] = -1
+            await comm.irecv(buf, 0, tag=5)
+            assert (buf == i).all(), (i, np.unique(buf)[:5])
+        print(f"OK 1 backlog {count} intact, grew {grown:.0f} MiB while unposted", flush=True)
+    await comm.barrier()
+
+
 async def main() -> None:
     comm = await aioccl.init(timeout=60, engine=os.environ.get("SHM_PAIRS_ENGINE", "auto"))
     await globals()[sys.argv[1]](comm)
