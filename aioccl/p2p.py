@@ -46,7 +46,11 @@ class PointToPointOps:
 
     def isend(self, x: Any, peer: int, tag: int = 0, *, timeout: float | None = None,
               stream: Any = None) -> Work[None]:
-        """Send ``x`` to ``peer``; done once the data is handed to the transport."""
+        """Send ``x`` to ``peer``; done once the data is handed to the transport.
+
+        A payload over ``AIOCCL_P2P_EAGER`` (1 MiB) goes by rendezvous: it leaves only once ``peer`` has
+        posted a matching receive, so the send completes then, and its deadline counts until then.
+        """
         peer, tag = self._peer(peer), self._tag(tag)
         xb = adapt(x, "x")
         t = self._op_timeout(timeout)
