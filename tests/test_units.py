@@ -13,7 +13,7 @@ from aioccl import environment
 from aioccl.bootstrap import auth, netif
 from aioccl.engine.pool import BufferPool
 from aioccl.errors import BootstrapError
-from aioccl.transport.frames import COLL, Header, unpack
+from aioccl.transport.frames import COLL, KIND_NAMES, Header, unpack
 from aioccl.tuning import Tuning
 
 
@@ -90,7 +90,7 @@ def test_frame_header_round_trip():
     assert unpack(h.pack()) == h and len(h.pack()) == 48
     assert h.fingerprint() == (3, 9, 2, 1 << 38, 5)
     with pytest.raises(ValueError, match="unknown kind"):
-        unpack(b"\x09" + bytes(47))
+        unpack(bytes([max(KIND_NAMES) + 1]) + bytes(47))
     with pytest.raises(ValueError, match="payload bytes"):
         unpack(Header(COLL, 1, 1, 0, 1, 0, 1 << 50).pack())
 
