@@ -27,6 +27,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 
 from .. import log
 
@@ -158,11 +159,13 @@ def doorbell_address(comm_id: int, rank: int) -> bytes:
 class Doorbell:
     """My bell (a bound datagram socket) and the means to ring peers' bells."""
 
-    def __init__(self, comm_id: int, rank: int) -> None:
+    def __init__(self, comm_id: int, rank: int,
+                 address: Callable[[int, int], bytes] = doorbell_address) -> None:
         self.comm_id = comm_id
+        self.address = address
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            self.sock.bind(doorbell_address(comm_id, rank))
+            self.sock.bind(address(comm_id, rank))
             self.sock.setblocking(False)
             self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             self._out.setblocking(False)
@@ -177,7 +180,7 @@ class Doorbell:
     def ring(self, rank: int) -> None:
         addr = self._addrs.get(rank)
         if addr is None:
-            addr = self._addrs[rank] = doorbell_address(self.comm_id, rank)
+            addr = self._addrs[rank] = self.address(self.comm_id, rank)
         try:
             self._out.sendto(b"!", addr)
         except OSError:

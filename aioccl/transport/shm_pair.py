@@ -29,10 +29,11 @@ from collections.abc import Callable
 
 from .. import log
 from ..bootstrap.sockio import Closed
-from .frames import BYE, HEADER_SIZE, Header, unpack
-from .shm import Segment
+from .frames import BYE, Header
+from .reader import FrameReader, Sink
+from .shm import Doorbell, Segment
 from .shm_ring import ByteRing
-from .tcp import Sink, TcpConnection
+from .tcp import TcpConnection
 
 _log = log.get("SHM")
 POLL_S = 0.001
@@ -48,44 +49,23 @@ class PairHub:
     releases every sender that waits for space."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, comm_id: int, rank: int) -> None:
-        self.loop, self.comm_id = loop, comm_id
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            self.sock.bind(bell_address(comm_id, rank))
-            self.sock.setblocking(False)
-            self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            self._out.setblocking(False)
-        except BaseException:
-            self.sock.close()
-            raise
+        self.loop = loop
+        self.bell = Doorbell(comm_id, rank, bell_address)
         self.conns: list[ShmPairConnection] = []
         self.spin_s = 0.0  # how long a receive may spin on a ring before it waits for the bell
         self.segment: Segment | None = None  # mine, holding my inbound rings; closed with the hub
-        self._addrs: dict[int, bytes] = {}
         self._reading = False
 
     def start(self) -> None:
         if not self._reading:
-            self.loop.add_reader(self.sock.fileno(), self._on_bell)
+            self.loop.add_reader(self.bell.fileno(), self._on_bell)
             self._reading = True
 
     def ring(self, rank: int) -> None:
-        addr = self._addrs.get(rank)
-        if addr is None:
-            addr = self._addrs[rank] = bell_address(self.comm_id, rank)
-        try:
-            self._out.sendto(b"!", addr)
-        except OSError:
-            pass  # a full bell has rung already; a vanished peer is seen on its side channel
+        self.bell.ring(rank)
 
     def _on_bell(self) -> None:
-        while True:
-            try:
-                self.sock.recv(64)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break
+        self.bell.drain()
         for c in list(self.conns):
             c.pump()
             c.wake_sender()
@@ -94,11 +74,10 @@ class PairHub:
         if self._reading:
             self._reading = False
             try:
-                self.loop.remove_reader(self.sock.fileno())
+                self.loop.remove_reader(self.bell.fileno())
             except (ValueError, OSError):
                 pass
-        self.sock.close()
-        self._out.close()
+        self.bell.close()
         for c in list(self.conns):
             c._shut()
         if self.segment is not None:
@@ -131,11 +110,7 @@ class ShmPairConnection:
         self._lock = asyncio.Lock()
         self._space: asyncio.Event | None = None
         self._control = bytearray()
-        self._hbuf = bytearray(HEADER_SIZE)
-        self._hview = memoryview(self._hbuf)
-        self._view = self._hview
-        self._got = 0
-        self._done: Callable[[], None] | None = None
+        self.reader = FrameReader(peer, sink)
 
     def start(self) -> None:
         self.side.start()
@@ -228,42 +203,18 @@ class ShmPairConnection:
         """Read what the peer has published: headers, then payloads straight into their targets."""
         if self.closed:
             return
-        budget = READ_BUDGET
-        freed = False
+        before = self.rx.available()
         try:
-            while budget > 0:
-                view = self._view
-                n = self.rx.read_into(view[self._got:])
-                if n == 0:
-                    break
-                freed = True
-                budget -= n
-                self._got += n
-                if self._got < len(view):
-                    break  # the ring is empty; the rest comes with the next bell
-                self._got = 0
-                if self._done is None:
-                    self._on_header(unpack(self._hbuf))
-                else:
-                    done, self._done, self._view = self._done, None, self._hview
-                    done()
+            budget = self.reader.feed(self.rx.read_into, READ_BUDGET)
         except ValueError as e:  # a corrupt header: the stream cannot be trusted any more
             self._ended(e, False)
             return
-        if freed and self.rx.producer_blocked():
+        if self.reader.bye_received:
+            self.side.reader.bye_received = True
+        if before and self.rx.producer_blocked():
             self.hub.ring(self.peer)
         if budget <= 0:
             self.loop.call_soon(self.pump)  # more is there; let other callbacks run first
-
-    def _on_header(self, h: Header) -> None:
-        if h.kind == BYE:
-            self.side.bye_received = True
-            return
-        target, done = self.sink.on_header(self.peer, h)
-        if h.nbytes:
-            self._view, self._done = target, done
-        else:
-            done()
 
     # -- ending ----------------------------------------------------------------
     def _ended(self, exc: BaseException, graceful: bool) -> None:

@@ -19,13 +19,12 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Callable
-from typing import Protocol
 
 from .. import log
 from ..bootstrap.sockio import Closed
 from ..envvars import env_float
-from .frames import BYE, HEADER_SIZE, Header, unpack
+from .frames import BYE, Header, unpack
+from .reader import FrameReader, Sink
 
 _log = log.get("NET")
 READ_BUDGET = 4 << 20
@@ -57,11 +56,6 @@ def watch_liveness(sock: socket.socket, timeout: float) -> None:
         _log.info("cannot set TCP keepalive/user timeout (%s); a lost host is found by op deadlines only", e)
 
 
-class Sink(Protocol):
-    def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]: ...
-    def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None: ...
-
-
 class TcpConnection:
     def __init__(self, sock: socket.socket, peer: int, sink: Sink, liveness: float | None = None) -> None:
         self.sock = sock
@@ -72,13 +66,8 @@ class TcpConnection:
         self.loop = asyncio.get_running_loop()
         self._lock = asyncio.Lock()
         self.closed = False
-        self.bye_received = False
         self._reading = False
-        self._hbuf = bytearray(HEADER_SIZE)
-        self._hview = memoryview(self._hbuf)
-        self._view = self._hview  # where the bytes being read go: the header, or a payload target
-        self._got = 0
-        self._done: Callable[[], None] | None = None  # set while a payload is being read
+        self.reader = FrameReader(peer, sink)
         self._control = bytearray()  # control frames (failure notices) waiting for the socket
         self._flusher: asyncio.Task[None] | None = None
 
@@ -144,26 +133,22 @@ class TcpConnection:
         if data and not self.closed:
             await self.loop.sock_sendall(self.sock, data)
 
-    def _on_readable(self) -> None:
-        budget = READ_BUDGET
+    @property
+    def bye_received(self) -> bool:
+        return self.reader.bye_received
+
+    def _recv(self, view: memoryview) -> int:
         try:
-            while budget > 0:
-                view = self._view
-                n = self.sock.recv_into(view[self._got:])
-                if n == 0:
-                    raise Closed("connection closed by peer")
-                budget -= n
-                self._got += n
-                if self._got < len(view):
-                    return  # the socket is drained; the rest comes with the next callback
-                self._got = 0
-                if self._done is None:
-                    self._on_header(unpack(self._hbuf))
-                else:
-                    done, self._done, self._view = self._done, None, self._hview
-                    done()
+            n = self.sock.recv_into(view)
         except (BlockingIOError, InterruptedError):
-            return
+            return 0
+        if n == 0:
+            raise Closed("connection closed by peer")
+        return n
+
+    def _on_readable(self) -> None:
+        try:
+            self.reader.feed(self._recv, READ_BUDGET)
         except (Closed, OSError, ValueError) as e:
             self._stop_reading()
             if not self.closed:
@@ -171,16 +156,6 @@ class TcpConnection:
                 graceful = self.bye_received and isinstance(e, Closed)
                 _log.log(20 if graceful else 30, "connection to rank %d ended: %s", self.peer, e)
                 self.sink.on_lost(self.peer, e, graceful)
-
-    def _on_header(self, h: Header) -> None:
-        if h.kind == BYE:
-            self.bye_received = True
-            return
-        target, done = self.sink.on_header(self.peer, h)
-        if h.nbytes:
-            self._view, self._done = target, done
-        else:
-            done()
 
     def _stop_reading(self) -> None:
         if self._reading:

@@ -25,7 +25,8 @@ import numpy as np
 from ... import log
 from ...bootstrap.sockio import Closed
 from ..frames import HEADER_SIZE, Header
-from ..tcp import Sink, TcpConnection
+from ..reader import Sink
+from ..tcp import TcpConnection
 from .port import Port
 from .protocol import (
     CREDIT,

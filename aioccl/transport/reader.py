@@ -1,0 +1,64 @@
+"""The reader every stream transport shares: a header, then its payload straight into its target.
+
+A two-state machine over any ``recv_into`` (a socket's, a ring's): read the
+48-byte header, ask the sink (the engine's mailbox) where the payload goes,
+read the payload into that memory (the user's array when its receive is
+posted, a pooled buffer otherwise), tell the sink it is done. No task and no
+future per frame. Goodbye frames are the transport's business, not the
+sink's: they only set ``bye_received``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from .frames import BYE, HEADER_SIZE, Header, unpack
+
+
+class Sink(Protocol):
+    def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]: ...
+    def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None: ...
+
+
+class FrameReader:
+    __slots__ = ("peer", "sink", "bye_received", "_hbuf", "_hview", "_view", "_got", "_done")
+
+    def __init__(self, peer: int, sink: Sink) -> None:
+        self.peer, self.sink = peer, sink
+        self.bye_received = False
+        self._hbuf = bytearray(HEADER_SIZE)
+        self._hview = memoryview(self._hbuf)
+        self._view = self._hview  # where the bytes being read go: the header, or a payload target
+        self._got = 0
+        self._done: Callable[[], None] | None = None  # set while a payload is being read
+
+    def feed(self, recv_into: Callable[[memoryview], int], budget: int) -> int:
+        """Read frames while ``recv_into`` gives bytes (0: none now) and ``budget`` lasts; returns the
+        budget left. ``ValueError`` for a corrupt header; whatever ``recv_into`` raises passes through."""
+        while budget > 0:
+            view = self._view
+            n = recv_into(view[self._got:])
+            if n == 0:
+                return budget
+            budget -= n
+            self._got += n
+            if self._got < len(view):
+                return budget  # drained; the rest comes later
+            self._got = 0
+            if self._done is None:
+                self._on_header(unpack(self._hbuf))
+            else:
+                done, self._done, self._view = self._done, None, self._hview
+                done()
+        return budget
+
+    def _on_header(self, h: Header) -> None:
+        if h.kind == BYE:
+            self.bye_received = True
+            return
+        target, done = self.sink.on_header(self.peer, h)
+        if h.nbytes:
+            self._view, self._done = target, done
+        else:
+            done()
