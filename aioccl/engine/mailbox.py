@@ -23,7 +23,6 @@ import asyncio
 import functools
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -123,7 +122,7 @@ class Mailbox:
                 self.p2p_early.setdefault(key3, deque()).append(e)
                 return e.view(), e.finish
             if h.kind == RTS:
-                self._match_rts(peer, h, p)
+                self.rdv.match(peer, h, p, self.lost.get(peer))
                 return self._discard(h)
         err = p.mismatch(peer, h)
         if err is not None:
@@ -324,7 +323,7 @@ class Mailbox:
                 del self.p2p_early[key]
             if e.header.kind == RTS:
                 e.pool.release(e.buf)
-                self._match_rts(peer, e.header, p)
+                self.rdv.match(peer, e.header, p, self.lost.get(peer))
             else:
                 self._attach(e, p)
             return fut
@@ -337,16 +336,6 @@ class Mailbox:
         self.p2p_posted.setdefault(key, deque()).append(p)
         work._on_cancel = functools.partial(self.loop.call_soon_threadsafe, self._unpost_p2p, key, p)
         return fut
-
-    def _match_rts(self, peer: int, h: Header, p: Posted) -> None:
-        """A large message met its receive: ask for its data (or, if the two do not match, discard it)."""
-        if peer in self.lost:
-            p.fail(self.lost[peer])
-            return
-        err = p.mismatch(peer, replace(h, nbytes=h.count))
-        if err is not None:
-            p.fail(err)
-        self.rdv.clear(peer, h, None if err is not None else p)
 
     def _attach(self, e: Early, p: Posted) -> None:
         if e.done:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from ..envvars import env_int
 from ..errors import PeerLost
@@ -65,6 +66,16 @@ class Rendezvous:
             fut.set_result(None)
 
     # -- receiver side -------------------------------------------------------------
+    def match(self, peer: int, h: Header, p: Posted, lost: PeerLost | None) -> None:
+        """An RTS met its receive: ask for the data (or, if the two do not match, take it to discard)."""
+        if lost is not None:
+            p.fail(lost)
+            return
+        err = p.mismatch(peer, replace(h, nbytes=h.count))
+        if err is not None:
+            p.fail(err)
+        self.clear(peer, h, None if err is not None else p)
+
     def clear(self, peer: int, h: Header, p: Posted | None) -> None:
         """Receive ``h``'s data into ``p`` (None: discard it, the receive failed) and tell the sender."""
         self.matched[(peer, h.k)] = p
@@ -78,7 +89,7 @@ class Rendezvous:
     def withdraw(self, fut: asyncio.Future[None]) -> None:
         for key, p in list(self.matched.items()):
             if p is not None and p.fut is fut:
-                self.matched[key] = None  # its data, should it come, is discarded
+                del self.matched[key]  # its data, should it come, finds no receive and is discarded
 
     def on_lost(self, peer: int, lost: PeerLost) -> None:
         for key in [k for k in self.cts_waiters if k[0] == peer]:

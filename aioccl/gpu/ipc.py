@@ -12,6 +12,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 _EXPORT = struct.Struct(f"<{HANDLE_BYTES}sQqi4x")  # handle, scratch bytes, pid, device ordinal
@@ -81,3 +84,9 @@ class IpcTable:
         self._by_handle.clear()
         self._ptrs = {self._rank: self._own}
         return errors
+
+
+def raw_view(cp: Any, ptr: int, nbytes: int, dev: int) -> Any:
+    """A uint8 cupy array over raw device memory (this rank's scratch or a peer's IPC mapping)."""
+    mem = cp.cuda.UnownedMemory(ptr, nbytes, None, dev)
+    return cp.ndarray((nbytes,), dtype=np.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))

@@ -46,7 +46,7 @@ from ..work import Work
 from . import plans
 from .events import wait_event
 from .host_phase import host_op
-from .ipc import EXPORT_BYTES, Export, IpcTable
+from .ipc import EXPORT_BYTES, Export, IpcTable, raw_view
 from .pinned import Block, PinnedPool
 from .probe import load_cupy
 from .streams import resolve
@@ -341,7 +341,7 @@ class GpuRunner:
             return
         cap = min(ex.nbytes for ex in exports)
         with cp.cuda.Device(dev):
-            views = [_raw(cp, table.ptr(r), cap, dev) for r in range(side.world_size)]
+            views = [raw_view(cp, table.ptr(r), cap, dev) for r in range(side.world_size)]
         self._ipc = IpcState(table, own, cap, views)
         _log.info("GPU ops use CUDA IPC: %d MiB scratch per rank", cap >> 20)
 
@@ -396,9 +396,3 @@ class GpuRunner:
 
 def _copy(dst: Any, src: Any) -> None:
     dst[...] = src
-
-
-def _raw(cp: Any, ptr: int, nbytes: int, dev: int) -> Any:
-    """A uint8 cupy array over raw device memory (this rank's scratch or a peer's IPC mapping)."""
-    mem = cp.cuda.UnownedMemory(ptr, nbytes, None, dev)
-    return cp.ndarray((nbytes,), dtype=np.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))

@@ -62,3 +62,17 @@ class FrameReader:
             self._view, self._done = target, done
         else:
             done()
+
+
+class SideChannel:
+    """The sink of the socket kept beside a data path (ib, shared memory): it carries only a goodbye,
+    and its end (EOF, or the kernel's keepalive verdict) is the peer's."""
+
+    def __init__(self, what: str, on_end: Callable[[BaseException, bool], None]) -> None:
+        self.what, self.on_end = what, on_end
+
+    def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]:
+        raise ValueError(f"unexpected frame on the {self.what} side channel: {h}")
+
+    def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None:
+        self.on_end(exc, graceful)

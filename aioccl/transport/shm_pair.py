@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
 
 from .. import log
 from ..bootstrap.sockio import Closed
 from .frames import BYE, Header
-from .reader import FrameReader, Sink
+from .reader import FrameReader, SideChannel, Sink
 from .shm import Doorbell, Segment
 from .shm_ring import ByteRing
 from .tcp import TcpConnection
@@ -85,30 +84,17 @@ class PairHub:
             self.segment = None
 
 
-class _SideChannel:
-    """The sink of the side-channel socket: a goodbye, and the end of the peer."""
-
-    def __init__(self, conn: ShmPairConnection) -> None:
-        self.conn = conn
-
-    def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]:
-        raise ValueError(f"unexpected frame on the shared-memory side channel: {h}")
-
-    def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None:
-        self.conn.pump()  # what the peer wrote before it went comes first
-        self.conn._ended(exc, graceful or self.conn.side.bye_received)
-
-
 class ShmPairConnection:
     def __init__(self, hub: PairHub, peer: int, sink: Sink, sock: socket.socket, tx: ByteRing, rx: ByteRing,
                  liveness: float | None, segment: Segment | None = None) -> None:
         self.hub, self.peer, self.sink, self.tx, self.rx = hub, peer, sink, tx, rx
         self.loop = hub.loop
-        self.side = TcpConnection(sock, peer, _SideChannel(self), liveness)
+        self.side = TcpConnection(sock, peer, SideChannel("shared-memory", self._side_ended), liveness)
         self.segment = segment  # the peer's, holding my outbound ring: closed when this connection ends
         self.closed = False
         self._lock = asyncio.Lock()
-        self._space: asyncio.Event | None = None
+        self._space = asyncio.Event()  # set by the reader's bell when it freed space in a blocked ring
+        self._waiting = False
         self._control = bytearray()
         self.reader = FrameReader(peer, sink)
 
@@ -127,7 +113,7 @@ class ShmPairConnection:
                 await self._write(memoryview(self._take_control()))
             await self._write(memoryview(header))
             if payload is not None and len(payload):
-                await self._write(payload.cast("B") if payload.format != "B" else payload)
+                await self._write(_bytes(payload))
             if self._control:
                 await self._write(memoryview(self._take_control()))
             self.hub.ring(self.peer)  # once per frame: the reader wakes to a whole frame, not its header
@@ -138,7 +124,7 @@ class ShmPairConnection:
             return False
         self.tx.write(memoryview(header))
         if len(payload):
-            self.tx.write(payload.cast("B") if payload.format != "B" else payload)
+            self.tx.write(_bytes(payload))
         self.hub.ring(self.peer)
         return True
 
@@ -155,7 +141,8 @@ class ShmPairConnection:
     async def _wait_for_space(self) -> None:
         if self.closed:
             raise Closed("connection closed while sending")
-        self._space = asyncio.Event()
+        self._space.clear()
+        self._waiting = True
         self.tx.set_blocked(True)
         try:
             if self.tx.free() == 0:  # re-check after raising the flag: the reader may have just freed space
@@ -165,12 +152,12 @@ class ShmPairConnection:
                     pass
         finally:
             self.tx.set_blocked(False)
-            self._space = None
+            self._waiting = False
         if self.closed:
             raise Closed("connection closed while sending")
 
     def wake_sender(self) -> None:
-        if self._space is not None and self.tx.free():
+        if self._waiting and self.tx.free():
             self._space.set()
 
     def send_control(self, frame: bytes) -> None:
@@ -217,6 +204,10 @@ class ShmPairConnection:
             self.loop.call_soon(self.pump)  # more is there; let other callbacks run first
 
     # -- ending ----------------------------------------------------------------
+    def _side_ended(self, exc: BaseException, graceful: bool) -> None:
+        self.pump()  # what the peer wrote before it went comes first
+        self._ended(exc, graceful or self.side.bye_received)
+
     def _ended(self, exc: BaseException, graceful: bool) -> None:
         if self.closed:
             return
@@ -229,8 +220,7 @@ class ShmPairConnection:
         self.closed = True
         if self in self.hub.conns:
             self.hub.conns.remove(self)
-        if self._space is not None:
-            self._space.set()
+        self._space.set()
         self.tx.release()
         self.rx.release()
         if self.segment is not None:
@@ -260,3 +250,8 @@ class ShmPairConnection:
                 self.hub.ring(self.peer)
         self._shut()
         self.side.abort()
+
+
+def _bytes(payload: memoryview) -> memoryview:
+    """A flat byte view, so the ring can slice it where a frame's bytes stop fitting."""
+    return payload if payload.format == "B" and payload.ndim == 1 else payload.cast("B")

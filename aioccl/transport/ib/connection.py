@@ -24,8 +24,8 @@ import numpy as np
 
 from ... import log
 from ...bootstrap.sockio import Closed
-from ..frames import HEADER_SIZE, Header
-from ..reader import Sink
+from ..frames import HEADER_SIZE
+from ..reader import SideChannel, Sink
 from ..tcp import TcpConnection
 from .port import Port
 from .protocol import (
@@ -48,26 +48,14 @@ _log = log.get("NET")
 ZERO_COPY_MIN = 64 << 10  # smaller payloads are cheaper to copy than to wait for their completions
 
 
-class _SideChannel:
-    """The sink of the side-channel socket: it only ever carries a goodbye."""
-
-    def __init__(self, conn: IbConnection) -> None:
-        self.conn = conn
-
-    def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]:
-        raise ValueError(f"unexpected frame on the ib side channel: {h}")
-
-    def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None:
-        self.conn._fail(f"side channel: {exc}", graceful)
-
-
 class IbConnection:
     def __init__(self, port: Port, conn_id: int, peer: int, sink: Sink, sock: socket.socket, qp: QueuePair,
                  nslots: int, slot: int, liveness: float | None) -> None:
         self.port, self.id, self.peer, self.sink, self.qp = port, conn_id, peer, sink, qp
         self.loop = port.loop
         self.nslots, self.slot = nslots, slot
-        self.side = TcpConnection(sock, peer, _SideChannel(self), liveness)
+        self.side = TcpConnection(sock, peer, SideChannel("ib", lambda e, g: self._fail(f"side channel: {e}", g)),
+                                  liveness)
         self.closed = False
         self.error: str | None = None
         self._credit_slots = send_depth(nslots) - nslots
