@@ -30,8 +30,10 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 if "AIOCCL_RANK" in os.environ and int(os.environ["AIOCCL_WORLD_SIZE"]) > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # to place the sharded inputs
-    # JAX needs its own coordinator to place sharded inputs; next to aioccl-run's root port
-    jax.distributed.initialize(f"127.0.0.1:{int(os.environ['AIOCCL_COMM_ID'].rpartition(':')[2]) + 1}",
+    # JAX needs its own coordinator to place sharded inputs: on MASTER_PORT, which aioccl-run (like torchrun)
+    # sets aside for the framework's own store, else next to aioccl's root port
+    port = os.environ.get("MASTER_PORT") or int(os.environ["AIOCCL_COMM_ID"].rpartition(":")[2]) + 1
+    jax.distributed.initialize(f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{port}",
                                int(os.environ["AIOCCL_WORLD_SIZE"]), int(os.environ["AIOCCL_RANK"]))
 
 import jax_ext  # noqa: E402
