@@ -29,10 +29,11 @@ from .bootstrap.unique_id import UniqueId
 from .buffers import Buf, same_device
 from .collectives import CollectiveOps
 from .dtypes import ReduceOp, dtype_code
-from .engine.engine import CollSpec, CommView, Engine
+from .engine.engine import CollSpec, Engine
 from .engine.placement import Placement
 from .engine.shm_channel import ShmChannel
 from .engine.shm_executor import ShmOp
+from .engine.view import CommView
 from .envvars import check_timeout, env_timeout
 from .errors import CollectiveTimeout, CommAborted, InvalidArgument
 from .group import Group, current_group
@@ -61,7 +62,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
     """
 
     def __init__(self, engine: Engine, view: CommView, hosts: list[str], timeout: float, tuning: Tuning,
-                 parent: Communicator | None = None, shm: bool = True) -> None:
+                 parent: Communicator | None = None) -> None:
         self._engine = engine
         self._view = view
         self._timeout = timeout
@@ -79,7 +80,9 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
         same = [r for r in range(view.size) if hosts[r] == mine]
         self._local = (same.index(view.rank), len(same))
         self._hosts = hosts
-        self._shm: ShmChannel | None = engine.shm if parent is None and shm else None
+        # the world's channel is made with the engine; a child's by _open_channel, before the user sees it
+        world = engine.table is not None and view.ctx == engine.table.comm_id
+        self._shm: ShmChannel | None = engine.shm if world else None
         self._owns_engine = parent is None  # closing it closes the engine (passed on by shrink)
         self._gpu: Any = None  # GpuRunner, made by the first op on GPU buffers
         engine.watchdog.watch(self)
@@ -360,7 +363,14 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
         view = CommView(ctx, ranks.index(self.rank), len(ranks), tuple(self._view.ranks[r] for r in ranks))
         parent = self._parent if shrunk else (self._parent or self)
         return Communicator(self._engine, view, [self._hosts[r] for r in ranks], self._timeout, self._tuning,
-                            parent=parent, shm=not shrunk)
+                            parent=parent)
+
+    async def _open_channel(self, timeout: float, what: str) -> None:
+        """A new child's shared-memory channel, when its ranks share one host (on the engine loop; every
+        member calls it at the same point, before any op on the child)."""
+        from .engine.shm_setup import setup
+
+        self._shm = await setup(self._engine, self._view, timeout, what)
 
     # -- groups, split, lifetime -------------------------------------------
     def group(self) -> Group:

@@ -24,7 +24,9 @@ from .work import Work, completed
 
 if TYPE_CHECKING:
     from .communicator import Communicator
-    from .engine.engine import CommView, Engine
+    from .engine.engine import Engine
+    from .engine.shm_channel import ShmChannel
+    from .engine.view import CommView
 
 _log = log.get("COLL")
 
@@ -40,8 +42,11 @@ class LifecycleOps:
         _aborted: bool
         _inflight: set[Work[Any]]
         _gpu: Any
+        _shm: ShmChannel | None
 
         def _derive(self, ranks: list[int], ctx: int, *, shrunk: bool) -> Communicator: ...
+
+        async def _open_channel(self, timeout: float, what: str) -> None: ...
 
         @property
         def rank(self) -> int: ...
@@ -66,9 +71,20 @@ class LifecycleOps:
         if key is not None and not isinstance(key, (int, np.integer)):
             raise InvalidArgument(f"key must be an int or None, got {key!r}")
         mine = np.array([-1 if color is None else color, self.rank if key is None else key], dtype=np.int64)
-        gathered = self.all_gather(mine, timeout=timeout)
+        t = self._op_timeout(timeout)
+        gathered = self.all_gather(mine, timeout=t)
         result: Work[Communicator | None] = Work("split", gathered.seq)
         result._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
+        eng = self._engine
+
+        async def attach(sub: Communicator) -> None:
+            try:
+                await sub._open_channel(t, "split")
+            except AiocclError as e:
+                result._set_exception(e)
+                return
+            self._subs.append(sub)
+            result._set_result(sub)
 
         def finish(w: Work[Any]) -> None:
             exc = w.exception()
@@ -82,8 +98,7 @@ class LifecycleOps:
             members = sorted((int(table[r, 1]), r) for r in range(self.world_size) if table[r, 0] == color)
             digest = hashlib.blake2b(f"{self._view.ctx}:{w.seq}:{color}".encode(), digest_size=8).digest()
             sub = self._derive([r for _, r in members], int.from_bytes(digest, "little") >> 1, shrunk=False)
-            self._subs.append(sub)
-            result._set_result(sub)
+            eng.launch(lambda: attach(sub))
 
         gathered.add_done_callback(finish)
         return result
@@ -112,7 +127,14 @@ class LifecycleOps:
             except AiocclError as e:
                 work._set_exception(e)
                 return
-            work._set_result(self._successor(alive))
+            new = self._successor(alive)
+            try:
+                await new._open_channel(t, "shrink")
+            except AiocclError as e:
+                new.abort()  # it owns the engine now, and nobody else will ever hold it
+                work._set_exception(e)
+                return
+            work._set_result(new)
 
         eng.launch(run)
         return work
@@ -168,6 +190,9 @@ class LifecycleOps:
                     eng.abort_on_loop(CommAborted(f"{self!r} is closed"))
             if self._gpu is not None:
                 self._gpu.release()
+            chan = self._shm
+            if chan is not None and chan is not eng.shm:  # a child's own channel (the world's goes with the engine)
+                eng.detach_channel(chan)
             if owns and late is None:
                 await eng.shutdown()
             if late is not None:
@@ -197,8 +222,14 @@ class LifecycleOps:
             self._closed = exc
         for w in list(self._inflight):
             w._set_exception(exc)
+        eng = self._engine
+        chan = self._shm
+        if chan is not None and chan is not eng.shm and not self._owns_engine and not eng.loop.is_closed():
+            if eng.placement.on_loop_thread():
+                eng.detach_channel(chan, exc)
+            else:
+                eng.placement.call(eng.detach_channel, chan, exc)
         if self._owns_engine:
-            eng = self._engine
             if eng.placement.on_loop_thread():
                 eng.abort_on_loop(exc)
             elif not eng.loop.is_closed():

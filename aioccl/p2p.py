@@ -18,7 +18,8 @@ from .errors import InvalidArgument
 from .work import Work
 
 if TYPE_CHECKING:
-    from .engine.engine import CommView, Engine
+    from .engine.engine import Engine
+    from .engine.view import CommView
 
 MAX_TAG = (1 << 62) - 1
 

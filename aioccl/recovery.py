@@ -26,7 +26,8 @@ from .transport.frames import P2P, Header
 from .work import Work
 
 if TYPE_CHECKING:
-    from .engine.engine import CommView, Engine
+    from .engine.engine import Engine
+    from .engine.view import CommView
 
 SHRINK_TAG = 1 << 62  # user tags are below 2**62; round r uses SHRINK_TAG + r
 _U8 = dtype_code(np.dtype(np.uint8))

@@ -61,10 +61,22 @@ def test_point_to_point_runs_over_shared_memory_pairs_bit_exact(n):
 
 
 @pytest.mark.parametrize("engine", ["inline", "thread"])
-def test_a_split_child_runs_over_shared_memory_pairs(engine):
+def test_split_children_run_over_their_own_shared_memory_channel(engine):
+    before = shm_files()
     p = run("children", 3, SHM_PAIRS_ENGINE=engine)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.count(" children") == 3, p.stdout
+    assert p.stdout.count(" child mismatch seq ") == 3, p.stdout
+    assert shm_files() <= before, "a child's segments outlived the job"
+
+
+def test_a_shrunk_communicator_runs_over_shared_memory_again():
+    p = run("shrunk", 3)
+    assert p.stdout.count("shrunk to 2 over shm") == 2, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def shm_files() -> set[str]:
+    return {f for f in os.listdir("/dev/shm") if f.startswith("aioccl-")}
 
 
 def test_a_peer_lost_over_a_shared_memory_pair_is_seen_at_once():

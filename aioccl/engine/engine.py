@@ -47,7 +47,8 @@ from .notices import Active, Fingerprint, failure_frame
 from .placement import Placement
 from .pool import BufferPool
 from .rendezvous import eager_limit
-from .shm_channel import ShmChannel
+from .shm_channel import ChannelBell, ShmChannel
+from .view import CommView
 
 _log = log.get("PROXY")
 PROBE_S = 0.2  # a collective still waiting on a peer after this long shows that peer its call (a fingerprint)
@@ -66,16 +67,6 @@ def _check_agreement(table: Table) -> None:
                 by_value.setdefault(str(v), []).append(r)
             shown = "; ".join(f"ranks {rs} have {v}" for v, rs in by_value.items())
             raise InvalidArgument(f"{name} differs across ranks: {shown}; every rank must use the same value")
-
-
-@dataclass(frozen=True)
-class CommView:
-    """What the engine needs to know of a communicator."""
-
-    ctx: int
-    rank: int
-    size: int
-    ranks: tuple[int, ...]  # communicator rank -> world rank
 
 
 @dataclass
@@ -118,6 +109,8 @@ class Engine:
         self.tasks: set[asyncio.Task[None]] = set()
         self.aborted: BaseException | None = None
         self.shm: ShmChannel | None = None  # the world communicator's, when all ranks share this host
+        self.channels: list[ShmChannel] = []  # every communicator's (world and children) on this engine
+        self.bell: ChannelBell | None = None  # their one doorbell, made with the first
         # collectives running over the connections: (ctx, seq) -> (comm, fingerprint, progress, start time)
         self.running: dict[tuple[int, int], tuple[CommView, Fingerprint, Progress, float]] = {}
         self._probed: set[tuple[int, int]] = set()
@@ -151,17 +144,40 @@ class Engine:
         from .shm_setup import setup  # a cycle: setup runs the socket executor of this engine
 
         try:
-            self.shm = await setup(self, self.table.comm_id, self.table.peers, timeout)
+            self.shm = await setup(self, CommView(self.table.comm_id, rank, size, tuple(range(size))), timeout)
         except BaseException:
             for c in self.conns.values():
                 c.abort()
+            if self.bell is not None:
+                self.bell.close()
             raise
-        if self.shm is not None:
-            self.mailbox.lost_listeners.append(self.shm.on_peer_lost)
-            self.mailbox.failure_listeners.append(self.shm.on_remote_failure)
-            self.shm.report = functools.partial(self.report_failure, self.table.comm_id,
-                                                tuple(range(size)), rank)
         return self
+
+    # -- shared-memory channels ---------------------------------------------
+    def channel_bell(self) -> ChannelBell:
+        """The doorbell all this engine's channels share (made by the first channel's setup)."""
+        if self.bell is None:
+            assert self.table is not None
+            self.bell = ChannelBell(self.loop, self.table.comm_id, self.rank)
+        return self.bell
+
+    def attach_channel(self, chan: ShmChannel, view: CommView) -> None:
+        """Route lost peers and peers' failure notices to ``chan``; its own failures go to its peers."""
+        self.channels.append(chan)
+        self.mailbox.lost_listeners.append(chan.on_peer_lost)
+        self.mailbox.failure_listeners.append(chan.on_remote_failure)
+        chan.report = functools.partial(self.report_failure, view.ctx, view.ranks, view.rank)
+
+    def detach_channel(self, chan: ShmChannel, exc: BaseException | None = None) -> None:
+        """A child communicator is closed or aborted: its channel fails what is queued and unmaps."""
+        if chan not in self.channels:
+            return
+        self.channels.remove(chan)
+        self.mailbox.lost_listeners.remove(chan.on_peer_lost)
+        self.mailbox.failure_listeners.remove(chan.on_remote_failure)
+        if exc is not None:
+            chan.fail_all(exc)
+        chan.close()
 
     # -- launching (any thread) ------------------------------------------
     def launch(self, coro_fn: Callable[[], Any]) -> None:
@@ -322,8 +338,10 @@ class Engine:
         if self._probe_timer is not None:
             self._probe_timer.cancel()
             self._probe_timer = None
-        if self.shm is not None:
-            self.shm.close()
+        for chan in list(self.channels):
+            self.detach_channel(chan)
+        if self.bell is not None:
+            self.bell.close()
         await asyncio.gather(*(c.close(graceful=True) for c in self.conns.values()))
         if self.ib_port is not None:
             self.ib_port.close()
@@ -341,9 +359,10 @@ class Engine:
         if self._probe_timer is not None:
             self._probe_timer.cancel()
             self._probe_timer = None
-        if self.shm is not None:
-            self.shm.fail_all(exc)
-            self.shm.close()
+        for chan in list(self.channels):
+            self.detach_channel(chan, exc)
+        if self.bell is not None:
+            self.bell.close()
         for c in self.conns.values():
             c.abort()
         if self.ib_port is not None:

@@ -21,7 +21,8 @@ from ..kernels import combine, scale
 from ..transport.frames import COLL, Header
 
 if TYPE_CHECKING:
-    from .engine import CommView, Engine
+    from .engine import Engine
+    from .view import CommView
 
 
 @dataclass

@@ -26,7 +26,8 @@ from ..work import Work
 from . import rendezvous
 
 if TYPE_CHECKING:
-    from .engine import CommView, Engine
+    from .engine import Engine
+    from .view import CommView
 
 
 def start_send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memoryview, dtype_code: int,

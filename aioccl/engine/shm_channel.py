@@ -1,8 +1,10 @@
 """The shared-memory channel of a communicator whose ranks all share one host.
 
-It owns the mapped segments (mine and my peers'), my step counter, and a
-FIFO of collectives, run one at a time in issue order (the slots are shared,
-so ops on one communicator are serialised, as on an NCCL stream).
+Every such communicator has one, the world and its ``split``/``shrink``
+children alike: it owns the mapped segments (mine and my peers'), my step
+counter, and a FIFO of collectives, run one at a time in issue order (the
+slots are shared, so ops on one communicator are serialised, as on an NCCL
+stream). All the channels of a process share one doorbell (``ChannelBell``).
 
 Waiting, the part that decides latency:
 
@@ -59,13 +61,45 @@ def fence() -> None:
     _fence_lock.release()
 
 
-class ShmChannel:
-    def __init__(self, loop: asyncio.AbstractEventLoop, rank: int, segments: Sequence[Segment], bell: Doorbell,
-                 pool: BufferPool, spin_s: float, yield_cpu: bool, ctx: int = 0) -> None:
+class ChannelBell:
+    """This process's doorbell, shared by all its channels (world and children): a peer that publishes a
+    step rings the bell of each rank parked in that channel, by world rank; a ring wakes every channel
+    of this process that is parked, and each re-checks its own counters."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, comm_id: int, rank: int) -> None:
         self.loop = loop
-        self.ctx = ctx  # the world communicator's context id (failure notices name it)
+        self.bell = Doorbell(comm_id, rank)
+        self.channels: list[ShmChannel] = []
+        loop.add_reader(self.bell.fileno(), self._on_bell)
+
+    def ring(self, world_rank: int) -> None:
+        self.bell.ring(world_rank)
+
+    def _on_bell(self) -> None:
+        self.bell.drain()
+        for chan in list(self.channels):
+            chan.on_bell()
+
+    def close(self) -> None:
+        for chan in list(self.channels):
+            chan.close()
+        try:
+            self.loop.remove_reader(self.bell.fileno())
+        except (ValueError, OSError):
+            pass
+        self.bell.close()
+
+
+class ShmChannel:
+    def __init__(self, loop: asyncio.AbstractEventLoop, rank: int, segments: Sequence[Segment], bell: ChannelBell,
+                 pool: BufferPool, spin_s: float, yield_cpu: bool, ctx: int = 0,
+                 world: tuple[int, ...] | None = None) -> None:
+        self.loop = loop
+        self.ctx = ctx  # the communicator's context id (failure notices name it)
         self.rank = rank
         self.size = len(segments)
+        self.world = world if world is not None else tuple(range(self.size))  # channel rank -> world rank
+        self._index = {w: j for j, w in enumerate(self.world)}
         self.others = tuple(j for j in range(self.size) if j != rank)
         self.segments = list(segments)
         self.bell = bell
@@ -96,7 +130,8 @@ class ShmChannel:
         self._spill: np.ndarray | None = None
         self._typed: dict[tuple[int, np.dtype[Any]], np.ndarray] = {}
         self.stats = {"ops": 0, "spin_hits": 0, "parks": 0, "bells_rung": 0, "recheck_hits": 0}
-        loop.add_reader(bell.fileno(), self._on_bell)
+        self.closed = False
+        bell.channels.append(self)
 
     # -- the shared words -------------------------------------------------
     def publish(self, s: int) -> None:
@@ -106,7 +141,7 @@ class ShmChannel:
         fence()
         for j in self.others:
             if ctl[j][SLEEP]:
-                self.bell.ring(j)
+                self.bell.ring(self.world[j])
                 self.stats["bells_rung"] += 1
 
     def write_descriptor(self, half: int, desc: tuple[int, ...]) -> None:
@@ -291,8 +326,7 @@ class ShmChannel:
             self._timer.cancel()
             self._timer = None
 
-    def _on_bell(self) -> None:
-        self.bell.drain()
+    def on_bell(self) -> None:
         if self._parked:
             if self._timer is not None:
                 self._timer.cancel()
@@ -318,8 +352,12 @@ class ShmChannel:
             self._unpark()
 
     def on_peer_lost(self, peer: int, exc: BaseException) -> None:
-        """A peer's connection ended: the running op fails (after one last look at the counters)."""
-        self.lost[peer] = exc
+        """World rank ``peer``'s connection ended: if it is one of mine, the running op fails (after one
+        last look at the counters)."""
+        j = self._index.get(peer)
+        if j is None:
+            return
+        self.lost[j] = exc
         if self.queue and not self._pumping:
             self._pump()
 
@@ -342,12 +380,12 @@ class ShmChannel:
         self.held.clear()
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self.fail_all(CommAborted("the communicator is closed"))
-        try:
-            self.loop.remove_reader(self.bell.fileno())
-        except (ValueError, OSError):
-            pass
-        self.bell.close()
+        if self in self.bell.channels:
+            self.bell.channels.remove(self)
         for c in self.ctl:
             c.release()
         self.u8 = []

@@ -15,6 +15,7 @@ sleeping ``AIOCCL_SHM_SPIN_US``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 from collections.abc import Mapping
@@ -26,9 +27,11 @@ from .. import log
 from ..algorithms import plan
 from ..dtypes import ReduceOp, dtype_code
 from ..envvars import env_float, env_int
-from ..transport.shm import SHM_DIR, Doorbell, Segment, segment_name, sweep_stale
+from ..errors import CollectiveTimeout
+from ..transport.shm import SHM_DIR, Segment, segment_name, sweep_stale
 from .executor import Progress, execute
-from .shm_channel import ShmChannel
+from .shm_channel import ChannelBell, ShmChannel
+from .view import CommView
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -52,26 +55,28 @@ def settings(env: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
-async def _agree(engine: Engine, comm_id: int, step: int, ok: bool, timeout: float) -> bool:
-    """True when every rank says ok (a MIN all-reduce over the sockets)."""
-    from .engine import CommView  # a cycle: the engine imports this module
-
-    n, rank = engine.size, engine.rank
-    view = CommView(comm_id ^ SETUP_CTX_SALT, rank, n, tuple(range(n)))
+async def _agree(engine: Engine, view: CommView, step: int, ok: bool, progress: Progress) -> bool:
+    """True when every rank says ok (a MIN all-reduce over the pairs)."""
+    n, rank = view.size, view.rank
+    setup_view = CommView(view.ctx ^ SETUP_CTX_SALT, rank, n, view.ranks)
     flag = np.array([1 if ok else 0], dtype=np.int32)
     sched = plan("all_reduce", 1, rank, n, 0, 1024, "rd")
     scratch = np.zeros(sched.scratch, dtype=np.int32)
     fp = (1, dtype_code(flag.dtype), ReduceOp.MIN.code, 1, 0)
-    engine.mailbox.begin(view.ctx, step, fp, view.ranks, rank)
-    await execute(engine, view, step, fp, f"shared-memory setup step {step}", sched, (flag, flag, scratch),
-                  ReduceOp.MIN, Progress())
-    engine.mailbox.end(view.ctx, step)
+    engine.mailbox.begin(setup_view.ctx, step, fp, view.ranks, rank)
+    await execute(engine, setup_view, step, fp, f"shared-memory setup step {step}", sched, (flag, flag, scratch),
+                  ReduceOp.MIN, progress)
+    engine.mailbox.end(setup_view.ctx, step)
     return bool(flag[0])
 
 
-async def setup(engine: Engine, comm_id: int, peers: list[dict[str, Any]], timeout: float,
+async def setup(engine: Engine, view: CommView, timeout: float, what: str = "create",
                 env: Mapping[str, str] = os.environ) -> ShmChannel | None:
-    n, rank = engine.size, engine.rank
+    """The channel of communicator ``view`` (the world, or a child), or None when its ranks keep to the
+    pairs' socket schedules; every rank of ``view`` calls it at the same point."""
+    n, rank = view.size, view.rank
+    assert engine.table is not None
+    peers = [engine.table.peers[w] for w in view.ranks]
     if n == 1 or len({p["host"] for p in peers}) != 1:
         return None  # a multi-host communicator: the same on every rank, no agreement needed
     conf = settings(env)
@@ -83,33 +88,36 @@ async def setup(engine: Engine, comm_id: int, peers: list[dict[str, Any]], timeo
     elif not os.path.isdir(SHM_DIR):
         why = f"{SHM_DIR} does not exist"
     mine: Segment | None = None
-    bell: Doorbell | None = None
+    bell: ChannelBell | None = None
     segs: list[Segment | None] = [None] * n
     if not why:
         try:
             sweep_stale()
-            mine = Segment.create(segment_name(comm_id, rank, os.getpid()), conf["half"], conf["heap"])
-            bell = Doorbell(comm_id, rank)
+            mine = Segment.create(segment_name(view.ctx, rank, os.getpid()), conf["half"], conf["heap"])
+            bell = engine.channel_bell()
         except OSError as e:
             why = f"could not create the segment: {e}"
+    progress = Progress()
     try:
-        if not await _agree(engine, comm_id, 0, not why, timeout):
-            raise _NoShm(why or "another rank could not set up shared memory")
-        segs[rank] = mine
-        try:
-            for j in range(n):
-                if j != rank:
-                    segs[j] = Segment.open(segment_name(comm_id, j, int(peers[j]["pid"])))
-        except OSError as e:
-            why = f"could not map a peer's segment: {e}"
-        if not await _agree(engine, comm_id, 1, not why, timeout):
-            raise _NoShm(why or "another rank could not map every segment")
+        async with asyncio.timeout(timeout):
+            if not await _agree(engine, view, 0, not why, progress):
+                raise _NoShm(why or "another rank could not set up shared memory")
+            segs[rank] = mine
+            try:
+                for j in range(n):
+                    if j != rank:
+                        segs[j] = Segment.open(segment_name(view.ctx, j, int(peers[j]["pid"])))
+            except OSError as e:
+                why = f"could not map a peer's segment: {e}"
+            if not await _agree(engine, view, 1, not why, progress):
+                raise _NoShm(why or "another rank could not map every segment")
     except BaseException as e:
         for seg in (*segs, mine):
             if seg is not None:
                 seg.close()  # also unlinks my file
-        if bell is not None:
-            bell.close()
+        if isinstance(e, TimeoutError) and not isinstance(e, CollectiveTimeout):
+            raise CollectiveTimeout(what, -1, progress.waiting_for(), timeout,
+                                    "setting up the shared-memory channel", f"{view.ctx:x}") from None
         if not isinstance(e, _NoShm):
             raise
         (_log.info if conf["disabled"] else _log.warning)("rank %d: using sockets, not shared memory: %s", rank, e)
@@ -117,10 +125,12 @@ async def setup(engine: Engine, comm_id: int, peers: list[dict[str, Any]], timeo
     assert mine is not None and bell is not None
     mine.unlink()  # everyone has mapped it: from now on it lives exactly as long as its mappings
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = sum(1 for p in engine.table.peers if p["host"] == peers[rank]["host"])
     chan = ShmChannel(engine.loop, rank, [s for s in segs if s is not None], bell, engine.pool,
-                      conf["spin_s"], yield_cpu=n > cpus, ctx=comm_id)
-    _log.info("rank %d: shared memory with %d local ranks, %d KiB staging halves, %d MiB heap", rank, n,
-              chan.cap_bytes >> 10, conf["heap"] >> 20)
+                      conf["spin_s"], yield_cpu=local > cpus, ctx=view.ctx, world=view.ranks)
+    engine.attach_channel(chan, view)
+    _log.info("rank %d: shared memory with %d local ranks (comm %x), %d KiB staging halves, %d MiB heap", rank, n,
+              view.ctx, chan.cap_bytes >> 10, conf["heap"] >> 20)
     return chan
 
 

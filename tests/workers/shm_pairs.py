@@ -36,19 +36,86 @@ async def p2p(comm: aioccl.Communicator) -> None:
     print(f"OK {r} p2p {len(SIZES)} sizes", flush=True)
 
 
+def reference(coll: str, count: int, n: int, me: int) -> np.ndarray:
+    """What ``coll`` gives rank ``me`` of ``n`` when rank j's input is ``inputs(j)`` (exact by construction)."""
+    ins = [inputs(coll, count, n, j) for j in range(n)]
+    if coll == "all_reduce":
+        return np.sum(ins, axis=0, dtype=np.int64)
+    if coll == "all_gather":
+        return np.concatenate(ins)
+    if coll == "reduce_scatter":
+        return np.sum(ins, axis=0, dtype=np.int64)[me * count:(me + 1) * count]
+    assert coll == "all_to_all"
+    return np.concatenate([x[me * count:(me + 1) * count] for x in ins])
+
+
+def inputs(coll: str, count: int, n: int, j: int) -> np.ndarray:
+    total = count if coll in ("all_reduce", "all_gather") else count * n
+    return (np.arange(total, dtype=np.int64) * 3 + 11 * j) % 1009
+
+
+async def run_children_ops(c: aioccl.Communicator, tag: str) -> None:
+    """Every block-wise op and all_reduce on child ``c``, bit-exact, on the flat and the direct sizes."""
+    n, me = c.world_size, c.rank
+    for coll in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        for count in (1, 1000, 3 << 18):
+            x = inputs(coll, count, n, me)
+            out_len = {"all_reduce": count, "all_gather": count * n, "reduce_scatter": count}.get(coll, count * n)
+            out = np.full(out_len, -5, np.int64)  # poisoned
+            await getattr(c, coll)(x, out=out)
+            bad = np.flatnonzero(out != reference(coll, count, n, me))
+            assert bad.size == 0, (tag, coll, count, bad[:5])
+    b = np.arange(5000, dtype=np.float32) if me == 0 else np.full(5000, -1.0, np.float32)
+    await c.broadcast(b, root=0)
+    assert (b == np.arange(5000, dtype=np.float32)).all(), tag
+
+
 async def children(comm: aioccl.Communicator) -> None:
+    """``split`` children run over their own shared-memory channel (the world's algorithms), alongside
+    the world's ops, and a mismatch on one is caught on every member."""
     r, n = comm.rank, comm.world_size
     sub = await comm.split(0, key=-r)
+    half = await comm.split(r % 2)
     assert sub is not None and sub.rank == n - 1 - r and sub.transport == "shm", (sub, sub and sub.transport)
-    for count in (1, 1000, 3 << 18):
-        x = np.full(count, r + 1, np.int64)
-        await sub.all_reduce(x)
-        assert (x == n * (n + 1) // 2).all(), count
-        b = np.arange(count, dtype=np.float32) if sub.rank == 0 else np.full(count, -1.0, np.float32)
-        await sub.broadcast(b, root=0)
-        assert (b == np.arange(count, dtype=np.float32)).all(), count
+    assert sub._shm is not None and sub._shm is not comm._shm, "the child has a channel of its own"
+    assert half is not None and (half.world_size == 1 or half._shm is not None)
+    await run_children_ops(sub, "split(0, key=-rank)")
+    await run_children_ops(half, "split(rank % 2)")
+    assert sub._shm.stats["ops"] >= 13, sub._shm.stats
+    # the world and a child at once: one doorbell wakes both channels
+    w, s = np.full(1 << 20, r + 1, np.int64), np.full(1 << 20, 2 * r, np.int64)
+    ws, ss = comm.all_reduce(w), sub.all_reduce(s)
+    await asyncio.gather(ws, ss)
+    assert (w == n * (n + 1) // 2).all() and (s == n * (n - 1)).all()
+    try:
+        await sub.reduce(np.ones(10, np.int32), root=sub.rank)  # every rank names itself the root
+    except aioccl.CollectiveMismatch as e:
+        print(f"OK {r} child mismatch seq {e.seq}", flush=True)
+    x = np.full(1000, r + 1, np.int64)
+    await sub.all_reduce(x)
+    assert (x == n * (n + 1) // 2).all(), "the child is usable after a mismatch"
+    await half.close()
     await sub.close()
+    assert sub._shm.closed
     print(f"OK {r} children", flush=True)
+
+
+async def shrunk(comm: aioccl.Communicator) -> None:
+    """The survivors of a killed rank shrink to a communicator that runs over shared memory again."""
+    await comm.barrier()
+    if comm.rank == comm.world_size - 1:
+        await asyncio.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        await comm.all_reduce(np.ones(1000, np.float32), timeout=30)
+        raise AssertionError("the all_reduce survived a killed rank")
+    except aioccl.PeerLost:
+        pass
+    new = await comm.shrink(timeout=30)
+    assert new.transport == "shm" and new._shm is not None, new.transport
+    await run_children_ops(new, "shrunk")
+    print(f"OK {new.rank} shrunk to {new.world_size} over {new.transport}", flush=True)
+    await new.close()
 
 
 async def peer_killed(comm: aioccl.Communicator) -> None:
@@ -98,7 +165,7 @@ async def backlog(comm: aioccl.Communicator) -> None:
 async def main() -> None:
     comm = await aioccl.init(timeout=60, engine=os.environ.get("SHM_PAIRS_ENGINE", "auto"))
     await globals()[sys.argv[1]](comm)
-    if sys.argv[1] != "peer_killed":
+    if sys.argv[1] not in ("peer_killed", "shrunk"):
         await comm.close()
 
 
