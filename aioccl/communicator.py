@@ -25,6 +25,7 @@ import numpy as np
 from . import async_libs, log, watchdog
 from .algorithms import plan
 from .algorithms.shm import shm_plan
+from .algorithms.table import BY_NAME
 from .bootstrap.unique_id import UniqueId
 from .buffers import Buf, same_device
 from .collectives import CollectiveOps
@@ -46,9 +47,6 @@ from .tuning import Tuning
 from .work import Work
 
 _log = log.get("COLL")
-CODES = {name: i + 1 for i, name in enumerate(
-    ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all",
-     "barrier"))}
 
 
 def _env_timeout(env: Mapping[str, str] = os.environ) -> float:
@@ -309,13 +307,13 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
             same_device(name, inp, out)  # raises for mixed devices
             self._usable()
             work, start = self._gpu_runner().prepare(name, count, root, inp, out, op, result, t, stream)
-            desc = (count, out.array.dtype, op, root if name in ("broadcast", "reduce", "gather", "scatter") else None)
+            desc = (count, out.array.dtype, op, root if BY_NAME[name].rooted else None)
             return self._track(work, start, desc)
         if stream is not None:
             raise InvalidArgument(f"{name}: stream= orders ops on GPU buffers; these buffers are in host memory")
         dt = out.array.dtype
         shm = self._shm
-        desc = (count, dt, op, root if name in ("broadcast", "reduce", "gather", "scatter") else None)
+        desc = (count, dt, op, root if BY_NAME[name].rooted else None)
         shm_algo = self._tuning.choose_shm(name, count, dt.itemsize, self.world_size) if shm is not None else None
         with self._lock:
             self._usable()
@@ -329,14 +327,14 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
             same = in_place or inp.array is out.array  # peers must not read a buffer this rank overwrites
             ssched = shm_plan(name, count, self.rank, self.world_size, root, cap, shm_algo, same)
             work = Work(name, seq)
-            sop = ShmOp(name, CODES[name], seq, ssched, inp.flat, out.flat,
+            sop = ShmOp(name, BY_NAME[name].code, seq, ssched, inp.flat, out.flat,
                         dtype_code(dt) if name != "barrier" else 0, op, count, root, t, work, result, order)
             _log.debug("%s seq %d: %d x %s over shared memory, algo %s", name, seq, count, dt, shm_algo)
             work._probe = sop.blocked_on
             return self._track(work, lambda: shm.submit(sop), desc)
         algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size)
         sched = plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place)
-        spec = CollSpec(name, CODES[name], seq, sched, inp.flat, out.flat,
+        spec = CollSpec(name, BY_NAME[name].code, seq, sched, inp.flat, out.flat,
                         dtype_code(dt) if name != "barrier" else 0, op, t, result, count, root)
         work = Work(name, seq)
         view, eng = self._view, self._engine

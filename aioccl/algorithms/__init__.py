@@ -10,20 +10,10 @@ from functools import lru_cache
 
 from . import direct, doubling, ring, tree
 from .schedule import Schedule
+from .table import TABLE
 
-COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
-               "gather", "scatter", "all_to_all", "barrier")
-ALGORITHMS = {
-    "all_reduce": ("ring", "rd"),
-    "reduce": ("ring", "tree"),
-    "broadcast": ("chain", "tree"),
-    "all_gather": ("ring",),
-    "reduce_scatter": ("ring",),
-    "gather": ("direct",),
-    "scatter": ("direct",),
-    "all_to_all": ("direct",),
-    "barrier": ("dissemination",),
-}
+COLLECTIVES = tuple(c.name for c in TABLE)
+ALGORITHMS = {c.name: c.socket for c in TABLE}  # the socket algorithms of each collective
 
 
 @lru_cache(maxsize=4096)

@@ -41,18 +41,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .schedule import IN, OUT, SCRATCH, Region, pieces, split
+from .table import TABLE
 
-SHM_ALGORITHMS = {
-    "all_reduce": ("flat", "direct"),
-    "reduce": ("flat", "direct"),
-    "broadcast": ("direct",),
-    "all_gather": ("direct",),
-    "reduce_scatter": ("direct",),
-    "gather": ("direct",),
-    "scatter": ("direct",),
-    "all_to_all": ("direct",),
-    "barrier": ("direct",),
-}
+SHM_ALGORITHMS = {c.name: c.shm for c in TABLE}
 
 
 @dataclass(frozen=True, slots=True)

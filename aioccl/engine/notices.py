@@ -10,20 +10,18 @@ sockets: the mailbox and the engine do the sending and receiving.
 
 from __future__ import annotations
 
+from ..algorithms.table import TABLE, name_of
 from ..dtypes import ReduceOp, dtype_from_code
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, PeerLost
 from ..transport.frames import ABORTED, FAIL, LOST, TIMEOUT, Header, pack_failure
 
 Fingerprint = tuple[int, int, int, int, int]  # op, dtype, redop, count, root (Header.fingerprint)
-OP_NAMES = ("?", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
-            "gather", "scatter", "all_to_all", "barrier")
-
-ROOTED = {2, 3, 6, 7}  # broadcast, reduce, gather, scatter
+ROOTED = {c.code for c in TABLE if c.rooted}
 
 
 def describe(op: int, dtype: int, nbytes: int) -> str:
     dt = dtype_from_code(dtype)
-    name = OP_NAMES[op] if 0 <= op < len(OP_NAMES) and op else "send"
+    name = name_of(op, "send") if op else "send"
     return f"{name} of {nbytes} bytes" + (f" ({dt.name})" if dt is not None else "")
 
 
@@ -31,7 +29,7 @@ def describe_call(fp: Fingerprint) -> str:
     """``all_reduce(sum) of 10 x float32``: a collective call as its fingerprint tells it."""
     op, dtype, redop, count, root = fp
     dt = dtype_from_code(dtype)
-    name = OP_NAMES[op] if 0 < op < len(OP_NAMES) else f"op {op}"
+    name = name_of(op)
     args = [o.value for o in ReduceOp if o.code == redop] + ([f"root {root}"] if op in ROOTED else [])
     return f"{name}({', '.join(args)}) of {count} x {dt.name if dt is not None else '-'}"
 
@@ -77,7 +75,7 @@ def failure_error(h: Header, reporter: int, ranks: tuple[int, ...], cause: int, 
                   seconds: float, message: str) -> AiocclError:
     """The error a rank raises for a FAIL frame from world rank ``reporter`` (``ranks``: the op's
     communicator, to name ranks as the user numbers them; empty when unknown here)."""
-    name = OP_NAMES[h.op] if 0 < h.op < len(OP_NAMES) else f"op {h.op}"
+    name = name_of(h.op)
 
     def local(world: int) -> int:
         return ranks.index(world) if world in ranks else world

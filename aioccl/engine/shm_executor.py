@@ -25,11 +25,11 @@ import numpy as np
 
 from ..algorithms.schedule import IN, OUT, SCRATCH, Region
 from ..algorithms.shm import Fetch, ShmSchedule, Src
+from ..algorithms.table import name_of
 from ..dtypes import ReduceOp, dtype_from_code
 from ..errors import CollectiveMismatch
 from ..kernels import UFUNCS, scale
 from ..work import Work
-from .notices import OP_NAMES
 
 if TYPE_CHECKING:
     from .shm_channel import ShmChannel
@@ -96,7 +96,7 @@ def _kind(code: int, algo: str, dtype_code: int, op: ReduceOp | None) -> int:
 def describe(desc: tuple[int, ...]) -> str:
     kind = desc[D_KIND]
     code, algo, dtype, op = kind & 0xFF, (kind >> 8) & 0xFF, (kind >> 16) & 0xFF, (kind >> 24) & 0xFF
-    name = OP_NAMES[code] if 0 < code < len(OP_NAMES) else f"op {code}"
+    name = name_of(code)
     dt = dtype_from_code(dtype)
     algo_name = next((a for a, c in ALGO_CODES.items() if c == algo), "?")
     op_name = next((o.value for o in ReduceOp if o.code == op), None)

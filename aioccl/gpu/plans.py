@@ -28,9 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-BLOCKED = ("reduce_scatter", "scatter", "all_to_all")  # rank j's part is block j of the input
-ROOT_PUBLISHES = ("broadcast", "scatter")  # only the root has input
-ROOT_CONSUMES = ("reduce", "gather")  # only the root gets output
+from ..algorithms.table import TABLE
+
+BLOCKED = tuple(c.name for c in TABLE if c.input_blocks)  # rank j's part is block j of the input
+ROOT_PUBLISHES = tuple(c.name for c in TABLE if c.root_input_only)  # only the root has input
+ROOT_CONSUMES = tuple(c.name for c in TABLE if c.root_output_only)  # only the root gets output
 
 
 @dataclass(frozen=True, slots=True)

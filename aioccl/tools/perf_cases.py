@@ -15,17 +15,18 @@ from typing import Any
 
 import numpy as np
 
+from ..algorithms.table import BY_NAME
 from ..communicator import Communicator
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv", "pingpong")
-ROOTED = ("broadcast", "reduce")
+ROOTED = tuple(op for op in OPS if op in BY_NAME and BY_NAME[op].rooted)
 
 
 def busbw_factor(op: str, n: int) -> float:
     """nccl-tests' factors (doc/PERFORMANCE.md): the bytes a link must carry per byte of algbw."""
     if op == "all_reduce":
         return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    if op in BY_NAME and BY_NAME[op].blockwise:
         return (n - 1) / n
     return 1.0
 
@@ -106,7 +107,7 @@ def make(comm: Communicator, op: str, nbytes: int, dt: np.dtype, redop: str, roo
 
     total = nbytes // dt.itemsize
     neutral = 1 if redop == "prod" else 0
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    if op in BY_NAME and BY_NAME[op].blockwise:
         block = total // n
         if block == 0:
             return None

@@ -16,12 +16,13 @@ from typing import Any
 
 from ..algorithms import ALGORITHMS
 from ..algorithms.cost import LINKS, predict
+from ..algorithms.table import TABLE
 from ..tuning import Tuning
 from .perf import DTYPES, parse_size
 from .perf_cases import busbw_factor
 
-SIM_COLLS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all")
-BLOCKWISE = ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all")
+SIM_COLLS = tuple(c.name for c in TABLE if c.name != "barrier")
+BLOCKWISE = tuple(c.name for c in TABLE if c.blockwise)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
