@@ -39,6 +39,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_SHM_DISABLE", "0", "shm", "1: sockets even between ranks of one host"),
     Knob("AIOCCL_SHM_BUFFSIZE", "1048576", "shm", "bytes per staging slot half"),
     Knob("AIOCCL_P2P_EAGER", "1048576", "p2p", "largest point-to-point payload sent without a rendezvous"),
+    Knob("AIOCCL_UNEXPECTED_BYTES", "67108864", "p2p", "per peer, bytes held for receives not posted yet"),
     Knob("AIOCCL_SHM_RING", "4194304", "shm", "bytes of each direction's ring between two same-host ranks"),
     Knob("AIOCCL_SHM_HEAP", "268435456", "shm", "bytes of registered-buffer heap per rank (comm.alloc)"),
     Knob("AIOCCL_SHM_SPIN_US", "100", "shm", "microseconds a waiting rank spins before it parks"),

@@ -93,3 +93,24 @@ def test_unexpected_large_sends_wait_at_the_sender_not_in_the_receivers_memory(t
     m = re.search(r"OK 1 backlog 40 intact, grew (-?\d+) MiB", p.stdout)
     assert m and int(m.group(1)) <= 32, p.stdout
     assert "OK 0 sent 40" in p.stdout
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_unexpected_eager_sends_past_the_budget_wait_at_the_sender(transport):
+    """400 x 256 KiB (100 MiB) eager sends before any receive, the receiver asleep for 3 s (past the
+    2 s peer timeout): it holds at most its 16 MiB budget (plus one read's overshoot), the paused
+    connection survives, every message arrives intact and in order."""
+    p = run("eager_backlog", 2, AIOCCL_SHM_DISABLE="1" if transport == "tcp" else "0",
+            AIOCCL_UNEXPECTED_BYTES=str(16 << 20))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    m = re.search(r"OK 1 eager backlog 400 intact, grew (-?\d+) MiB", p.stdout)
+    assert m and int(m.group(1)) <= 32, p.stdout
+    assert "OK 0 sent 400 eager" in p.stdout
+
+
+def test_a_root_running_ahead_is_held_back_by_the_peers_budget():
+    """Over sockets, a root broadcasting 150 x 1 MiB while its peer sleeps no longer grows the peer by 150 MiB."""
+    p = run("bcast_ahead", 2, AIOCCL_SHM_DISABLE="1", AIOCCL_UNEXPECTED_BYTES=str(16 << 20))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    m = re.search(r"OK 1 broadcast ahead 150 intact, grew (-?\d+) MiB", p.stdout)
+    assert m and int(m.group(1)) <= 40, p.stdout

@@ -203,3 +203,35 @@ def test_numeric_knobs_parse_one_way():
         env_float({"K": "0"}, "K", 1.0, low=0, exclusive=True, unit="seconds")
     with pytest.raises(aioccl.InvalidArgument, match=r"^K must be at least 1 seconds, got '0.5'$"):
         env_float({"K": "0.5"}, "K", 1.0, low=1, unit="seconds")
+
+
+def test_the_pool_gives_memory_back_after_a_burst():
+    from aioccl.engine.pool import BufferPool
+
+    pool = BufferPool(idle_cap=8 << 20)
+    burst = [pool.acquire(1 << 20) for _ in range(100)]
+    for b in burst:
+        pool.release(b)
+    assert pool.idle_bytes <= 8 << 20 and pool.dropped_bytes >= 92 << 20
+    again = pool.acquire(1 << 20)  # steady state still reuses: no new allocation
+    assert pool.allocated_bytes == 100 << 20 and again.size == 1 << 20
+    big = pool.acquire(64 << 20)  # a class larger than the cap keeps one idle buffer
+    pool.release(big)
+    assert pool.acquire(64 << 20) is big
+
+
+def test_the_unexpected_budget_pauses_a_peer_and_resumes_below_half():
+    from aioccl.engine.receives import Budget
+
+    calls = []
+    b = Budget(10)
+    b.pause = lambda peer, paused: calls.append((peer, paused))
+    b.hold(3, 6)
+    b.hold(3, 6)  # 12 > 10: paused once
+    b.hold(3, 1)
+    b.hold(4, 2)
+    assert calls == [(3, True)]
+    b.release(3, 6)  # 7 > 5: still paused
+    assert calls == [(3, True)]
+    b.release(3, 3)  # 4 <= 5: resumed
+    assert calls == [(3, True), (3, False)] and b.held == {3: 4, 4: 2}

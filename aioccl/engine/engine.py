@@ -29,6 +29,7 @@ from ..transport.frames import (
     HEADER_SIZE,
     MISMATCH,
     NOTICE,
+    PAUSE,
     PROBE,
     Header,
 )
@@ -46,7 +47,7 @@ from .mailbox import Mailbox
 from .notices import Active, Fingerprint, failure_frame
 from .placement import Placement
 from .pool import BufferPool
-from .rendezvous import eager_limit
+from .rendezvous import eager_limit, unexpected_budget
 from .shm_channel import ChannelBell, ShmChannel
 from .view import CommView
 
@@ -96,7 +97,9 @@ class Engine:
         self.rank = rank
         self.size = size
         self.pool = BufferPool()
-        self.mailbox = Mailbox(self.loop, self.pool)
+        self.mailbox = Mailbox(self.loop, self.pool, unexpected_budget())
+        self.mailbox.budget.pause = self._pause_reading
+        self.mailbox.on_pause = self._peer_paused
         self.mailbox.notify = self._notify_mismatch
         self.mailbox.forward = self._forward
         self.mailbox.rdv.send_control = self._control
@@ -134,6 +137,7 @@ class Engine:
             if self.ib_port is not None:
                 port = self.ib_port
                 self.pool.on_new = lambda b: port.register(b.ctypes.data, b.nbytes) if b.nbytes >= 1 << 16 else None
+                self.pool.on_drop = port.deregister
         shm_peers = pair_setup.choose(self.table.peers, rank, exclude=set(ib_conns))
         self.pair_hub, shm_conns = await pair_setup.connect(self, self.table.comm_id, shm_peers, liveness, timeout)
         for peer, sock in self.table.conns.items():
@@ -264,6 +268,24 @@ class Engine:
                 self.mailbox.forget_op(comm.ctx, spec.seq)
             elif scratch_raw is not None:  # a failed op's scratch may still be written by a late frame
                 self.pool.release(scratch_raw)
+
+    def _pause_reading(self, peer: int, paused: bool) -> None:
+        """Backpressure: stop (or resume) reading ``peer``'s frames; its sender then blocks in the transport."""
+        conn = self.conns.get(peer)
+        pause = getattr(conn, "pause_reading", None)
+        if pause is not None:
+            _log.debug("%s reading from rank %d (%d bytes held for receives not posted yet)",
+                       "pausing" if paused else "resuming", peer, self.mailbox.budget.held.get(peer, 0))
+            pause(paused)
+            self._control(peer, Header(PAUSE, 0, 0, 0, 0, int(paused), 0).pack())
+
+    def _peer_paused(self, peer: int, paused: bool) -> None:
+        """``peer`` stopped reading from this rank (its budget is spent): our sends to it wait, and its
+        closed window must not count as a lost peer until it reads again."""
+        conn = self.conns.get(peer)
+        hold = getattr(conn, "peer_paused", None)
+        if hold is not None:
+            hold(paused)
 
     # -- failure propagation (MPI ULFM's revoke, NCCL's abort) ----------------------------------------
     def _probe_tick(self) -> None:

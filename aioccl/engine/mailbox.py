@@ -36,6 +36,7 @@ from ..transport.frames import (
     MAX_FAILURE_BYTES,
     MISMATCH,
     NOTICE,
+    PAUSE,
     PROBE,
     RDATA,
     RTS,
@@ -45,16 +46,18 @@ from ..transport.frames import (
 from ..work import Work
 from .notices import Active, Fingerprint, failure_error
 from .pool import BufferPool
-from .receives import Early, Posted
+from .receives import Budget, Early, Posted
 from .rendezvous import Rendezvous
 
 _log = log.get("COLL")
 
 
 class Mailbox:
-    def __init__(self, loop: asyncio.AbstractEventLoop, pool: BufferPool) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pool: BufferPool, budget: int = 64 << 20) -> None:
         self.loop = loop
         self.pool = pool
+        self.budget = Budget(budget)  # per peer, bytes of early frames; past it, reading from the peer pauses
+        self.on_pause: Callable[[int, bool], None] | None = None  # engine hook: a peer paused reading from us
         self.posted: dict[tuple[int, int, int, int], Posted] = {}
         self.early: dict[tuple[int, int, int, int], Early] = {}
         self.p2p_posted: dict[tuple[int, int, int], deque[Posted]] = {}
@@ -85,7 +88,7 @@ class Mailbox:
             key = (peer, h.ctx, h.seq, h.k)
             p = self.posted.pop(key, None)
             if p is None:
-                e = self.early[key] = Early(peer, h, self.pool)
+                e = self.early[key] = Early(peer, h, self.pool, self.budget)
                 return e.view(), e.finish
         elif h.kind == MISMATCH:
             buf = self.pool.acquire(h.nbytes)
@@ -98,6 +101,10 @@ class Mailbox:
                 return self._discard(h)
             buf = self.pool.acquire(h.nbytes)
             return buf.data[: h.nbytes], lambda: self._on_failure(peer, h, buf)
+        elif h.kind == PAUSE:
+            if self.on_pause is not None:
+                self.on_pause(peer, bool(h.seq))
+            return self._discard(h)
         elif h.kind == CTS:
             self.rdv.on_cts(peer, h)
             return self._discard(h)
@@ -118,7 +125,7 @@ class Mailbox:
             if queue is not None and not queue:
                 del self.p2p_posted[key3]  # tags are often unique (a step number): keep no empty queues
             if p is None:
-                e = Early(peer, h, self.pool)
+                e = Early(peer, h, self.pool, self.budget)
                 self.p2p_early.setdefault(key3, deque()).append(e)
                 return e.view(), e.finish
             if h.kind == RTS:
@@ -181,8 +188,11 @@ class Mailbox:
                     p.fail(lost)
         # frames that fully arrived before the connection ended are still good: keep them
         for key in [k for k, e in self.early.items() if k[0] == peer and not e.done]:
-            del self.early[key]
+            self.early.pop(key).drop()
         for key3 in [k for k in self.p2p_early if k[0] == peer]:
+            for e in self.p2p_early[key3]:
+                if not e.done:
+                    e.drop()
             self.p2p_early[key3] = deque(e for e in self.p2p_early[key3] if e.done)
         for p in self._partial.pop(peer, ()):
             p.fail(lost)
@@ -322,7 +332,7 @@ class Mailbox:
             if not early:
                 del self.p2p_early[key]
             if e.header.kind == RTS:
-                e.pool.release(e.buf)
+                e.free()
                 self.rdv.match(peer, e.header, p, self.lost.get(peer))
             else:
                 self._attach(e, p)
@@ -371,7 +381,9 @@ class Mailbox:
         for key in [k for k in self.early if k[1] == ctx and k[2] == seq]:
             e = self.early.pop(key)
             if e.done:
-                self.pool.release(e.buf)
+                e.free()
+            else:
+                e.drop()
         self.active.pop((ctx, seq), None)
         self._foreign.pop((ctx, seq), None)
         self._dead.add((ctx, seq))

@@ -8,6 +8,7 @@ copied, so a mismatched frame fails the receive instead of filling it with the w
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import CollectiveMismatch
@@ -41,15 +42,17 @@ class Posted:
 
 
 class Early:
-    """A frame that arrived before its receive was posted."""
+    """A frame that arrived before its receive was posted; its bytes count against the sender's budget
+    (``Budget``) until they are delivered or dropped."""
 
-    __slots__ = ("peer", "header", "buf", "done", "waiter", "pool")
+    __slots__ = ("peer", "header", "buf", "done", "waiter", "pool", "budget")
 
-    def __init__(self, peer: int, header: Header, pool: BufferPool) -> None:
-        self.peer, self.header, self.pool = peer, header, pool
+    def __init__(self, peer: int, header: Header, pool: BufferPool, budget: Budget) -> None:
+        self.peer, self.header, self.pool, self.budget = peer, header, pool, budget
         self.buf = pool.acquire(header.nbytes)
         self.done = False
         self.waiter: Posted | None = None
+        budget.hold(peer, header.nbytes)
 
     def view(self) -> memoryview:
         return self.buf.data[: self.header.nbytes]
@@ -66,4 +69,44 @@ class Early:
         else:
             p.target[:] = self.view()
             p.complete()
+        self.free()
+
+    def free(self) -> None:
+        """Its bytes are no longer needed: back to the pool, off the sender's budget."""
         self.pool.release(self.buf)
+        self.budget.release(self.peer, self.header.nbytes)
+
+    def drop(self) -> None:
+        """Its connection ended mid-frame: off the budget (the buffer is left to the collector)."""
+        self.budget.release(self.peer, self.header.nbytes)
+
+
+class Budget:
+    """Per peer, the bytes of frames that arrived before their receive was posted (``AIOCCL_UNEXPECTED_BYTES``).
+
+    Past the budget the engine stops reading from that peer (``pause``), so its sender blocks in the
+    transport (a full TCP window, a full ring) instead of this rank's memory growing; below half of it,
+    reading resumes. Receives posted here consume what was held, so a program whose receives match its
+    sends in order never stalls; one that needs a later message from a paused peer first waits on it
+    until its deadline, which names that peer.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held: dict[int, int] = {}
+        self.paused: set[int] = set()
+        self.pause: Callable[[int, bool], None] | None = None  # the engine's: (peer, paused)
+
+    def hold(self, peer: int, nbytes: int) -> None:
+        held = self.held[peer] = self.held.get(peer, 0) + nbytes
+        if held > self.limit and peer not in self.paused:
+            self.paused.add(peer)
+            if self.pause is not None:
+                self.pause(peer, True)
+
+    def release(self, peer: int, nbytes: int) -> None:
+        held = self.held[peer] = max(0, self.held.get(peer, 0) - nbytes)
+        if peer in self.paused and held <= self.limit // 2:
+            self.paused.discard(peer)
+            if self.pause is not None:
+                self.pause(peer, False)

@@ -26,11 +26,18 @@ from ..transport.frames import CTS, RDATA, RTS, Header
 from .receives import Posted
 
 DEFAULT_EAGER = 1 << 20
+DEFAULT_UNEXPECTED = 64 << 20
 
 
 def eager_limit(env: Mapping[str, str] = os.environ) -> int:
     """``AIOCCL_P2P_EAGER``: the largest point-to-point payload sent without a rendezvous."""
     return env_int(env, "AIOCCL_P2P_EAGER", DEFAULT_EAGER, 0, 1 << 30)
+
+
+def unexpected_budget(env: Mapping[str, str] = os.environ) -> int:
+    """``AIOCCL_UNEXPECTED_BYTES``: per peer, the bytes of frames held before their receive is posted
+    (eager sends, collective frames of a rank running ahead); past it, that peer's sends wait."""
+    return env_int(env, "AIOCCL_UNEXPECTED_BYTES", DEFAULT_UNEXPECTED, 1 << 20, 1 << 40)
 
 
 def rts(ctx: int, tag: int, dtype: int, nbytes: int, rid: int) -> bytes:

@@ -112,7 +112,7 @@ def check_knobs(env: Mapping[str, str]) -> list[str]:
         lambda: _env_timeout(env), lambda: recorder_size(env), lambda: tcp.peer_timeout(dict(env)),
         lambda: Tuning.from_env(env), lambda: shm_setup.settings(env), lambda: ib_setup.settings(env),
         lambda: gpu_runner.settings(env), lambda: watchdog_seconds(env), lambda: shm_pair_setup.ring_capacity(env),
-        lambda: rendezvous.eager_limit(env)]
+        lambda: rendezvous.eager_limit(env), lambda: rendezvous.unexpected_budget(env)]
     problems = []
     for check in checks:
         try:

@@ -24,8 +24,12 @@ COLL, P2P, BYE, MISMATCH, FAIL, PROBE = 1, 2, 3, 4, 5, 6
 # a large point-to-point message goes by rendezvous: ready-to-send (no payload; count = its bytes, k = its id),
 # clear-to-send (the receiver has posted a receive for it), then its data
 RTS, CTS, RDATA = 7, 8, 9
+# the receiver stopped (seq 1) or resumed (seq 0) reading this connection: its budget for unexpected frames is
+# spent, so the sender's kernel must not count the closed window as a dead peer
+PAUSE = 10
 KIND_NAMES = {COLL: "collective", P2P: "p2p", BYE: "bye", MISMATCH: "mismatch notice", FAIL: "failure notice",
-              PROBE: "fingerprint probe", RTS: "ready to send", CTS: "clear to send", RDATA: "rendezvous data"}
+              PROBE: "fingerprint probe", RTS: "ready to send", CTS: "clear to send", RDATA: "rendezvous data",
+              PAUSE: "reading paused"}
 LOST, TIMEOUT, ABORTED = 1, 2, 3  # a FAIL frame's causes
 
 

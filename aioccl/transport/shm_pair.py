@@ -92,6 +92,7 @@ class ShmPairConnection:
         self.side = TcpConnection(sock, peer, SideChannel("shared-memory", self._side_ended), liveness)
         self.segment = segment  # the peer's, holding my outbound ring: closed when this connection ends
         self.closed = False
+        self.paused = False  # by the receiver's budget (pause_reading)
         self._lock = asyncio.Lock()
         self._space = asyncio.Event()  # set by the reader's bell when it freed space in a blocked ring
         self._waiting = False
@@ -186,9 +187,15 @@ class ShmPairConnection:
         return data
 
     # -- receiving -------------------------------------------------------------
+    def pause_reading(self, paused: bool) -> None:
+        """Backpressure from the receiver's budget: while paused the ring fills and the peer's sends wait."""
+        self.paused = paused
+        if not paused:
+            self.pump()
+
     def pump(self) -> None:
         """Read what the peer has published: headers, then payloads straight into their targets."""
-        if self.closed:
+        if self.closed or self.paused:
             return
         before = self.rx.available()
         try:

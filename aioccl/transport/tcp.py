@@ -63,6 +63,7 @@ class TcpConnection:
             watch_liveness(sock, liveness)
         self.peer = peer
         self.sink = sink
+        self.liveness = liveness
         self.loop = asyncio.get_running_loop()
         self._lock = asyncio.Lock()
         self.closed = False
@@ -156,6 +157,28 @@ class TcpConnection:
                 graceful = self.bye_received and isinstance(e, Closed)
                 _log.log(20 if graceful else 30, "connection to rank %d ended: %s", self.peer, e)
                 self.sink.on_lost(self.peer, e, graceful)
+
+    def pause_reading(self, paused: bool) -> None:
+        """Backpressure from the receiver's budget: while paused the kernel's window fills and the peer's
+        sends block (its kernel still acknowledges probes, so the connection stays alive)."""
+        if self.closed:
+            return
+        if paused:
+            self._stop_reading()
+        elif not self._reading:
+            self.loop.add_reader(self.sock.fileno(), self._on_readable)
+            self._reading = True
+
+    def peer_paused(self, paused: bool) -> None:
+        """The peer stopped reading from us (its budget is spent): no kernel verdict on unacknowledged
+        data while it is (a send blocked on it still ends at its op's deadline, naming the peer)."""
+        if self.liveness is None or self.closed or self.sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                                 0 if paused else int(self.liveness * 1000))
+        except (OSError, AttributeError):
+            pass
 
     def _stop_reading(self) -> None:
         if self._reading:

@@ -162,6 +162,49 @@ async def backlog(comm: aioccl.Communicator) -> None:
     await comm.barrier()
 
 
+async def eager_backlog(comm: aioccl.Communicator) -> None:
+    """Rank 0 sends MESSAGES eager 256 KiB messages before rank 1 posts anything, and rank 1 sleeps past
+    AIOCCL_PEER_TIMEOUT: the budget holds rank 1's memory, the paused connection stays alive."""
+    count = int(os.environ.get("BACKLOG_MESSAGES", "400"))
+    await comm.barrier()
+    if comm.rank == 0:
+        msgs = [np.full(1 << 16, i, np.int32) for i in range(count)]
+        t0 = time.monotonic()
+        await asyncio.gather(*(comm.isend(m, 1, tag=6) for m in msgs))
+        print(f"OK 0 sent {count} eager after {time.monotonic() - t0:.2f}s", flush=True)
+    else:
+        before = rss_mib()
+        await asyncio.sleep(3.0)
+        grown = rss_mib() - before
+        buf = np.empty(1 << 16, np.int32)
+        for i in range(count):
+            buf[:] = -1
+            await comm.irecv(buf, 0, tag=6)
+            assert (buf == i).all(), (i, np.unique(buf)[:5])
+        print(f"OK 1 eager backlog {count} intact, grew {grown:.0f} MiB while unposted", flush=True)
+    await comm.barrier()
+
+
+async def bcast_ahead(comm: aioccl.Communicator) -> None:
+    """The root broadcasts MESSAGES x 1 MiB while rank 1 sleeps: the root is held back, not rank 1's memory."""
+    count = int(os.environ.get("BACKLOG_MESSAGES", "150"))
+    await comm.barrier()
+    before = rss_mib()
+    if comm.rank == 1:
+        await asyncio.sleep(3.0)
+    grown = rss_mib() - before
+    buf = np.empty(1 << 18, np.int32)
+    for i in range(count):
+        if comm.rank == 0:
+            buf[:] = i
+        else:
+            buf[:] = -1
+        await comm.broadcast(buf, root=0)
+        assert (buf == i).all(), (i, np.unique(buf)[:5])
+    print(f"OK {comm.rank} broadcast ahead {count} intact, grew {grown:.0f} MiB while asleep", flush=True)
+    await comm.barrier()
+
+
 async def main() -> None:
     comm = await aioccl.init(timeout=60, engine=os.environ.get("SHM_PAIRS_ENGINE", "auto"))
     await globals()[sys.argv[1]](comm)
