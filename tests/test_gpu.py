@@ -147,6 +147,7 @@ def test_every_op_and_dtype_on_gpu_buffers_with_fakecupy(ipc, path):
     for r in range(3):
         assert f"GPU_OK rank={r} " in out and f"path={path}" in out, out[-3000:]
     assert "0 failures" in out and " 1 failures" not in out
+    assert sum(f"GPU_MISMATCH rank={r}: " in out for r in range(3)) == 3, out[-3000:]
     if path == "staged":
         assert "GPU ops use staging through host memory: AIOCCL_GPU_IPC=0" in out
 

@@ -90,3 +90,34 @@ def raw_view(cp: Any, ptr: int, nbytes: int, dev: int) -> Any:
     """A uint8 cupy array over raw device memory (this rank's scratch or a peer's IPC mapping)."""
     mem = cp.cuda.UnownedMemory(ptr, nbytes, None, dev)
     return cp.ndarray((nbytes,), dtype=np.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+
+def call_fingerprint(name: str, dtype: np.dtype[Any], op_code: int, count: int, root: int) -> np.ndarray:
+    """What a rank's call is, as the five int64 every rank of a CUDA IPC op exchanges before any rank
+    reads a peer's scratch (the same fingerprint the host path's frames and descriptors carry)."""
+    from ..algorithms.table import BY_NAME
+    from ..dtypes import dtype_code
+
+    row = BY_NAME[name]
+    return np.array([row.code, dtype_code(dtype), op_code, count, root if row.rooted else 0], dtype=np.int64)
+
+
+async def same_call(side: Any, fp: np.ndarray, seq: int, timeout: float) -> None:
+    """Exchange ``fp`` over the side communicator and check it (in place of a barrier: it waits for all)."""
+    everyone = await side.all_gather(fp, timeout=timeout)
+    check_same_call(everyone.reshape(side.world_size, fp.size), side.rank, seq)
+
+
+def check_same_call(everyone: np.ndarray, rank: int, seq: int) -> None:
+    """``CollectiveMismatch`` on every rank alike when some rank issued another call (``everyone``: one
+    fingerprint row per rank, the same table on every rank)."""
+    from ..engine.notices import describe_call
+    from ..errors import CollectiveMismatch
+
+    mine = tuple(int(v) for v in everyone[rank])
+    for j in range(everyone.shape[0]):
+        theirs = tuple(int(v) for v in everyone[j])
+        if theirs != mine:
+            a, b = describe_call(theirs), describe_call(mine)  # type: ignore[arg-type]
+            raise CollectiveMismatch(f"collective mismatch at seq {seq} over CUDA IPC: rank {j} issued {a}, "
+                                     f"rank {rank} issued {b}", seq, (j, rank), (a, b))

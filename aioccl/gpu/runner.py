@@ -46,7 +46,7 @@ from ..work import Work
 from . import plans
 from .events import wait_event
 from .host_phase import host_op
-from .ipc import EXPORT_BYTES, Export, IpcTable, raw_view
+from .ipc import EXPORT_BYTES, Export, IpcTable, call_fingerprint, raw_view, same_call
 from .pinned import Block, PinnedPool
 from .probe import load_cupy
 from .streams import resolve
@@ -371,13 +371,18 @@ class GpuRunner:
                 ev.record(g.stream)
             return ev
 
-        for piece in pieces:
-            ev = launch(functools.partial(plans.publish, piece, inp, scratches[rank], _copy))
-            await wait_event(ev)
-            await side.barrier(timeout=self._remaining(deadline))
+        fp = call_fingerprint(g.name, dt, op.code if g.op is not None else 0, g.count, g.root)
+        for i, piece in enumerate(pieces):
+            await wait_event(launch(functools.partial(plans.publish, piece, inp, scratches[rank], _copy)))
+            if i == 0:  # in place of the first barrier: nobody reads a peer's scratch for another call
+                await same_call(side, fp, g.work.seq, self._remaining(deadline))
+            else:
+                await side.barrier(timeout=self._remaining(deadline))
             ev = launch(functools.partial(plans.consume, piece, out, scratches, _copy, combine, finish))
             await wait_event(ev)
             await side.barrier(timeout=self._remaining(deadline))
+        if not pieces:
+            await same_call(side, fp, g.work.seq, self._remaining(deadline))
         self._finish(g, dev)
 
     # -- lifetime ----------------------------------------------------------------------------------

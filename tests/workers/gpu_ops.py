@@ -123,6 +123,17 @@ async def extras(comm: aioccl.Communicator, chk: Checker) -> None:
     z = cp.asarray(data(r, 3, np.float64))
     await comm.all_reduce(z)  # still usable after the refusals
     chk.same("usable after refusals", cp.asnumpy(z), reduced(n, 3, np.float64, "sum"))
+    try:  # rank r reduces 10 + r elements: a different call on every rank, caught on every rank
+        await comm.all_reduce(cp.asarray(data(r, 10 + r, np.int32)))
+    except aioccl.CollectiveMismatch as e:
+        assert "mismatch" in str(e), e
+        chk.count += 1
+        print(f"GPU_MISMATCH rank={r}: {e}", flush=True)
+    else:
+        raise AssertionError("an all_reduce of different counts on every rank was not caught")
+    w = cp.asarray(data(r, 5, np.int64))
+    await comm.all_reduce(w)  # and usable after it
+    chk.same("usable after a mismatch", cp.asnumpy(w), reduced(n, 5, np.int64, "sum"))
 
 
 async def main() -> None:
