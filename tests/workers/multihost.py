@@ -36,6 +36,22 @@ async def main() -> None:
     await comm.isend(np.full(1000, r, np.int32), peer, tag=3)
     await recv
     ck.same("p2p across hosts", got, np.full(1000, peer, np.int32))
+    host = r // per_node
+    neighbour = host * per_node + (comm.local_rank + 1) % per_node
+    ck.true(f"pairs: {comm.transport}", comm.transport == "shm+tcp" and comm.transport_to(neighbour) == "shm"
+            and comm.transport_to(peer) == "tcp")
+    mine = await comm.split(host)  # the ranks of this host: a shared-memory channel of their own
+    rail = await comm.split(comm.local_rank)  # one rank per host: over the network
+    ck.true(f"per-host child over {mine.transport}", mine.transport == "shm" and mine._shm is not None)
+    ck.true(f"per-rail child over {rail.transport}", rail.transport == "tcp" and rail._shm is None)
+    for child in (mine, rail):
+        y = np.full(200_000, r + 1, np.int64)
+        await child.all_reduce(y)
+        members = [host * per_node + j for j in range(per_node)] if child is mine else \
+            [h * per_node + comm.local_rank for h in range(n // per_node)]
+        ck.same(f"child all_reduce over {child.transport}", y, np.full(200_000, sum(m + 1 for m in members)))
+    await rail.close()
+    await mine.close()
     await comm.close()
     ck.finish(f"multihost rank {r} on host {os.environ.get('AIOCCL_NODE')}")
 

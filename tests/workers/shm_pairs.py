@@ -140,49 +140,38 @@ def rss_mib() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
-async def backlog(comm: aioccl.Communicator) -> None:
-    """Rank 0 sends MESSAGES x 4 MiB before rank 1 posts anything: rank 1's memory must not grow by them."""
-    count = int(os.environ.get("BACKLOG_MESSAGES", "40"))
+async def sent_before_posted(comm: aioccl.Communicator, count: int, elems: int, tag: int, sleep_s: float,
+                             what: str) -> None:
+    """Rank 0 sends ``count`` x ``elems`` int32 before rank 1 posts anything; rank 1 sleeps ``sleep_s``, then
+    receives them all in order, and says how much it grew while they were unposted."""
     await comm.barrier()
     if comm.rank == 0:
-        msgs = [np.full(1 << 20, i, np.int32) for i in range(count)]
+        msgs = [np.full(elems, i, np.int32) for i in range(count)]
         t0 = time.monotonic()
-        await asyncio.gather(*(comm.isend(m, 1, tag=5) for m in msgs))
-        print(f"OK 0 sent {count} after {time.monotonic() - t0:.2f}s", flush=True)
+        await asyncio.gather(*(comm.isend(m, 1, tag=tag) for m in msgs))
+        print(f"OK 0 sent {count}{what} after {time.monotonic() - t0:.2f}s", flush=True)
     else:
         before = rss_mib()
-        await asyncio.sleep(1.0)  # the sender has issued everything by now
+        await asyncio.sleep(sleep_s)  # the sender has issued everything by now
         grown = rss_mib() - before
-        buf = np.empty(1 << 20, np.int32)
+        buf = np.empty(elems, np.int32)
         for i in range(count):
             buf[:] = -1
-            await comm.irecv(buf, 0, tag=5)
+            await comm.irecv(buf, 0, tag=tag)
             assert (buf == i).all(), (i, np.unique(buf)[:5])
-        print(f"OK 1 backlog {count} intact, grew {grown:.0f} MiB while unposted", flush=True)
+        print(f"OK 1{what} backlog {count} intact, grew {grown:.0f} MiB while unposted", flush=True)
     await comm.barrier()
+
+
+async def backlog(comm: aioccl.Communicator) -> None:
+    """MESSAGES x 4 MiB (rendezvous): rank 1's memory must not grow by them."""
+    await sent_before_posted(comm, int(os.environ.get("BACKLOG_MESSAGES", "40")), 1 << 20, 5, 1.0, "")
 
 
 async def eager_backlog(comm: aioccl.Communicator) -> None:
-    """Rank 0 sends MESSAGES eager 256 KiB messages before rank 1 posts anything, and rank 1 sleeps past
-    AIOCCL_PEER_TIMEOUT: the budget holds rank 1's memory, the paused connection stays alive."""
-    count = int(os.environ.get("BACKLOG_MESSAGES", "400"))
-    await comm.barrier()
-    if comm.rank == 0:
-        msgs = [np.full(1 << 16, i, np.int32) for i in range(count)]
-        t0 = time.monotonic()
-        await asyncio.gather(*(comm.isend(m, 1, tag=6) for m in msgs))
-        print(f"OK 0 sent {count} eager after {time.monotonic() - t0:.2f}s", flush=True)
-    else:
-        before = rss_mib()
-        await asyncio.sleep(3.0)
-        grown = rss_mib() - before
-        buf = np.empty(1 << 16, np.int32)
-        for i in range(count):
-            buf[:] = -1
-            await comm.irecv(buf, 0, tag=6)
-            assert (buf == i).all(), (i, np.unique(buf)[:5])
-        print(f"OK 1 eager backlog {count} intact, grew {grown:.0f} MiB while unposted", flush=True)
-    await comm.barrier()
+    """MESSAGES x 256 KiB (eager), rank 1 asleep past AIOCCL_PEER_TIMEOUT: the budget holds rank 1's
+    memory, and the paused connection stays alive."""
+    await sent_before_posted(comm, int(os.environ.get("BACKLOG_MESSAGES", "400")), 1 << 16, 6, 3.0, " eager")
 
 
 async def bcast_ahead(comm: aioccl.Communicator) -> None:
