@@ -37,6 +37,7 @@ from ..transport.ib import setup as ib_setup
 from ..transport.ib.connection import IbConnection
 from ..transport.ib.detect import detect as ib_detect
 from ..transport.ib.port import Port
+from ..transport.shm import LoopBell
 from ..transport.shm_pair import PairHub, ShmPairConnection
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
 from ..tuning import Tuning
@@ -48,7 +49,7 @@ from .notices import Active, Fingerprint, failure_frame
 from .placement import Placement
 from .pool import BufferPool
 from .rendezvous import eager_limit, unexpected_budget
-from .shm_channel import ChannelBell, ShmChannel
+from .shm_channel import ShmChannel
 from .view import CommView
 
 _log = log.get("PROXY")
@@ -113,7 +114,7 @@ class Engine:
         self.aborted: BaseException | None = None
         self.shm: ShmChannel | None = None  # the world communicator's, when all ranks share this host
         self.channels: list[ShmChannel] = []  # every communicator's (world and children) on this engine
-        self.bell: ChannelBell | None = None  # their one doorbell, made with the first
+        self.bell: LoopBell | None = None  # their one doorbell, made with the first
         # collectives running over the connections: (ctx, seq) -> (comm, fingerprint, progress, start time)
         self.running: dict[tuple[int, int], tuple[CommView, Fingerprint, Progress, float]] = {}
         self._probed: set[tuple[int, int]] = set()
@@ -158,11 +159,12 @@ class Engine:
         return self
 
     # -- shared-memory channels ---------------------------------------------
-    def channel_bell(self) -> ChannelBell:
+    def channel_bell(self) -> LoopBell:
         """The doorbell all this engine's channels share (made by the first channel's setup)."""
         if self.bell is None:
             assert self.table is not None
-            self.bell = ChannelBell(self.loop, self.table.comm_id, self.rank)
+            self.bell = LoopBell(self.loop, self.table.comm_id, self.rank)
+            self.bell.start()
         return self.bell
 
     def attach_channel(self, chan: ShmChannel, view: CommView) -> None:

@@ -12,9 +12,9 @@ frames are matched per ``(peer, ctx, tag)`` in FIFO order, MPI's
 non-overtaking rule: the i-th message with a tag goes to the i-th receive
 posted for it (a cancelled receive steps aside, so nothing is lost).
 
-A frame whose receive is not posted yet lands in a pooled buffer and is
-copied when the receive arrives; a posted receive gets the payload read
-straight into its memory. Everything here runs on the engine's loop thread.
+A frame whose receive is not posted yet lands in a pooled buffer (counted
+against its sender's ``Budget``) and is copied when the receive arrives; a
+posted receive gets the payload read straight into its memory. Everything here runs on the engine's loop thread.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from ..transport.frames import (
 from ..work import Work
 from .notices import Active, Fingerprint, failure_error
 from .pool import BufferPool
-from .receives import Budget, Early, Posted
+from .receives import Budget, Early, Posted, drop_unfinished
 from .rendezvous import Rendezvous
 
 _log = log.get("COLL")
@@ -186,14 +186,7 @@ class Mailbox:
             for p in self.p2p_posted.pop(key3):
                 if p.work is None or p.work._start():
                     p.fail(lost)
-        # frames that fully arrived before the connection ended are still good: keep them
-        for key in [k for k, e in self.early.items() if k[0] == peer and not e.done]:
-            self.early.pop(key).drop()
-        for key3 in [k for k in self.p2p_early if k[0] == peer]:
-            for e in self.p2p_early[key3]:
-                if not e.done:
-                    e.drop()
-            self.p2p_early[key3] = deque(e for e in self.p2p_early[key3] if e.done)
+        drop_unfinished(self.early, self.p2p_early, peer)  # what fully arrived is still good: kept
         for p in self._partial.pop(peer, ()):
             p.fail(lost)
         self.rdv.on_lost(peer, lost)

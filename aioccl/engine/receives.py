@@ -8,6 +8,7 @@ copied, so a mismatched frame fails the receive instead of filling it with the w
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -110,3 +111,16 @@ class Budget:
             self.paused.discard(peer)
             if self.pause is not None:
                 self.pause(peer, False)
+
+
+def drop_unfinished(early: dict[tuple[int, int, int, int], Early],
+                    p2p_early: dict[tuple[int, int, int], deque[Early]], peer: int) -> None:
+    """``peer``'s connection ended: its frames still arriving are dropped (off its budget); those that
+    fully arrived before the end stay for their receives."""
+    for key in [k for k, e in early.items() if k[0] == peer and not e.done]:
+        early.pop(key).drop()
+    for key3 in [k for k in p2p_early if k[0] == peer]:
+        for e in p2p_early[key3]:
+            if not e.done:
+                e.drop()
+        p2p_early[key3] = deque(e for e in p2p_early[key3] if e.done)

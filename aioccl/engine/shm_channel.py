@@ -4,7 +4,7 @@ Every such communicator has one, the world and its ``split``/``shrink``
 children alike: it owns the mapped segments (mine and my peers'), my step
 counter, and a FIFO of collectives, run one at a time in issue order (the
 slots are shared, so ops on one communicator are serialised, as on an NCCL
-stream). All the channels of a process share one doorbell (``ChannelBell``).
+stream). All the channels of a process share one doorbell (its engine's ``LoopBell``).
 
 Waiting, the part that decides latency:
 
@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import log
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted
-from ..transport.shm import CONTROL_BYTES, CTR, DESC, DESC_LEN, HALF, HEAP, HEAP_OFF, SLEEP, Doorbell, Segment
+from ..transport.shm import CONTROL_BYTES, CTR, DESC, DESC_LEN, HALF, HEAP, HEAP_OFF, SLEEP, LoopBell, Segment
 from ..transport.shm_heap import Heap
 from .pool import BufferPool
 from .shm_executor import ShmOp, Wait, execute
@@ -61,37 +61,8 @@ def fence() -> None:
     _fence_lock.release()
 
 
-class ChannelBell:
-    """This process's doorbell, shared by all its channels (world and children): a peer that publishes a
-    step rings the bell of each rank parked in that channel, by world rank; a ring wakes every channel
-    of this process that is parked, and each re-checks its own counters."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, comm_id: int, rank: int) -> None:
-        self.loop = loop
-        self.bell = Doorbell(comm_id, rank)
-        self.channels: list[ShmChannel] = []
-        loop.add_reader(self.bell.fileno(), self._on_bell)
-
-    def ring(self, world_rank: int) -> None:
-        self.bell.ring(world_rank)
-
-    def _on_bell(self) -> None:
-        self.bell.drain()
-        for chan in list(self.channels):
-            chan.on_bell()
-
-    def close(self) -> None:
-        for chan in list(self.channels):
-            chan.close()
-        try:
-            self.loop.remove_reader(self.bell.fileno())
-        except (ValueError, OSError):
-            pass
-        self.bell.close()
-
-
 class ShmChannel:
-    def __init__(self, loop: asyncio.AbstractEventLoop, rank: int, segments: Sequence[Segment], bell: ChannelBell,
+    def __init__(self, loop: asyncio.AbstractEventLoop, rank: int, segments: Sequence[Segment], bell: LoopBell,
                  pool: BufferPool, spin_s: float, yield_cpu: bool, ctx: int = 0,
                  world: tuple[int, ...] | None = None) -> None:
         self.loop = loop
@@ -131,7 +102,7 @@ class ShmChannel:
         self._typed: dict[tuple[int, np.dtype[Any]], np.ndarray] = {}
         self.stats = {"ops": 0, "spin_hits": 0, "parks": 0, "bells_rung": 0, "recheck_hits": 0}
         self.closed = False
-        bell.channels.append(self)
+        bell.listeners.append(self.on_bell)
 
     # -- the shared words -------------------------------------------------
     def publish(self, s: int) -> None:
@@ -384,8 +355,8 @@ class ShmChannel:
             return
         self.closed = True
         self.fail_all(CommAborted("the communicator is closed"))
-        if self in self.bell.channels:
-            self.bell.channels.remove(self)
+        if self.on_bell in self.bell.listeners:
+            self.bell.listeners.remove(self.on_bell)
         for c in self.ctl:
             c.release()
         self.u8 = []

@@ -28,9 +28,9 @@ from ..algorithms import plan
 from ..dtypes import ReduceOp, dtype_code
 from ..envvars import env_float, env_int
 from ..errors import CollectiveTimeout
-from ..transport.shm import SHM_DIR, Segment, segment_name, sweep_stale
+from ..transport.shm import SHM_DIR, LoopBell, Segment, segment_name, sweep_stale
 from .executor import Progress, execute
-from .shm_channel import ChannelBell, ShmChannel
+from .shm_channel import ShmChannel
 from .view import CommView
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ async def setup(engine: Engine, view: CommView, timeout: float, what: str = "cre
     elif not os.path.isdir(SHM_DIR):
         why = f"{SHM_DIR} does not exist"
     mine: Segment | None = None
-    bell: ChannelBell | None = None
+    bell: LoopBell | None = None
     segs: list[Segment | None] = [None] * n
     if not why:
         try:

@@ -92,6 +92,16 @@ def raw_view(cp: Any, ptr: int, nbytes: int, dev: int) -> Any:
     return cp.ndarray((nbytes,), dtype=np.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
 
 
+@dataclass
+class IpcState:
+    """A communicator's CUDA IPC scratch once every rank agreed to use it."""
+
+    table: IpcTable
+    own_ptr: int
+    cap_bytes: int
+    views: list[Any]  # rank -> its scratch as a uint8 cupy array, in this process
+
+
 def call_fingerprint(name: str, dtype: np.dtype[Any], op_code: int, count: int, root: int) -> np.ndarray:
     """What a rank's call is, as the five int64 every rank of a CUDA IPC op exchanges before any rank
     reads a peer's scratch (the same fingerprint the host path's frames and descriptors carry)."""

@@ -46,7 +46,7 @@ from ..work import Work
 from . import plans
 from .events import wait_event
 from .host_phase import host_op
-from .ipc import EXPORT_BYTES, Export, IpcTable, call_fingerprint, raw_view, same_call
+from .ipc import EXPORT_BYTES, Export, IpcState, IpcTable, call_fingerprint, raw_view, same_call
 from .pinned import Block, PinnedPool
 from .probe import load_cupy
 from .streams import resolve
@@ -83,14 +83,6 @@ class GpuOp:
     result: Callable[[], Any]
     staged_in: tuple[Block, list[Any]] | None = None  # pinned input and one D2H event per piece
     blocks: list[Block] = field(default_factory=list)
-
-
-@dataclass
-class IpcState:
-    table: IpcTable
-    own_ptr: int
-    cap_bytes: int
-    views: list[Any]  # rank -> its scratch as a uint8 cupy array, in this process
 
 
 class GpuRunner:

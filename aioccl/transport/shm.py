@@ -22,6 +22,7 @@ rank that publishes a step rings the bell of every peer whose flag is set.
 
 from __future__ import annotations
 
+import asyncio
 import mmap
 import os
 import re
@@ -200,3 +201,42 @@ class Doorbell:
     def close(self) -> None:
         self.sock.close()
         self._out.close()
+
+
+def stop_reader(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    """``loop.remove_reader``, quiet when the fd or the loop is already gone (teardown paths)."""
+    try:
+        loop.remove_reader(fd)
+    except (ValueError, OSError):
+        pass
+
+
+class LoopBell:
+    """A doorbell read on an event loop: a ring wakes every listener, and each re-checks its own state
+    (the pair hub its rings, each shared-memory channel its counters)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, comm_id: int, rank: int,
+                 address: Callable[[int, int], bytes] = doorbell_address) -> None:
+        self.loop = loop
+        self.bell = Doorbell(comm_id, rank, address)
+        self.listeners: list[Callable[[], None]] = []
+        self._reading = False
+
+    def start(self) -> None:
+        if not self._reading:
+            self.loop.add_reader(self.bell.fileno(), self._on_bell)
+            self._reading = True
+
+    def ring(self, rank: int) -> None:
+        self.bell.ring(rank)
+
+    def _on_bell(self) -> None:
+        self.bell.drain()
+        for listener in list(self.listeners):
+            listener()
+
+    def close(self) -> None:
+        if self._reading:
+            self._reading = False
+            stop_reader(self.loop, self.bell.fileno())
+        self.bell.close()

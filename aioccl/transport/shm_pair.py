@@ -30,7 +30,7 @@ from .. import log
 from ..bootstrap.sockio import Closed
 from .frames import BYE, Header
 from .reader import FrameReader, SideChannel, Sink
-from .shm import Doorbell, Segment
+from .shm import LoopBell, Segment
 from .shm_ring import ByteRing
 from .tcp import TcpConnection
 
@@ -49,33 +49,24 @@ class PairHub:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, comm_id: int, rank: int) -> None:
         self.loop = loop
-        self.bell = Doorbell(comm_id, rank, bell_address)
+        self.bell = LoopBell(loop, comm_id, rank, bell_address)
+        self.bell.listeners.append(self._on_bell)
         self.conns: list[ShmPairConnection] = []
         self.spin_s = 0.0  # how long a receive may spin on a ring before it waits for the bell
         self.segment: Segment | None = None  # mine, holding my inbound rings; closed with the hub
-        self._reading = False
 
     def start(self) -> None:
-        if not self._reading:
-            self.loop.add_reader(self.bell.fileno(), self._on_bell)
-            self._reading = True
+        self.bell.start()
 
     def ring(self, rank: int) -> None:
         self.bell.ring(rank)
 
     def _on_bell(self) -> None:
-        self.bell.drain()
         for c in list(self.conns):
             c.pump()
             c.wake_sender()
 
     def close(self) -> None:
-        if self._reading:
-            self._reading = False
-            try:
-                self.loop.remove_reader(self.bell.fileno())
-            except (ValueError, OSError):
-                pass
         self.bell.close()
         for c in list(self.conns):
             c._shut()

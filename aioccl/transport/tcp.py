@@ -25,6 +25,7 @@ from ..bootstrap.sockio import Closed
 from ..envvars import env_float
 from .frames import BYE, Header, unpack
 from .reader import FrameReader, Sink
+from .shm import stop_reader
 
 _log = log.get("NET")
 READ_BUDGET = 4 << 20
@@ -183,10 +184,7 @@ class TcpConnection:
     def _stop_reading(self) -> None:
         if self._reading:
             self._reading = False
-            try:
-                self.loop.remove_reader(self.sock.fileno())
-            except (ValueError, OSError):
-                pass
+            stop_reader(self.loop, self.sock.fileno())
 
     async def close(self, graceful: bool) -> None:
         """Say goodbye (so the peer knows this was no crash) and close."""

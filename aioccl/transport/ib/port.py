@@ -17,6 +17,7 @@ import threading
 from typing import Protocol
 
 from ... import log
+from ..shm import stop_reader
 from .protocol import split_wr_id
 from .verbs import Completion, Device, Region
 
@@ -107,10 +108,7 @@ class Port:
             self._timer.cancel()
         if self._watching:
             self._watching = False
-            try:
-                self.loop.remove_reader(self.device.fileno())
-            except (ValueError, OSError):
-                pass
+            stop_reader(self.loop, self.device.fileno())
         with self._mem_lock:
             self._regions.clear()
             self._starts.clear()
