@@ -30,10 +30,10 @@ from .bootstrap.unique_id import UniqueId
 from .buffers import Buf, same_device
 from .collectives import CollectiveOps
 from .dtypes import ReduceOp, dtype_code
-from .engine.engine import CollSpec, Engine
+from .engine.engine import Engine
+from .engine.op import Op
 from .engine.placement import Placement
 from .engine.shm_channel import ShmChannel
-from .engine.shm_executor import ShmOp
 from .engine.view import CommView
 from .envvars import check_timeout, env_timeout
 from .errors import CollectiveTimeout, CommAborted, InvalidArgument
@@ -315,6 +315,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
         shm = self._shm
         desc = (count, dt, op, root if BY_NAME[name].rooted else None)
         shm_algo = self._tuning.choose_shm(name, count, dt.itemsize, self.world_size) if shm is not None else None
+        order = -1  # a channel's op: its issue number there
         with self._lock:
             self._usable()
             seq = self._seq
@@ -322,24 +323,24 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
             if shm is not None and shm_algo is not None:
                 order = self._shm_order  # the channel runs its ops in this (issue) order
                 self._shm_order += 1
+        code, dcode = BY_NAME[name].code, dtype_code(dt) if name != "barrier" else 0
         if shm is not None and shm_algo is not None:
             cap = max(1, shm.cap_bytes // dt.itemsize)
             same = in_place or inp.array is out.array  # peers must not read a buffer this rank overwrites
-            ssched = shm_plan(name, count, self.rank, self.world_size, root, cap, shm_algo, same)
-            work = Work(name, seq)
-            sop = ShmOp(name, BY_NAME[name].code, seq, ssched, inp.flat, out.flat,
-                        dtype_code(dt) if name != "barrier" else 0, op, count, root, t, work, result, order)
+            sched = shm_plan(name, count, self.rank, self.world_size, root, cap, shm_algo, same)
             _log.debug("%s seq %d: %d x %s over shared memory, algo %s", name, seq, count, dt, shm_algo)
-            work._probe = sop.blocked_on
-            return self._track(work, lambda: shm.submit(sop), desc)
-        algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size)
-        sched = plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place)
-        spec = CollSpec(name, BY_NAME[name].code, seq, sched, inp.flat, out.flat,
-                        dtype_code(dt) if name != "barrier" else 0, op, t, result, count, root)
+        else:
+            algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size)
+            sched = plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place)
+            _log.debug("%s seq %d: %d x %s, algo %s, chunk %d", name, seq, count, dt, algo, chunk)
         work = Work(name, seq)
+        op_ = Op(name, code, seq, inp.flat, out.flat, dcode, op, count, root, t, work, result, sched, order, desc)
+        work._probe = op_.blocked_on
+        if order >= 0:
+            assert shm is not None
+            return self._track(work, lambda: shm.submit(op_), desc)
         view, eng = self._view, self._engine
-        _log.debug("%s seq %d: %d x %s, algo %s, chunk %d", name, seq, count, dt, algo, chunk)
-        return self._track(work, lambda: eng.run_collective(view, spec, work), desc)
+        return self._track(work, lambda: eng.run_collective(view, op_), desc)
 
     def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
                  stream: Any) -> Work[Any]:

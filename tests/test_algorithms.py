@@ -118,4 +118,4 @@ def test_scatter_and_all_to_all(n, in_place):
 def test_barrier_pairs_up(n):
     empty = [np.zeros(0) for _ in range(n)]
     run([plan("barrier", 0, r, n, 0, CHUNK, "dissemination") for r in range(n)], empty, empty)
-    assert len(plan("barrier", 0, 0, n, 0, CHUNK, "dissemination").rounds) == (n - 1).bit_length()
+    assert len(plan("barrier", 0, 0, n, 0, CHUNK, "dissemination").steps) == (n - 1).bit_length()

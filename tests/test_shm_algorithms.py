@@ -1,6 +1,6 @@
 """Shared-memory schedules, run in-process in random interleavings against numpy.
 
-:func:`aioccl.algorithms.reference.run_shm` lets any rank move whenever the
+:func:`aioccl.algorithms.reference.run` lets any rank move whenever the
 engine's rules allow it, stages into slot halves that later steps really
 overwrite, and exposes registered ranks' live buffers, so a schedule that
 reads stale or overwritten data fails here, not only one that miscomputes.
@@ -13,8 +13,9 @@ import itertools
 import numpy as np
 import pytest
 
-from aioccl.algorithms.reference import ScheduleError, run_shm
-from aioccl.algorithms.shm import SHM_ALGORITHMS, ShmSchedule, Step, shm_plan
+from aioccl.algorithms.reference import ScheduleError, run
+from aioccl.algorithms.schedule import Schedule, Step
+from aioccl.algorithms.shm import SHM_ALGORITHMS, shm_plan
 
 RANKS = [1, 2, 3, 4, 5, 8]
 COUNTS = [0, 1, 7, 64, 257]
@@ -47,7 +48,7 @@ def test_all_reduce(algo, n, in_place):
         expect = np.sum(ins, axis=0) / n
         outs = [x.copy() for x in ins] if in_place else [poison(count) for _ in range(n)]
         scheds = [shm_plan("all_reduce", count, r, n, 0, cap, algo, in_place) for r in range(n)]
-        run_shm(scheds, ins, outs, cap, in_place=in_place, registered=reg, seed=seed)
+        run(scheds, ins, outs, cap, in_place=in_place, registered=reg, seed=seed)
         for r in range(n):
             np.testing.assert_array_equal(outs[r], expect, err_msg=f"rank {r} count {count} cap {cap} {reg} {seed}")
             if not in_place:
@@ -61,7 +62,7 @@ def test_reduce(algo, n):
         for root in sorted({0, n - 1}):
             ins = [data(r, count) for r in range(n)]
             outs = [poison(count) for _ in range(n)]
-            run_shm([shm_plan("reduce", count, r, n, root, cap, algo) for r in range(n)], ins, outs, cap,
+            run([shm_plan("reduce", count, r, n, root, cap, algo) for r in range(n)], ins, outs, cap,
                     registered=reg, seed=seed)
             np.testing.assert_array_equal(outs[root], np.sum(ins, axis=0) / n)
             for r in range(n):
@@ -75,7 +76,7 @@ def test_broadcast(n):
     for count, cap, reg, seed in cases(n):
         for root in sorted({0, n - 1}):
             bufs = [data(root, count) if r == root else poison(count) for r in range(n)]
-            run_shm([shm_plan("broadcast", count, r, n, root, cap, in_place=True) for r in range(n)], bufs, bufs,
+            run([shm_plan("broadcast", count, r, n, root, cap, in_place=True) for r in range(n)], bufs, bufs,
                     cap, in_place=True, registered=reg, seed=seed)
             for r in range(n):
                 np.testing.assert_array_equal(bufs[r], data(root, count))
@@ -86,7 +87,7 @@ def test_all_gather_and_gather(n):
     for block, cap, reg, seed in cases(n):
         ins = [data(r, block) for r in range(n)]
         outs = [poison(n * block) for _ in range(n)]
-        run_shm([shm_plan("all_gather", block, r, n, 0, cap) for r in range(n)], ins, outs, cap,
+        run([shm_plan("all_gather", block, r, n, 0, cap) for r in range(n)], ins, outs, cap,
                 registered=reg, seed=seed)
         for r in range(n):
             np.testing.assert_array_equal(outs[r], np.concatenate(ins))
@@ -95,13 +96,13 @@ def test_all_gather_and_gather(n):
         for r in range(n):
             outs[r][r * block:(r + 1) * block] = data(r, block)
         views = [outs[r][r * block:(r + 1) * block] for r in range(n)]
-        run_shm([shm_plan("all_gather", block, r, n, 0, cap, in_place=True) for r in range(n)], views, outs, cap,
+        run([shm_plan("all_gather", block, r, n, 0, cap, in_place=True) for r in range(n)], views, outs, cap,
                 registered=reg, seed=seed)
         for r in range(n):
             np.testing.assert_array_equal(outs[r], np.concatenate(ins))
         root = n - 1
         outs = [poison(n * block) for _ in range(n)]
-        run_shm([shm_plan("gather", block, r, n, root, cap) for r in range(n)], ins, outs, cap,
+        run([shm_plan("gather", block, r, n, root, cap) for r in range(n)], ins, outs, cap,
                 registered=reg, seed=seed)
         np.testing.assert_array_equal(outs[root], np.concatenate(ins))
         for r in range(n - 1):
@@ -114,14 +115,14 @@ def test_reduce_scatter(n):
         ins = [data(r, n * block) for r in range(n)]
         full = np.sum(ins, axis=0) / n
         outs = [poison(block) for _ in range(n)]
-        run_shm([shm_plan("reduce_scatter", block, r, n, 0, cap) for r in range(n)], ins, outs, cap,
+        run([shm_plan("reduce_scatter", block, r, n, 0, cap) for r in range(n)], ins, outs, cap,
                 registered=reg, seed=seed)
         for r in range(n):
             np.testing.assert_array_equal(outs[r], full[r * block:(r + 1) * block])
         # in place: the output is this rank's block of its own input
         whole = [data(r, n * block) for r in range(n)]
         views = [whole[r][r * block:(r + 1) * block] for r in range(n)]
-        run_shm([shm_plan("reduce_scatter", block, r, n, 0, cap) for r in range(n)], whole, views, cap,
+        run([shm_plan("reduce_scatter", block, r, n, 0, cap) for r in range(n)], whole, views, cap,
                 registered=reg, seed=seed)
         for r in range(n):
             np.testing.assert_array_equal(views[r], full[r * block:(r + 1) * block])
@@ -134,19 +135,19 @@ def test_scatter_and_all_to_all(n):
         src = data(root, n * block)
         ins = [src if r == root else poison(n * block) for r in range(n)]
         outs = [poison(block) for _ in range(n)]
-        run_shm([shm_plan("scatter", block, r, n, root, cap) for r in range(n)], ins, outs, cap,
+        run([shm_plan("scatter", block, r, n, root, cap) for r in range(n)], ins, outs, cap,
                 registered=reg, seed=seed)
         for r in range(n):
             np.testing.assert_array_equal(outs[r], src[r * block:(r + 1) * block])
         ins = [data(r, n * block) for r in range(n)]
         want = [np.concatenate([ins[j][r * block:(r + 1) * block] for j in range(n)]) for r in range(n)]
         outs = [poison(n * block) for _ in range(n)]
-        run_shm([shm_plan("all_to_all", block, r, n, 0, cap) for r in range(n)], ins, outs, cap,
+        run([shm_plan("all_to_all", block, r, n, 0, cap) for r in range(n)], ins, outs, cap,
                 registered=reg, seed=seed)
         for r in range(n):
             np.testing.assert_array_equal(outs[r], want[r])
         bufs = [x.copy() for x in ins]
-        run_shm([shm_plan("all_to_all", block, r, n, 0, cap, in_place=True) for r in range(n)], bufs, bufs, cap,
+        run([shm_plan("all_to_all", block, r, n, 0, cap, in_place=True) for r in range(n)], bufs, bufs, cap,
                 in_place=True, registered=reg, seed=seed)
         for r in range(n):
             np.testing.assert_array_equal(bufs[r], want[r])
@@ -155,18 +156,18 @@ def test_scatter_and_all_to_all(n):
 @pytest.mark.parametrize("n", RANKS)
 def test_barrier(n):
     for seed in SEEDS:
-        run_shm([shm_plan("barrier", 0, r, n, 0, 8) for r in range(n)], [poison(0)] * n, [poison(0)] * n, 8,
+        run([shm_plan("barrier", 0, r, n, 0, 8) for r in range(n)], [poison(0)] * n, [poison(0)] * n, 8,
                 seed=seed)
 
 
 def test_the_bench_catches_unsafe_zero_copy():
     """Flat all_reduce in place must stage: if it claimed zero-copy, ranks would read overwritten inputs."""
     n, count, cap = 3, 16, 64
-    unsafe = [ShmSchedule(shm_plan("all_reduce", count, r, n, 0, cap, "flat", True).steps, 0, True, "flat")
+    unsafe = [Schedule(shm_plan("all_reduce", count, r, n, 0, cap, "flat", True).steps, 0, True, "flat")
               for r in range(n)]
     bufs = [data(r, count) for r in range(n)]
     expect = np.sum(bufs, axis=0) / n
-    run_shm(unsafe, bufs, bufs, cap, in_place=True, registered=(True,) * n)
+    run(unsafe, bufs, bufs, cap, in_place=True, registered=(True,) * n)
     assert not all(np.array_equal(b, expect) for b in bufs)
 
 
@@ -174,10 +175,10 @@ def test_the_bench_catches_bad_slots_and_deadlocks():
     n = 2
     good = [shm_plan("all_gather", 4, r, n, 0, 8) for r in range(n)]
     with pytest.raises(ScheduleError, match="does not fit"):
-        run_shm(good, [data(r, 4) for r in range(n)], [poison(8) for _ in range(n)], 2)
-    lopsided = [good[0], ShmSchedule(good[1].steps + (Step(),))]
+        run(good, [data(r, 4) for r in range(n)], [poison(8) for _ in range(n)], 2)
+    lopsided = [good[0], Schedule(good[1].steps + (Step(lockstep=True),))]
     with pytest.raises(ScheduleError, match="disagree"):
-        run_shm(lopsided, [data(r, 4) for r in range(n)], [poison(8) for _ in range(n)], 8)
+        run(lopsided, [data(r, 4) for r in range(n)], [poison(8) for _ in range(n)], 8)
 
 
 def test_every_step_fits_the_slot():

@@ -2,8 +2,8 @@
 
 Each message costs ``alpha`` (latency plus software overhead) and ``beta``
 seconds per byte; each reduced byte costs ``gamma``; each copied byte
-``mem_beta``. A rank's sends in one round share its egress (they serialize at
-``beta``), its receives share its ingress (an incast waits), and a round
+``mem_beta``. A rank's sends in one step share its egress (they serialize at
+``beta``), its receives share its ingress (an incast waits), and a step
 follows the executor's contract: copies, then sends and receives, then the
 reductions once all its transfers are done.
 
@@ -63,9 +63,9 @@ def simulate(schedules: list[Schedule], link: Link, itemsize: int) -> float:
     while work:
         r = work.popleft()
         queued[r] = False
-        rounds = schedules[r].rounds
-        while pos[r] < len(rounds):
-            rnd = rounds[pos[r]]
+        steps = schedules[r].steps
+        while pos[r] < len(steps):
+            rnd = steps[pos[r]]
             if not posted[r]:
                 t0 = start[r] + sum(c.src.count for c in rnd.copies) * itemsize * link.mem_beta
                 start[r] = t0
@@ -95,7 +95,7 @@ def simulate(schedules: list[Schedule], link: Link, itemsize: int) -> float:
             start[r] = end + reduced * link.gamma
             posted[r] = False
             pos[r] += 1
-    if any(pos[r] < len(schedules[r].rounds) for r in range(n)):
+    if any(pos[r] < len(schedules[r].steps) for r in range(n)):
         raise ValueError("the schedules deadlock")
     return max(start)
 
@@ -107,7 +107,7 @@ def lockstep(schedule: Schedule, link: Link, itemsize: int) -> float:
     then the ranks' steps differ by that element and this is within a hair.
     """
     t = 0.0
-    for rnd in schedule.rounds:
+    for rnd in schedule.steps:
         t += sum(c.src.count for c in rnd.copies) * itemsize * link.mem_beta
         tx = sum(s.src.count for s in rnd.sends) * itemsize * link.beta
         rx = sum(r.tmp.count if isinstance(r, RecvReduce) else r.dst.count for r in rnd.recvs) * itemsize * link.beta

@@ -8,7 +8,7 @@ IEEE add, multiply, min and max are commutative, so all ranks end bit-identical.
 
 from __future__ import annotations
 
-from .schedule import IN, OUT, SCRATCH, Copy, Recv, RecvReduce, Region, Round, Schedule, Send
+from .schedule import IN, OUT, SCRATCH, Copy, Recv, RecvReduce, Region, Schedule, Send, Step, build
 
 
 def all_reduce(count: int, rank: int, n: int) -> Schedule:
@@ -16,17 +16,17 @@ def all_reduce(count: int, rank: int, n: int) -> Schedule:
     tmp = Region(SCRATCH, 0, count)
     p = 1 << (n.bit_length() - 1)
     rem = n - p
-    rounds: list[Round] = []
+    steps: list[Step] = []
     if rank < 2 * rem and rank % 2 == 0:
         # folded away: hand the input to the odd neighbour, get the result back
-        rounds.append(Round(sends=(Send(rank + 1, whole_in),)))
-        rounds.append(Round(recvs=(Recv(rank + 1, whole_out),)))
-        return Schedule(tuple(rounds), scratch=0, scale=(whole_out,), algo="rd")
+        steps.append(Step(sends=(Send(rank + 1, whole_in),)))
+        steps.append(Step(recvs=(Recv(rank + 1, whole_out),)))
+        return build(steps, scratch=0, scale=(whole_out,), algo="rd")
     if rank < 2 * rem:
-        rounds.append(Round(recvs=(RecvReduce(rank - 1, whole_out, whole_in, tmp),)))
+        steps.append(Step(recvs=(RecvReduce(rank - 1, whole_out, whole_in, tmp),)))
         vrank = rank // 2
     else:
-        rounds.append(Round(copies=(Copy(whole_in, whole_out),)))
+        steps.append(Step(copies=(Copy(whole_in, whole_out),)))
         vrank = rank - rem
 
     def real(v: int) -> int:
@@ -35,9 +35,9 @@ def all_reduce(count: int, rank: int, n: int) -> Schedule:
     mask = 1
     while mask < p:
         partner = real(vrank ^ mask)
-        rounds.append(Round(sends=(Send(partner, whole_out),),
+        steps.append(Step(sends=(Send(partner, whole_out),),
                             recvs=(RecvReduce(partner, whole_out, whole_out, tmp),)))
         mask <<= 1
     if rank < 2 * rem:
-        rounds.append(Round(sends=(Send(rank - 1, whole_out),)))
-    return Schedule(tuple(rounds), scratch=count if n > 1 else 0, scale=(whole_out,), algo="rd")
+        steps.append(Step(sends=(Send(rank - 1, whole_out),)))
+    return build(steps, scratch=count if n > 1 else 0, scale=(whole_out,), algo="rd")

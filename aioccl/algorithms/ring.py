@@ -8,12 +8,12 @@ by piece, which bounds the scratch memory to a few chunks.
 
 from __future__ import annotations
 
-from .schedule import IN, OUT, SCRATCH, Copy, Recv, RecvReduce, Region, Round, Schedule, Send, pieces, split
+from .schedule import IN, OUT, SCRATCH, Copy, Recv, RecvReduce, Region, Schedule, Send, Step, build, pieces, split
 
 
-def _reduce_scatter_rounds(
+def _reduce_scatter_steps(
     segs: list[Region], rank: int, n: int, acc_for: list[Region], tmp: Region, shift: int,
-) -> list[Round]:
+) -> list[Step]:
     """Ring reduce-scatter over ``segs`` (one per rank-position).
 
     At step t rank r sends segment (r+shift-t) and receives (r+shift-t-1),
@@ -21,24 +21,24 @@ def _reduce_scatter_rounds(
     holds the full reduction of segment (r+shift+1) % n in ``acc_for`` of it.
     """
     left, right = (rank - 1) % n, (rank + 1) % n
-    rounds = []
+    steps = []
     for t in range(n - 1):
         s_send = (rank + shift - t) % n
         s_recv = (rank + shift - t - 1) % n
         src_send = segs[s_send] if t == 0 else acc_for[s_send]
         seg = segs[s_recv]
-        rounds.append(Round(
+        steps.append(Step(
             sends=(Send(right, src_send),),
             recvs=(RecvReduce(left, acc_for[s_recv], seg, Region(SCRATCH, tmp.start, tmp.start + seg.count)),),
         ))
-    return rounds
+    return steps
 
 
-def _all_gather_rounds(segs: list[Region], rank: int, n: int, first_owned: int) -> list[Round]:
+def _all_gather_steps(segs: list[Region], rank: int, n: int, first_owned: int) -> list[Step]:
     """Ring all-gather: rank r starts owning segment (r+first_owned) of OUT."""
     left, right = (rank - 1) % n, (rank + 1) % n
     return [
-        Round(sends=(Send(right, segs[(rank + first_owned - t) % n]),),
+        Step(sends=(Send(right, segs[(rank + first_owned - t) % n]),),
               recvs=(Recv(left, segs[(rank + first_owned - t - 1) % n]),))
         for t in range(n - 1)
     ]
@@ -46,7 +46,7 @@ def _all_gather_rounds(segs: list[Region], rank: int, n: int, first_owned: int) 
 
 def _copy_only(count: int) -> Schedule:
     """One rank: the result is the input."""
-    return Schedule((Round(copies=(Copy(Region(IN, 0, count), Region(OUT, 0, count)),)),), algo="ring")
+    return Schedule((Step(copies=(Copy(Region(IN, 0, count), Region(OUT, 0, count)),)),), algo="ring")
 
 
 def _scratch_layout(c: int) -> tuple[Region, tuple[Region, Region]]:
@@ -74,16 +74,16 @@ def _accumulators(segs: list[Region], rank: int, n: int, accs: tuple[Region, Reg
 def all_reduce(count: int, rank: int, n: int, chunk: int) -> Schedule:
     if n == 1:
         return _copy_only(count)
-    rounds: list[Round] = []
+    steps: list[Step] = []
     for lo, hi in pieces(count, chunk * n):
         ranges = split(hi - lo, n)
         ins = [Region(IN, lo + a, lo + b) for a, b in ranges]
         outs = [Region(OUT, lo + a, lo + b) for a, b in ranges]
         tmp = Region(SCRATCH, 0, max(b - a for a, b in ranges))
-        rounds += _reduce_scatter_rounds(ins, rank, n, outs, tmp, shift=0)
-        rounds += _all_gather_rounds(outs, rank, n, first_owned=1)
-    return Schedule(tuple(rounds), scratch=min(count, chunk) if count else 0,
-                    scale=(Region(OUT, 0, count),), algo="ring")
+        steps += _reduce_scatter_steps(ins, rank, n, outs, tmp, shift=0)
+        steps += _all_gather_steps(outs, rank, n, first_owned=1)
+    return build(steps, scratch=min(count, chunk) if count else 0,
+             scale=(Region(OUT, 0, count),), algo="ring")
 
 
 def reduce_scatter(block: int, rank: int, n: int, chunk: int) -> Schedule:
@@ -94,20 +94,20 @@ def reduce_scatter(block: int, rank: int, n: int, chunk: int) -> Schedule:
     """
     if n == 1:
         return _copy_only(block)
-    rounds: list[Round] = []
+    steps: list[Step] = []
     c = min(block, chunk) if block else 0
     tmp, accs = _scratch_layout(c)
     for lo, hi in pieces(block, chunk):
         segs = [Region(IN, j * block + lo, j * block + hi) for j in range(n)]
         acc_for = _accumulators(segs, rank, n, accs, final=Region(OUT, lo, hi))
-        rounds += _reduce_scatter_rounds(segs, rank, n, acc_for, tmp, shift=-1)
-    return Schedule(tuple(rounds), scratch=3 * c, scale=(Region(OUT, 0, block),), algo="ring")
+        steps += _reduce_scatter_steps(segs, rank, n, acc_for, tmp, shift=-1)
+    return build(steps, scratch=3 * c, scale=(Region(OUT, 0, block),), algo="ring")
 
 
 def all_gather(block: int, rank: int, n: int) -> Schedule:
     outs = [Region(OUT, j * block, (j + 1) * block) for j in range(n)]
-    first = Round(copies=(Copy(Region(IN, 0, block), outs[rank]),))
-    return Schedule((first, *_all_gather_rounds(outs, rank, n, first_owned=0)), algo="ring")
+    first = Step(copies=(Copy(Region(IN, 0, block), outs[rank]),))
+    return Schedule((first, *_all_gather_steps(outs, rank, n, first_owned=0)), algo="ring")
 
 
 def reduce(count: int, rank: int, n: int, root: int, chunk: int) -> Schedule:
@@ -117,7 +117,7 @@ def reduce(count: int, rank: int, n: int, root: int, chunk: int) -> Schedule:
     """
     if n == 1:
         return _copy_only(count)
-    rounds: list[Round] = []
+    steps: list[Step] = []
     c = min(count, chunk) if count else 0
     tmp, accs = _scratch_layout(c)
     for lo, hi in pieces(count, chunk * n):
@@ -125,10 +125,10 @@ def reduce(count: int, rank: int, n: int, root: int, chunk: int) -> Schedule:
         segs = [Region(IN, lo + a, lo + b) for a, b in ranges]
         outs = [Region(OUT, lo + a, lo + b) for a, b in ranges]
         acc_for = _accumulators(segs, rank, n, accs, final=outs[rank] if rank == root else None)
-        rounds += _reduce_scatter_rounds(segs, rank, n, acc_for, tmp, shift=-1)
+        steps += _reduce_scatter_steps(segs, rank, n, acc_for, tmp, shift=-1)
         if rank == root:
-            rounds.append(Round(recvs=tuple(Recv(j, outs[j]) for j in range(n) if j != root)))
+            steps.append(Step(recvs=tuple(Recv(j, outs[j]) for j in range(n) if j != root)))
         else:
-            rounds.append(Round(sends=(Send(root, acc_for[rank]),)))
+            steps.append(Step(sends=(Send(root, acc_for[rank]),)))
     scale = (Region(OUT, 0, count),) if rank == root else ()
-    return Schedule(tuple(rounds), scratch=3 * c, scale=scale, algo="ring")
+    return build(steps, scratch=3 * c, scale=scale, algo="ring")

@@ -1,27 +1,42 @@
-"""The vocabulary of sans-io schedules.
+"""The one vocabulary of sans-io schedules, for every transport.
 
-A schedule is what one rank does for one collective: a tuple of
-``Round`` s over three flat buffers (``IN``, ``OUT``, ``SCRATCH``),
-addressed in *elements*. It is pure data: no sockets, no arrays, no loop. The
-engine executes it over real transports; ``.reference`` executes the
-schedules of all ranks in-process for tests; a simulator can cost it.
+A schedule is what one rank does for one collective: a tuple of ``Step`` s
+over three flat buffers (``IN``, ``OUT``, ``SCRATCH``), addressed in
+*elements*. It is pure data: no sockets, no arrays, no loop. The engine's one
+executor (``aioccl.engine.executor``) runs it over whatever transports the
+pairs use; ``.reference`` runs the schedules of all ranks in-process for
+tests; ``.cost`` prices them.
 
-Round semantics (the executor's contract):
+A step can say two kinds of things, and an algorithm uses either or both:
 
-1. ``copies`` run first, in order;
-2. ``sends`` and ``recvs`` then run concurrently;
-3. once *all* of them have finished, each ``RecvReduce`` applies
+- **messages** (any pair: tcp, rdma, a shared-memory pair): ``Send``,
+  ``Recv``, ``RecvReduce``. Messages between a pair of ranks are matched by
+  their order: the k-th send from a to b in a's schedule (steps in order, ops
+  in listed order) is the k-th receive from a in b's schedule.
+- **shared memory** (a communicator whose ranks share a host, ``lockstep``
+  steps): ``Stage`` my regions into my slot, publish my step counter, wait
+  for the ranks in ``wait`` to publish theirs, then ``Fetch`` or ``Reduce``
+  straight out of their slots (or their registered buffers).
+
+The executor's contract, in this order, for each step:
+
+1. ``copies``, in order;
+2. a lockstep step: ``stage`` (into slot half ``s % 2``, once every peer has
+   published step ``s - 1``, so nobody still reads it), then publish ``s``;
+3. ``sends`` and ``recvs`` run concurrently;
+4. a lockstep step: wait until the ranks in ``wait`` have published ``s``;
+   the first lockstep step of an op waits for all ranks and checks that all
+   issued the same op;
+5. once *all* receives have arrived, each ``RecvReduce`` applies
    ``dst = op(src, incoming)`` in order (so a region may be sent and reduced
-   into in the same round without a race).
-
-Messages between a pair of ranks are matched by their order: the k-th send
-from a to b in a's schedule (rounds in order, ops in listed order) is the
-k-th receive from a in b's schedule. Algorithms must list them consistently.
+   into in the same step without a race); then each read, in order;
+6. ``scale`` regions are divided by the number of ranks (``avg`` only).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 IN, OUT, SCRATCH = 0, 1, 2
 BUFFER_NAMES = ("IN", "OUT", "SCRATCH")
@@ -41,6 +56,7 @@ class Region:
         return f"{BUFFER_NAMES[self.buf]}[{self.start}:{self.stop}]"
 
 
+# -- messages ----------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Send:
     peer: int
@@ -69,24 +85,79 @@ class Copy:
     dst: Region
 
 
+# -- shared memory -------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Round:
+class Stage:
+    """Copy my ``src`` into my slot at element ``slot``."""
+
+    src: Region
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class Src:
+    """Rank ``rank``'s ``region``, which that rank staged at element ``slot`` of its slot."""
+
+    rank: int
+    region: Region
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    src: Src
+    dst: Region
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce:
+    """``dst = op(srcs[0], srcs[1], ...)``, in this order on every rank (bit-identical results)."""
+
+    srcs: tuple[Src, ...]
+    dst: Region
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
     copies: tuple[Copy, ...] = ()
     sends: tuple[Send, ...] = ()
     recvs: tuple[Recv | RecvReduce, ...] = ()
+    stage: tuple[Stage, ...] = ()
+    wait: tuple[int, ...] = ()  # peers whose published step I need (lockstep)
+    reads: tuple[Fetch | Reduce, ...] = ()
+    scale: tuple[Region, ...] = ()  # divided by nranks at the end of the step when the op is AVG
+    lockstep: bool = False  # a shared-memory step: publishes my step counter
 
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """One rank's part of one collective."""
 
-    rounds: tuple[Round, ...]
+    steps: tuple[Step, ...]
     scratch: int = 0  # elements of SCRATCH needed
-    scale: tuple[Region, ...] = field(default=())  # regions divided by nranks at the end (avg)
+    zero_copy: bool = True  # may peers read my registered IN/OUT where they lie (lockstep steps)?
     algo: str = ""
+    messages: bool = field(init=False, repr=False, compare=False)  # has sends or receives
+    lockstep: bool = field(init=False, repr=False, compare=False)  # needs the shared-memory channel
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "messages", any(s.sends or s.recvs for s in self.steps))
+        object.__setattr__(self, "lockstep", any(s.lockstep for s in self.steps))
 
     def peers(self) -> set[int]:
-        return {t.peer for r in self.rounds for t in (*r.sends, *r.recvs)}
+        """The ranks this rank exchanges messages with."""
+        return {t.peer for s in self.steps for t in (*s.sends, *s.recvs)}
+
+
+def build(steps: list[Step] | tuple[Step, ...], *, scale: tuple[Region, ...] = (), **kw: Any) -> Schedule:
+    """A schedule whose ``scale`` regions are divided by nranks after its last step (avg)."""
+    steps = list(steps)
+    if scale:
+        if steps:
+            steps[-1] = replace(steps[-1], scale=steps[-1].scale + scale)
+        else:
+            steps.append(Step(scale=scale))
+    return Schedule(tuple(steps), **kw)
 
 
 def split(count: int, parts: int) -> list[tuple[int, int]]:

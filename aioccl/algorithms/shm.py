@@ -1,8 +1,9 @@
-"""Same-host schedules over shared memory: steps of *stage, publish, wait, read*.
+"""Same-host schedules: lockstep ``Step`` s of *stage, publish, wait, read*.
 
 On one host a rank can read its peers' memory, so instead of messages a
-collective is a sequence of ``Step`` s, executed by every rank of the
-communicator in lockstep:
+collective is a sequence of lockstep steps (the same ``Step`` of
+``.schedule`` that message algorithms use), executed by every rank of the
+communicator together:
 
 1. **stage**: copy regions of my buffers into my slot (half ``s % 2`` of my
    segment's staging area); skipped for a registered buffer (``comm.alloc``)
@@ -37,60 +38,12 @@ real segments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
-from .schedule import IN, OUT, SCRATCH, Region, pieces, split
+from .schedule import IN, OUT, SCRATCH, Fetch, Reduce, Region, Schedule, Src, Stage, Step, pieces, split
 from .table import TABLE
 
 SHM_ALGORITHMS = {c.name: c.shm for c in TABLE}
-
-
-@dataclass(frozen=True, slots=True)
-class Stage:
-    """Copy my ``src`` into my slot at element ``slot``."""
-
-    src: Region
-    slot: int
-
-
-@dataclass(frozen=True, slots=True)
-class Src:
-    """Rank ``rank``'s ``region``, which that rank staged at element ``slot`` of its slot."""
-
-    rank: int
-    region: Region
-    slot: int
-
-
-@dataclass(frozen=True, slots=True)
-class Fetch:
-    src: Src
-    dst: Region
-
-
-@dataclass(frozen=True, slots=True)
-class Reduce:
-    """``dst = op(srcs[0], srcs[1], ...)``, in this order on every rank (bit-identical results)."""
-
-    srcs: tuple[Src, ...]
-    dst: Region
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    stage: tuple[Stage, ...] = ()
-    wait: tuple[int, ...] = ()  # peers whose staged data I read (the first step of an op waits for all)
-    reads: tuple[Fetch | Reduce, ...] = ()
-    scale: tuple[Region, ...] = ()  # divided by nranks after the reads when the op is AVG
-
-
-@dataclass(frozen=True, slots=True)
-class ShmSchedule:
-    steps: tuple[Step, ...]
-    scratch: int = 0
-    zero_copy: bool = True  # may peers read my registered IN/OUT where they lie?
-    algo: str = ""
 
 
 def _step(rank: int, stage: tuple[Stage, ...], reads: tuple[Fetch | Reduce, ...],
@@ -100,10 +53,10 @@ def _step(rank: int, stage: tuple[Stage, ...], reads: tuple[Fetch | Reduce, ...]
         for s in (rd.srcs if isinstance(rd, Reduce) else (rd.src,)):
             peers.add(s.rank)
     peers.discard(rank)
-    return Step(stage, tuple(sorted(peers)), reads, scale)
+    return Step(stage=stage, wait=tuple(sorted(peers)), reads=reads, scale=scale, lockstep=True)
 
 
-def _all_reduce(count: int, rank: int, n: int, cap: int, algo: str, root: int | None) -> ShmSchedule:
+def _all_reduce(count: int, rank: int, n: int, cap: int, algo: str, root: int | None) -> Schedule:
     """all_reduce, or reduce onto ``root`` when it is given."""
     steps = []
     every = range(n)
@@ -115,7 +68,7 @@ def _all_reduce(count: int, rank: int, n: int, cap: int, algo: str, root: int | 
             srcs = tuple(Src(j, chunk, 0) for j in every)
             reduces: tuple[Reduce, ...] = (Reduce(srcs, Region(OUT, a, b)),) if mine else ()
             steps.append(_step(rank, stage, reduces, (Region(OUT, a, b),) if mine else ()))
-        return ShmSchedule(tuple(steps), algo="flat")
+        return Schedule(tuple(steps), algo="flat")
     width = -(-min(cap, max(count, 1)) // n)
     for a, b in pieces(count, cap):
         sl = split(b - a, n)
@@ -137,10 +90,10 @@ def _all_reduce(count: int, rank: int, n: int, cap: int, algo: str, root: int | 
             steps.append(_step(rank, (), reads))
         else:
             steps.append(_step(rank, (Stage(dst, 0),), ()))
-    return ShmSchedule(tuple(steps), scratch=0 if root is None else width, algo="direct")
+    return Schedule(tuple(steps), scratch=0 if root is None else width, algo="direct")
 
 
-def _blockwise(coll: str, block: int, rank: int, n: int, root: int, cap: int, in_place: bool) -> ShmSchedule:
+def _blockwise(coll: str, block: int, rank: int, n: int, root: int, cap: int, in_place: bool) -> Schedule:
     """The collectives that move per-rank blocks of ``block`` elements."""
     steps = []
     every = range(n)
@@ -172,12 +125,12 @@ def _blockwise(coll: str, block: int, rank: int, n: int, root: int, cap: int, in
         else:
             raise ValueError(f"not a block-wise collective: {coll!r}")
     # in-place all_to_all overwrites the very blocks peers read: they must read staged copies
-    return ShmSchedule(tuple(steps), zero_copy=not (coll == "all_to_all" and in_place), algo="direct")
+    return Schedule(tuple(steps), zero_copy=not (coll == "all_to_all" and in_place), algo="direct")
 
 
 @lru_cache(maxsize=4096)
 def shm_plan(coll: str, count: int, rank: int, n: int, root: int, cap: int, algo: str = "direct",
-             in_place: bool = False) -> ShmSchedule:
+             in_place: bool = False) -> Schedule:
     """One rank's shared-memory schedule; ``count`` as in ``aioccl.algorithms.plan()``,
     ``cap`` the slot half in elements (the same on every rank)."""
     if cap < 1:
@@ -185,17 +138,17 @@ def shm_plan(coll: str, count: int, rank: int, n: int, root: int, cap: int, algo
     if coll == "all_reduce":
         sched = _all_reduce(count, rank, n, cap, algo, None)
         # flat in place: I overwrite my whole buffer while peers may still read it
-        return sched if not (algo == "flat" and in_place) else ShmSchedule(sched.steps, 0, False, "flat")
+        return sched if not (algo == "flat" and in_place) else Schedule(sched.steps, 0, False, "flat")
     if coll == "reduce":
         return _all_reduce(count, rank, n, cap, algo, root)
     if coll == "broadcast":
         steps = tuple(_step(rank, (Stage(Region(IN, a, b), 0),) if rank == root else (),
                             (Fetch(Src(root, Region(IN, a, b), 0), Region(OUT, a, b)),))
                       for a, b in pieces(count, cap))
-        return ShmSchedule(steps, algo="direct")
+        return Schedule(steps, algo="direct")
     if coll == "barrier":
-        return ShmSchedule((Step(),), algo="direct")
+        return Schedule((Step(lockstep=True),), algo="direct")
     return _blockwise(coll, count, rank, n, root, cap, in_place)
 
 
-__all__ = ["SHM_ALGORITHMS", "Fetch", "Reduce", "ShmSchedule", "Src", "Stage", "Step", "shm_plan"]
+__all__ = ["SHM_ALGORITHMS", "shm_plan"]

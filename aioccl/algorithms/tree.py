@@ -6,7 +6,7 @@ root is always virtual rank 0.
 
 from __future__ import annotations
 
-from .schedule import IN, OUT, SCRATCH, Copy, Recv, RecvReduce, Region, Round, Schedule, Send, pieces
+from .schedule import IN, OUT, SCRATCH, Copy, Recv, RecvReduce, Region, Schedule, Send, Step, build, pieces
 
 
 def _real(v: int, root: int, n: int) -> int:
@@ -31,14 +31,14 @@ def broadcast(count: int, rank: int, n: int, root: int) -> Schedule:
     """Root's IN reaches every OUT (root's too) in ceil(log2 n) steps; IN may be OUT."""
     v = (rank - root) % n
     whole = Region(OUT, 0, count)
-    rounds: list[Round] = []
+    steps: list[Step] = []
     if v:
-        rounds.append(Round(recvs=(Recv(_real(_parent(v), root, n), whole),)))
+        steps.append(Step(recvs=(Recv(_real(_parent(v), root, n), whole),)))
     kids = _children(v, n)
     src = whole if v else Region(IN, 0, count)
     copies = () if v else (Copy(src, whole),)
-    rounds.append(Round(copies=copies, sends=tuple(Send(_real(c, root, n), src) for c in kids)))
-    return Schedule(tuple(rounds), algo="tree")
+    steps.append(Step(copies=copies, sends=tuple(Send(_real(c, root, n), src) for c in kids)))
+    return Schedule(tuple(steps), algo="tree")
 
 
 def broadcast_chain(count: int, rank: int, n: int, root: int, chunk: int) -> Schedule:
@@ -46,7 +46,7 @@ def broadcast_chain(count: int, rank: int, n: int, root: int, chunk: int) -> Sch
     v = (rank - root) % n
     prev, nxt = _real(v - 1, root, n), _real(v + 1, root, n)
     chunks = pieces(count, chunk)
-    rounds: list[Round] = [] if v else [Round(copies=(Copy(Region(IN, 0, count), Region(OUT, 0, count)),))]
+    steps: list[Step] = [] if v else [Step(copies=(Copy(Region(IN, 0, count), Region(OUT, 0, count)),))]
     src = OUT if v else IN
     for t in range(len(chunks) + n - 2):
         sends: tuple[Send, ...] = ()
@@ -57,8 +57,8 @@ def broadcast_chain(count: int, rank: int, n: int, root: int, chunk: int) -> Sch
         if v > 0 and 0 <= i_recv < len(chunks):
             recvs = (Recv(prev, Region(OUT, *chunks[i_recv])),)
         if sends or recvs:
-            rounds.append(Round(sends=sends, recvs=recvs))
-    return Schedule(tuple(rounds), algo="chain")
+            steps.append(Step(sends=sends, recvs=recvs))
+    return Schedule(tuple(steps), algo="chain")
 
 
 def reduce(count: int, rank: int, n: int, root: int) -> Schedule:
@@ -67,14 +67,14 @@ def reduce(count: int, rank: int, n: int, root: int) -> Schedule:
     whole_in = Region(IN, 0, count)
     acc = Region(OUT, 0, count) if v == 0 else Region(SCRATCH, count, 2 * count)
     tmp = Region(SCRATCH, 0, count)
-    rounds: list[Round] = []
+    steps: list[Step] = []
     have = whole_in  # where this rank's partial result currently lives
     for c in reversed(_children(v, n)):  # smallest subtree first: it finishes first
-        rounds.append(Round(recvs=(RecvReduce(_real(c, root, n), acc, have, tmp),)))
+        steps.append(Step(recvs=(RecvReduce(_real(c, root, n), acc, have, tmp),)))
         have = acc
     if v:
-        rounds.append(Round(sends=(Send(_real(_parent(v), root, n), have),)))
+        steps.append(Step(sends=(Send(_real(_parent(v), root, n), have),)))
     elif have is whole_in:
-        rounds.append(Round(copies=(Copy(whole_in, acc),)))
+        steps.append(Step(copies=(Copy(whole_in, acc),)))
     scratch = 0 if n == 1 else (count if v == 0 else 2 * count)
-    return Schedule(tuple(rounds), scratch=scratch, scale=(acc,) if v == 0 else (), algo="tree")
+    return build(steps, scratch=scratch, scale=(acc,) if v == 0 else (), algo="tree")

@@ -12,17 +12,14 @@ import asyncio
 import functools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import log
-from ..algorithms.schedule import Schedule
 from ..bootstrap.rendezvous import Table, rendezvous
 from ..bootstrap.sockio import Closed
 from ..bootstrap.unique_id import UniqueId
-from ..dtypes import ReduceOp
 from ..errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument, PeerLost
 from ..transport import shm_pair_setup as pair_setup
 from ..transport.frames import (
@@ -42,10 +39,10 @@ from ..transport.shm_pair import PairHub, ShmPairConnection
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
 from ..tuning import Tuning
 from ..watchdog import Watchdog, report_unfinished, watchdog_seconds
-from ..work import Work
-from .executor import Progress, execute
+from .executor import drive, execute
 from .mailbox import Mailbox
 from .notices import Active, Fingerprint, failure_frame
+from .op import Op
 from .placement import Placement
 from .pool import BufferPool
 from .rendezvous import eager_limit, unexpected_budget
@@ -69,26 +66,6 @@ def _check_agreement(table: Table) -> None:
                 by_value.setdefault(str(v), []).append(r)
             shown = "; ".join(f"ranks {rs} have {v}" for v, rs in by_value.items())
             raise InvalidArgument(f"{name} differs across ranks: {shown}; every rank must use the same value")
-
-
-@dataclass
-class CollSpec:
-    name: str
-    code: int
-    seq: int
-    sched: Schedule
-    inp: np.ndarray  # flat, typed
-    out: np.ndarray  # flat, typed (may be inp)
-    dtype_code: int
-    op: ReduceOp | None
-    timeout: float
-    result: Callable[[], Any]
-    count: int = 0
-    root: int = 0
-
-    def fingerprint(self) -> tuple[int, int, int, int, int]:
-        """What every frame of this op carries, so a peer that issued another call notices at once."""
-        return (self.code, self.dtype_code, self.op.code if self.op is not None else 0, self.count, self.root)
 
 
 class Engine:
@@ -115,8 +92,8 @@ class Engine:
         self.shm: ShmChannel | None = None  # the world communicator's, when all ranks share this host
         self.channels: list[ShmChannel] = []  # every communicator's (world and children) on this engine
         self.bell: LoopBell | None = None  # their one doorbell, made with the first
-        # collectives running over the connections: (ctx, seq) -> (comm, fingerprint, progress, start time)
-        self.running: dict[tuple[int, int], tuple[CommView, Fingerprint, Progress, float]] = {}
+        # collectives running over the connections: (ctx, seq) -> (comm, op, start time)
+        self.running: dict[tuple[int, int], tuple[CommView, Op[np.ndarray], float]] = {}
         self._probed: set[tuple[int, int]] = set()
         self._probe_timer: asyncio.TimerHandle | None = None  # one timer for all ops, armed while some run
         self.watchdog = Watchdog(self.loop, watchdog_seconds(os.environ))
@@ -173,6 +150,7 @@ class Engine:
         self.mailbox.lost_listeners.append(chan.on_peer_lost)
         self.mailbox.failure_listeners.append(chan.on_remote_failure)
         chan.report = functools.partial(self.report_failure, view.ctx, view.ranks, view.rank)
+        chan.engine, chan.view = self, view
 
     def detach_channel(self, chan: ShmChannel, exc: BaseException | None = None) -> None:
         """A child communicator is closed or aborted: its channel fails what is queued and unmaps."""
@@ -213,62 +191,53 @@ class Engine:
         except (OSError, Closed) as e:
             raise self.mailbox.lost.get(peer) or PeerLost(peer, f"send failed: {e}") from None
 
-    async def run_collective(self, comm: CommView, spec: CollSpec, work: Work[Any]) -> None:
+    async def run_collective(self, comm: CommView, op: Op[np.ndarray]) -> None:
+        """Drive ``op``'s executor on a communicator without a shared-memory channel: await what it
+        waits for, under the op's deadline."""
+        work = op.work
         if not work._start():
             return
-        what = f"{spec.name} (seq {spec.seq}, comm {comm.ctx:x})"
         if self.aborted is not None:
             work._set_exception(self.aborted)
             return
-        scratch_raw = self.pool.acquire(spec.sched.scratch * spec.out.itemsize) if spec.sched.scratch else None
-        scratch = (scratch_raw[: spec.sched.scratch * spec.out.itemsize].view(spec.out.dtype)
-                   if scratch_raw is not None else spec.out[:0])
-        progress = Progress()
-        work._probe = progress.waiting_for
+        sched = op.sched
+        scratch_raw = self.pool.acquire(sched.scratch * op.out.itemsize) if sched.scratch else None
+        scratch = (scratch_raw[: sched.scratch * op.out.itemsize].view(op.out.dtype)
+                   if scratch_raw is not None else op.out[:0])
         ok = False
-        fp = spec.fingerprint()
-        key = (comm.ctx, spec.seq)
+        key = (comm.ctx, op.seq)
         err: AiocclError | None = None
         if comm.size > 1:
-            self.running[key] = (comm, fp, progress, self.loop.time())
+            self.running[key] = (comm, op, self.loop.time())
             if self._probe_timer is None:
                 self._probe_timer = self.loop.call_later(PROBE_S, self._probe_tick)
+        op.gen = execute(self, comm, op, scratch)
         try:
-            doomed = self.mailbox.begin(comm.ctx, spec.seq, fp, comm.ranks, comm.rank)
-            if doomed is not None:
-                raise doomed
-            async with asyncio.timeout(spec.timeout):
-                await execute(self, comm, spec.seq, fp, what, spec.sched, (spec.inp, spec.out, scratch), spec.op,
-                              progress)
-            doomed = self.mailbox.end(comm.ctx, spec.seq)
-            if doomed is not None:
-                raise doomed
+            async with asyncio.timeout(op.timeout):
+                await drive(op.gen)
             ok = True
-            work._set_result(spec.result())
+            work._set_result(op.result())
         except AiocclError as e:  # first: a CollectiveTimeout told by a peer is a TimeoutError too
             err = e
         except TimeoutError:
-            waiting = progress.waiting_for()
-            err = CollectiveTimeout(spec.name, spec.seq, waiting, spec.timeout, f"algorithm {spec.sched.algo}")
+            err = CollectiveTimeout(op.name, op.seq, op.progress.waiting_for(), op.timeout, f"algorithm {sched.algo}")
         except asyncio.CancelledError:
             if self.aborted is None:  # its event loop shuts down under it (asyncio.run's end): never awaited
                 report_unfinished(work, "its event loop shut down")
             err = self.aborted if isinstance(self.aborted, AiocclError) else \
-                CommAborted(f"{what} was cancelled by shutdown")
+                CommAborted(f"{op.what(comm.ctx)} was cancelled by shutdown")
             work._set_exception(err)
             raise
         except Exception as e:  # a bug: never leave the Work hanging
-            _log.exception("internal error in %s", what)
-            err = AiocclError(f"internal error in {what}: {e!r}")
+            _log.exception("internal error in %s", op.what(comm.ctx))
+            err = AiocclError(f"internal error in {op.what(comm.ctx)}: {e!r}")
         finally:
             if self.running.pop(key, None) is not None:
                 self._probed.discard(key)
             if err is not None:
                 work._set_exception(err)
-                self.report_failure(comm.ctx, comm.ranks, comm.rank, spec.seq, fp, err)
-            if not ok:
-                self.mailbox.forget_op(comm.ctx, spec.seq)
-            elif scratch_raw is not None:  # a failed op's scratch may still be written by a late frame
+                self.report_failure(comm.ctx, comm.ranks, comm.rank, op.seq, op.fp, err)
+            if ok and scratch_raw is not None:  # a failed op's scratch may still be written by a late frame
                 self.pool.release(scratch_raw)
 
     def _pause_reading(self, peer: int, paused: bool) -> None:
@@ -295,13 +264,13 @@ class Engine:
         that issued a different one (another root, say, where nobody sends) then reports the mismatch."""
         self._probe_timer = None
         now = self.loop.time()
-        for key, (comm, fp, progress, t0) in list(self.running.items()):
+        for key, (comm, op, t0) in list(self.running.items()):
             if now - t0 < PROBE_S or key in self._probed:
                 continue
             self._probed.add(key)
-            op, dtype, redop, count, root = fp
-            frame = Header(PROBE, op, dtype, 0, key[0], key[1], 0, count, root, redop).pack()
-            for peer in progress.waiting_for():
+            code, dtype, redop, count, root = op.fp
+            frame = Header(PROBE, code, dtype, 0, key[0], key[1], 0, count, root, redop).pack()
+            for peer in op.progress.waiting_for():
                 world = comm.ranks[peer]
                 if world != self.rank and world not in self.mailbox.lost:
                     self._control(world, frame)
@@ -376,8 +345,8 @@ class Engine:
 
     def abort_on_loop(self, exc: BaseException) -> None:
         if self.aborted is None:  # last words: the ops running here are given up, and the peers told why
-            for (ctx, seq), (comm, fp, _p, _t) in list(self.running.items()):
-                self.report_failure(ctx, comm.ranks, comm.rank, seq, fp, CommAborted(f"it aborted: {exc}"))
+            for (ctx, seq), (comm, op, _t) in list(self.running.items()):
+                self.report_failure(ctx, comm.ranks, comm.rank, seq, op.fp, CommAborted(f"it aborted: {exc}"))
         self.aborted = exc
         self.watchdog.stop()
         if self._probe_timer is not None:

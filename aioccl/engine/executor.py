@@ -1,50 +1,72 @@
-"""Run one rank's schedule over the engine's connections.
+"""The one executor: runs one rank's schedule, message steps and shared-memory steps alike.
 
-This is the only place where schedules meet sockets. It follows the round
-contract of ``aioccl.algorithms.schedule`` exactly, numbers messages per
-peer pair, and keeps track of whom it is waiting for, so a deadline that
-passes names the silent ranks.
+It follows the step contract of ``aioccl.algorithms.schedule`` exactly and
+is a generator that *yields what it waits for*, never blocking itself:
+
+- an awaitable (a send going out, a posted receive's future) for messages,
+  over whatever transport the pair uses (tcp, rdma, a shared-memory pair);
+- a ``Wait`` ``(ranks, step)`` when a lockstep step needs those ranks of the
+  communicator's shared-memory channel to have published ``step``.
+
+So it has no notion of time or of the event loop, and two drivers run it:
+``Engine.run_collective`` awaits what it yields (a communicator without a
+channel), and ``ShmChannel`` spins on counters, parks until a doorbell or a
+future, and owns the deadline (a communicator whose ranks share a host).
+
+Messages between a pair are numbered per op, in schedule order, and every
+frame carries the op's fingerprint, so a peer that issued another call
+notices at once. The first lockstep step of an op writes this rank's
+*descriptor* (the fingerprint, the algorithm, and where its registered
+buffers lie) and waits for every rank, so all ranks read all descriptors at
+the same step: an op issued differently somewhere fails everywhere with
+``CollectiveMismatch`` after exactly one step, and the channel stays in step.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Generator
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..algorithms.schedule import Recv, RecvReduce, Region, Schedule
+from ..algorithms.schedule import IN, OUT, SCRATCH, Fetch, Recv, RecvReduce, Region, Src
+from ..algorithms.table import name_of
 from ..buffers import byte_view
-from ..dtypes import ReduceOp
-from ..kernels import combine, scale
+from ..dtypes import ReduceOp, dtype_from_code
+from ..errors import CollectiveMismatch
+from ..kernels import UFUNCS, combine, scale
 from ..transport.frames import COLL, Header
+from .op import Op, Progress, Wait
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .shm_channel import ShmChannel
     from .view import CommView
 
-
-@dataclass
-class Progress:
-    """What an op is blocked on right now (read when its deadline passes)."""
-
-    recvs: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
-    sends: set[int] = field(default_factory=set)
-
-    def waiting_for(self) -> list[int]:
-        return sorted({p for p, f in self.recvs if not f.done() or f.cancelled()} | self.sends)
+Yield = Wait | Awaitable[Any]
+ALGO_CODES = {"flat": 1, "direct": 2}
+D_SEQ, D_KIND, D_COUNT, D_ROOT, D_IN, D_OUT = range(6)  # descriptor fields
 
 
-async def execute(engine: Engine, comm: CommView, seq: int, fp: tuple[int, int, int, int, int], what: str,
-                  sched: Schedule, bufs: tuple[np.ndarray, np.ndarray, np.ndarray], op: ReduceOp | None,
-                  progress: Progress) -> None:
-    """``bufs`` = typed flat (IN, OUT, SCRATCH); IN may be OUT. ``fp`` is the op's fingerprint
-    (code, dtype, reduction, count, root), carried by every frame."""
-    code, dtype_code, redop, count, root = fp
+def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray) -> Generator[Yield, None, None]:
+    """``op.chan`` is the communicator's channel (needed by lockstep steps only)."""
+    sched, ch = op.sched, op.chan
+    bufs = (op.inp, op.out, scratch)
     bytes_ = tuple(byte_view(b) for b in bufs)
-    item = bufs[1].itemsize
-    mailbox, ranks = engine.mailbox, comm.ranks
+    item = op.out.itemsize
+    messages = sched.messages
+    mailbox = eng.mailbox
+    what = op.what(view.ctx) if messages else ""
+    sent_k: dict[int, int] = {}
+    recv_k: dict[int, int] = {}
+    descs: list[tuple[int, ...]] = []
+    first, zero_copy, half = True, False, 0
+    in_off = out_off = -1
+    if ch is not None and sched.lockstep and sched.zero_copy:
+        in_off, out_off = ch.heap_offset(op.inp), ch.heap_offset(op.out)
+    mine = (op.seq, _kind(op.code, sched.algo, op.dtype_code, op.op), op.count, op.root, in_off, out_off)
 
     def typed(r: Region) -> np.ndarray:
         return bufs[r.buf][r.start:r.stop]
@@ -52,44 +74,199 @@ async def execute(engine: Engine, comm: CommView, seq: int, fp: tuple[int, int, 
     def raw(r: Region) -> memoryview:
         return bytes_[r.buf][r.start * item:r.stop * item]
 
-    sent_k: dict[int, int] = {}
-    recv_k: dict[int, int] = {}
-    for rnd in sched.rounds:
-        for c in rnd.copies:
-            src, dst = typed(c.src), typed(c.dst)
-            if not (src.size and src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]):
-                dst[...] = src
-        progress.recvs.clear()
-        for t in rnd.recvs:
-            k = recv_k.get(t.peer, 0)
-            recv_k[t.peer] = k + 1
-            target = raw(t.dst if isinstance(t, Recv) else t.tmp)
-            fut = mailbox.post(ranks[t.peer], comm.ctx, seq, k, target, code, dtype_code, what)
-            progress.recvs.append((t.peer, fut))
-        if rnd.sends:
-            sends = []
-            for s in rnd.sends:
-                k = sent_k.get(s.peer, 0)
-                sent_k[s.peer] = k + 1
-                payload = raw(s.src)
-                hdr = Header(COLL, code, dtype_code, k, comm.ctx, seq, len(payload), count, root, redop).pack()
-                sends.append(_send(engine, comm, s.peer, hdr, payload, progress))
-            if len(sends) == 1:
-                await sends[0]
-            else:
-                await asyncio.gather(*sends)
-        for _peer, fut in progress.recvs:
-            await fut
-        for t in rnd.recvs:
-            if isinstance(t, RecvReduce) and op is not None:
-                combine(op, typed(t.dst), typed(t.src), typed(t.tmp))
-    if op is ReduceOp.AVG:
-        for reg in sched.scale:
-            scale(op, typed(reg), comm.size)
+    try:
+        if messages:
+            doomed = mailbox.begin(view.ctx, op.seq, op.fp, view.ranks, view.rank)
+            if doomed is not None:
+                raise doomed
+        for step in sched.steps:
+            for c in step.copies:
+                src, dst = typed(c.src), typed(c.dst)
+                if not (src.size and src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]):
+                    dst[...] = src
+            if step.lockstep:
+                assert ch is not None, "a lockstep step needs the communicator's shared-memory channel"
+                s = ch.step + 1
+                if (step.stage or first) and ch.all_reached < s - 1:
+                    yield ch.others, s - 1  # my slot half is free once everyone has moved past step s - 2
+                half = s & 1
+                if first:
+                    ch.write_descriptor(half, mine)
+                if step.stage:
+                    _stage(ch, op, step.stage, bufs, half, in_off, out_off)
+                ch.publish(s)
+            if step.recvs or step.sends:
+                yield from _messages(eng, view, op, step, raw, what, sent_k, recv_k)
+            if step.lockstep:
+                assert ch is not None
+                wait = ch.others if first else step.wait
+                if wait:
+                    yield wait, s
+                if first:
+                    first = False
+                    descs = ch.read_descriptors(half, mine)
+                    zero_copy = _check(ch, op, descs, mine)
+            for t in step.recvs:
+                if isinstance(t, RecvReduce) and op.op is not None:
+                    combine(op.op, typed(t.dst), typed(t.src), typed(t.tmp))
+            if step.reads:
+                assert ch is not None
+                _read(ch, op, step.reads, bufs, descs, half)
+            if op.op is ReduceOp.AVG:
+                for reg in step.scale:
+                    scale(op.op, typed(reg), view.size)
+        if zero_copy:  # peers may still read my registered buffer; nobody returns one before all are done
+            assert ch is not None
+            s = ch.step + 1
+            ch.publish(s)
+            yield ch.others, s
+        if messages:
+            doomed = mailbox.end(view.ctx, op.seq)
+            if doomed is not None:
+                raise doomed
+    except BaseException:
+        if messages:  # drop its posted receives, and discard its late frames
+            mailbox.forget_op(view.ctx, op.seq)
+        raise
 
 
-async def _send(engine: Engine, comm: CommView, peer: int, hdr: bytes, payload: memoryview,
+async def drive(gen: Generator[Yield, None, None]) -> None:
+    """Run an executor that waits only for messages (a communicator without a channel)."""
+    try:
+        for waited in gen:
+            assert not isinstance(waited, tuple), "a lockstep step on a communicator without a channel"
+            await waited
+    finally:
+        gen.close()  # a failed op's executor drops the receives it posted
+
+
+def _messages(eng: Engine, view: CommView, op: Op[np.ndarray], step: Any, raw: Any, what: str,
+              sent_k: dict[int, int], recv_k: dict[int, int]) -> Generator[Yield, None, None]:
+    """Post the step's receives, send its sends, and wait for all of them."""
+    progress, ranks, ctx = op.progress, view.ranks, view.ctx
+    progress.recvs.clear()
+    for t in step.recvs:
+        k = recv_k.get(t.peer, 0)
+        recv_k[t.peer] = k + 1
+        target = raw(t.dst if isinstance(t, Recv) else t.tmp)
+        fut = eng.mailbox.post(ranks[t.peer], ctx, op.seq, k, target, op.code, op.dtype_code, what)
+        progress.recvs.append((t.peer, fut))
+    if step.sends:
+        code, dtype_code, redop, count, root = op.fp
+        sends = []
+        for snd in step.sends:
+            k = sent_k.get(snd.peer, 0)
+            sent_k[snd.peer] = k + 1
+            payload = raw(snd.src)
+            hdr = Header(COLL, code, dtype_code, k, ctx, op.seq, len(payload), count, root, redop).pack()
+            sends.append(_send(eng, view, snd.peer, hdr, payload, progress))
+        yield sends[0] if len(sends) == 1 else asyncio.gather(*sends)
+    for _peer, fut in progress.recvs:
+        if not fut.done():
+            yield fut
+
+
+async def _send(eng: Engine, view: CommView, peer: int, hdr: bytes, payload: memoryview,
                 progress: Progress) -> None:
     progress.sends.add(peer)
-    await engine.send(comm.ranks[peer], hdr, payload)
+    await eng.send(view.ranks[peer], hdr, payload)
     progress.sends.discard(peer)
+
+
+# -- shared memory ------------------------------------------------------------------------------------
+def _stage(ch: ShmChannel, op: Op[np.ndarray], stage: Any, bufs: tuple[np.ndarray, ...], half: int,
+           in_off: int, out_off: int) -> None:
+    item, me = op.out.itemsize, ch.rank
+    slot = ch.typed(me, op.out.dtype)
+    base = ch.slot_base[me][half] // item
+    for st in stage:
+        reg = st.src
+        if (reg.buf == IN and in_off >= 0) or (reg.buf == OUT and out_off >= 0):
+            continue  # registered: peers read it in place
+        if reg.stop > reg.start:
+            start = base + st.slot
+            slot[start:start + reg.stop - reg.start] = bufs[reg.buf][reg.start:reg.stop]
+
+
+def _check(ch: ShmChannel, op: Op[np.ndarray], descs: list[tuple[int, ...]], mine: tuple[int, ...]) -> bool:
+    """Every rank issued what I did (else ``CollectiveMismatch``); returns whether anyone exposes a
+    registered buffer (then the op ends with one more step)."""
+    zero = mine[D_IN] >= 0 or mine[D_OUT] >= 0
+    for j in ch.others:
+        d = descs[j]
+        if d[:D_IN] != mine[:D_IN]:
+            theirs, ours = describe(d), describe(mine)
+            raise CollectiveMismatch(f"collective mismatch at seq {op.seq} over shared memory: rank {j} "
+                                     f"issued {theirs}, rank {ch.rank} issued {ours}", op.seq, (j, ch.rank),
+                                     (theirs, ours))
+        zero = zero or d[D_IN] >= 0 or d[D_OUT] >= 0
+    return zero
+
+
+def _read(ch: ShmChannel, op: Op[np.ndarray], reads: Any, bufs: tuple[np.ndarray, ...],
+          descs: list[tuple[int, ...]], half: int) -> None:
+    me, item, dtype = ch.rank, op.out.itemsize, op.out.dtype
+    for rd in reads:
+        if isinstance(rd, Fetch):
+            dst_r, src = rd.dst, rd.src
+            if dst_r.stop == dst_r.start:
+                continue
+            if src.rank == me:
+                if not op.same_memory(src.region, dst_r):
+                    bufs[dst_r.buf][dst_r.start:dst_r.stop] = bufs[src.region.buf][src.region.start:src.region.stop]
+            else:
+                bufs[dst_r.buf][dst_r.start:dst_r.stop] = _peer(ch, descs, src, half, item, dtype)
+            continue
+        dst_r = rd.dst
+        if dst_r.stop == dst_r.start:
+            continue
+        dst = bufs[dst_r.buf][dst_r.start:dst_r.stop]
+        assert op.op is not None
+        ufunc = UFUNCS[op.op]
+        arrs = [bufs[src.region.buf][src.region.start:src.region.stop] if src.rank == me
+                else _peer(ch, descs, src, half, item, dtype) for src in rd.srcs]
+        # my own input may be the destination (in place); if it is read after the first
+        # combine has overwritten it, reduce into scratch space first
+        spill = me >= 2 and op.overlaps(rd.srcs[me].region, dst_r)
+        acc = ch.spill(dst.nbytes).view(dtype)[:dst.size] if spill else dst
+        if len(arrs) == 1:
+            acc[...] = arrs[0]
+        else:
+            ufunc(arrs[0], arrs[1], out=acc)
+            for k in range(2, len(arrs)):
+                ufunc(acc, arrs[k], out=acc)
+        if spill:
+            dst[...] = acc
+
+
+def _peer(ch: ShmChannel, descs: list[tuple[int, ...]], src: Src, half: int, item: int,
+          dtype: np.dtype[Any]) -> np.ndarray:
+    """Rank ``src.rank``'s staged (or registered) region, as an array over its segment."""
+    reg = src.region
+    off = descs[src.rank][D_IN if reg.buf == IN else D_OUT] if reg.buf != SCRATCH else -1
+    count = reg.stop - reg.start
+    if off >= 0:
+        byte = off + reg.start * item
+        if byte % item:  # a registered view at an odd byte offset
+            return ch.u8[src.rank][byte:byte + count * item].view(dtype)
+        start = byte // item
+    else:
+        start = ch.slot_base[src.rank][half] // item + src.slot
+    return ch.typed(src.rank, dtype)[start:start + count]
+
+
+@lru_cache(maxsize=1024)
+def _kind(code: int, algo: str, dtype_code: int, op: ReduceOp | None) -> int:
+    op_code = op.code if op is not None else 0
+    return code | ALGO_CODES.get(algo, 0) << 8 | dtype_code << 16 | op_code << 24
+
+
+def describe(desc: tuple[int, ...]) -> str:
+    """A shared-memory descriptor, as a mismatch error says it."""
+    kind = desc[D_KIND]
+    code, algo, dtype, op = kind & 0xFF, (kind >> 8) & 0xFF, (kind >> 16) & 0xFF, (kind >> 24) & 0xFF
+    dt = dtype_from_code(dtype)
+    algo_name = next((a for a, c in ALGO_CODES.items() if c == algo), "?")
+    op_name = next((o.value for o in ReduceOp if o.code == op), None)
+    return (f"{name_of(code)} seq {desc[D_SEQ]} of {desc[D_COUNT]} x {dt.name if dt is not None else '-'}"
+            f"{', op ' + op_name if op_name else ''}, root {desc[D_ROOT]}, algorithm {algo_name}")

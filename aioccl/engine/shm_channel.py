@@ -37,7 +37,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,8 +45,13 @@ from .. import log
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted
 from ..transport.shm import CONTROL_BYTES, CTR, DESC, DESC_LEN, HALF, HEAP, HEAP_OFF, SLEEP, LoopBell, Segment
 from ..transport.shm_heap import Heap
+from .executor import execute
+from .op import Op, Wait
 from .pool import BufferPool
-from .shm_executor import ShmOp, Wait, execute
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .view import CommView
 
 _log = log.get("SHM")
 _DESC = struct.Struct("<6q")
@@ -86,14 +91,16 @@ class ShmChannel:
         self._seg_addr = self.u8[rank].__array_interface__["data"][0]
         self.step = me[CTR]
         self.all_reached = self.step
-        self.queue: deque[ShmOp] = deque()
-        self.held: dict[int, ShmOp] = {}  # submitted ahead of an op with a lower number (see submit)
-        self.next_order = 0  # the issue number (ShmOp.order) of the op that runs next
+        self.queue: deque[Op[np.ndarray]] = deque()
+        self.held: dict[int, Op[np.ndarray]] = {}  # submitted ahead of an op with a lower number (see submit)
+        self.next_order = 0  # the issue number (Op[np.ndarray].order) of the op that runs next
         self.broken: BaseException | None = None
         self.lost: dict[int, BaseException] = {}
         self.remote: tuple[int, BaseException] | None = None  # (seq, error) a peer gave up at
         # tells the peers that this rank gave up an op: (seq, fingerprint, error); set by the engine
         self.report: Any = None
+        self.engine: Engine | None = None  # set with ``view`` when the engine attaches the channel
+        self.view: CommView | None = None
         self._pumping = False
         self._slice_end = 0.0
         self._parked = False
@@ -167,7 +174,7 @@ class ShmChannel:
         return self._spill
 
     # -- running ops ------------------------------------------------------------
-    def submit(self, op: ShmOp) -> None:
+    def submit(self, op: Op[np.ndarray]) -> None:
         """Queue an op (on the engine loop); runs it at once when the channel is idle.
 
         Ops run in *issue* order (``op.order``, taken with the sequence number), not in the order they
@@ -199,7 +206,7 @@ class ShmChannel:
         finally:
             self._pumping = False
 
-    def _advance(self, op: ShmOp) -> bool:
+    def _advance(self, op: Op[np.ndarray]) -> bool:
         """Run ``op`` until it finishes (True) or has to sleep (False)."""
         try:
             if op.gen is None:
@@ -213,8 +220,9 @@ class ShmChannel:
                     scratch = op.scratch_raw[:op.sched.scratch * op.out.itemsize].view(op.out.dtype)
                 else:
                     scratch = op.out[:0]
-                op.gen = execute(self, op, scratch)
-                op.waiting = next(op.gen)
+                assert self.engine is not None and self.view is not None
+                op.gen = execute(self.engine, self.view, op, scratch)
+                self._next(op)
             while True:
                 if op.waiting is not None:
                     if not self._wait(op, op.waiting):
@@ -222,13 +230,15 @@ class ShmChannel:
                     if time.perf_counter() > self._slice_end:  # a large op: let other tasks run
                         self.loop.call_soon(self._pump)
                         return False
-                op.waiting = op.gen.send(None)
+                elif op.pending is not None and not self._settled(op, op.pending):
+                    return False
+                self._next(op)
         except StopIteration:
             self._release(op)
             self.stats["ops"] += 1
             op.work._set_result(op.result())
         except CollectiveMismatch as e:
-            op.gen = None
+            self._end(op)
             self._release(op)
             op.work._set_exception(e)
         except AiocclError as e:
@@ -243,17 +253,59 @@ class ShmChannel:
             self._tell(op, err)
         return True
 
-    def _tell(self, op: ShmOp, exc: AiocclError) -> None:
-        if self.report is not None and not isinstance(exc, CommAborted):
-            fp = (op.code, op.dtype_code, op.op.code if op.op is not None else 0, op.count, op.root)
-            self.report(op.seq, fp, exc)
+    def _next(self, op: Op[np.ndarray]) -> None:
+        """Resume the executor up to what it waits for next: a step of the peers, or a message."""
+        assert op.gen is not None
+        item = op.gen.send(None)
+        if isinstance(item, tuple):
+            op.waiting, op.pending = item, None
+        else:
+            op.waiting, op.pending = None, asyncio.ensure_future(item, loop=self.loop)
+            op.pending.add_done_callback(self._on_message)
 
-    def _release(self, op: ShmOp) -> None:
+    def _settled(self, op: Op[np.ndarray], fut: asyncio.Future[Any]) -> bool:
+        """Has the message ``op`` waits for gone out or arrived (its error raised here)? Else park until it
+        has, or until the op's deadline."""
+        if fut.done():
+            op.pending = None
+            fut.result()
+            return True
+        now = time.perf_counter()
+        if now >= op.deadline:
+            raise CollectiveTimeout(op.name, op.seq, op.progress.waiting_for(), op.timeout,
+                                    f"shared memory, algorithm {op.sched.algo}, messages")
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(op.deadline - now, self._on_timer)
+        return False
+
+    def _on_message(self, fut: asyncio.Future[Any]) -> None:
+        if self.queue and self.queue[0].pending is fut and not self._pumping:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._pump()
+
+    @staticmethod
+    def _end(op: Op[np.ndarray]) -> None:
+        """Close the executor of a failed op (it drops the receives it posted)."""
+        gen, op.gen = op.gen, None
+        if op.pending is not None:
+            op.pending.cancel()
+            op.pending = None
+        if gen is not None:
+            gen.close()
+
+    def _tell(self, op: Op[np.ndarray], exc: AiocclError) -> None:
+        if self.report is not None and not isinstance(exc, CommAborted):
+            self.report(op.seq, op.fp, exc)
+
+    def _release(self, op: Op[np.ndarray]) -> None:
         if op.scratch_raw is not None:
             self.pool.release(op.scratch_raw)
             op.scratch_raw = None
 
-    def _wait(self, op: ShmOp, wait: Wait) -> bool:
+    def _wait(self, op: Op[np.ndarray], wait: Wait) -> bool:
         if self._reached(wait):
             if self._parked:
                 self._unpark()
@@ -317,7 +369,7 @@ class ShmChannel:
                                       "abort this communicator and create a new one")
         op = self.queue[0] if self.queue else None
         if op is not None:
-            op.gen = None
+            self._end(op)
             self._release(op)  # only this rank writes its scratch: it can go back to the pool
         if self._parked:
             self._unpark()

@@ -25,11 +25,14 @@ import numpy as np
 
 from .. import log
 from ..algorithms import plan
+from ..algorithms.table import BY_NAME
 from ..dtypes import ReduceOp, dtype_code
 from ..envvars import env_float, env_int
 from ..errors import CollectiveTimeout
 from ..transport.shm import SHM_DIR, LoopBell, Segment, segment_name, sweep_stale
-from .executor import Progress, execute
+from ..work import Work
+from .executor import drive, execute
+from .op import Op, Progress
 from .shm_channel import ShmChannel
 from .view import CommView
 
@@ -62,11 +65,10 @@ async def _agree(engine: Engine, view: CommView, step: int, ok: bool, progress: 
     flag = np.array([1 if ok else 0], dtype=np.int32)
     sched = plan("all_reduce", 1, rank, n, 0, 1024, "rd")
     scratch = np.zeros(sched.scratch, dtype=np.int32)
-    fp = (1, dtype_code(flag.dtype), ReduceOp.MIN.code, 1, 0)
-    engine.mailbox.begin(setup_view.ctx, step, fp, view.ranks, rank)
-    await execute(engine, setup_view, step, fp, f"shared-memory setup step {step}", sched, (flag, flag, scratch),
-                  ReduceOp.MIN, progress)
-    engine.mailbox.end(setup_view.ctx, step)
+    op = Op(f"shared-memory setup step {step}", BY_NAME["all_reduce"].code, step, flag, flag,
+            dtype_code(flag.dtype), ReduceOp.MIN, 1, 0, 0.0, Work("setup", step), lambda: None, sched)
+    op.progress = progress
+    await drive(execute(engine, setup_view, op, scratch))
     return bool(flag[0])
 
 

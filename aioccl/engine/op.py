@@ -1,0 +1,112 @@
+"""The one record of a collective in flight, on every path (sockets, shared memory, GPU).
+
+Made by the communicator when the op is issued, it carries everything that
+identifies the op to the user and to its peers, so a failure can name it
+wherever it happens: the sequence number, the *fingerprint* (op, dtype,
+reduction, count, root) that every frame and every shared-memory descriptor
+carries and that peers compare to find a mismatch, the deadline, the
+flight-recorder description, and the ``Work`` it completes. The executor
+keeps its own state on it (where it waits), so the deadline can say whom it
+waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import numpy as np
+
+from ..algorithms.schedule import IN, OUT, Region, Schedule
+from ..dtypes import ReduceOp
+from ..work import Work
+from .notices import Fingerprint
+
+if TYPE_CHECKING:
+    from .shm_channel import ShmChannel
+
+A = TypeVar("A")
+Wait = tuple[tuple[int, ...], int]  # shared memory: (channel ranks, the step they must have published)
+NO_SCHEDULE = Schedule(())
+
+
+@dataclass
+class Progress:
+    """The messages an op is blocked on right now (read when its deadline passes)."""
+
+    recvs: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    sends: set[int] = field(default_factory=set)
+
+    def waiting_for(self) -> list[int]:
+        return sorted({p for p, f in self.recvs if not f.done() or f.cancelled()} | self.sends)
+
+
+class Op(Generic[A]):
+    """One collective (a plain slotted class: one is built on every call). ``inp``/``out`` are flat
+    typed numpy arrays on the host (``out`` may be ``inp``), the caller's buffers for GPU ops."""
+
+    __slots__ = ("name", "code", "seq", "sched", "inp", "out", "dtype_code", "op", "count", "root", "timeout",
+                 "work", "result", "order", "desc", "fp", "deadline", "progress", "gen", "waiting", "pending",
+                 "scratch_raw", "chan", "_shift")
+
+    def __init__(self, name: str, code: int, seq: int, inp: A, out: A, dtype_code: int, op: ReduceOp | None,
+                 count: int, root: int, timeout: float, work: Work[Any], result: Callable[[], Any],
+                 sched: Schedule = NO_SCHEDULE, order: int = 0, desc: Any = None) -> None:
+        self.name, self.code, self.seq, self.sched = name, code, seq, sched
+        self.inp, self.out, self.dtype_code, self.op = inp, out, dtype_code, op
+        self.count, self.root, self.timeout, self.work, self.result = count, root, timeout, work, result
+        self.order = order  # issue number among its channel's ops: a channel runs them in this order
+        self.desc = desc  # (count, dtype, reduction, root): the flight recorder's entry, formatted when read
+        self.fp: Fingerprint = (code, dtype_code, op.code if op is not None else 0, count, root)
+        self.deadline = 0.0  # set when the op starts
+        self.progress = Progress()
+        self.gen: Generator[Any, None, None] | None = None  # the executor, while it runs
+        self.waiting: Wait | None = None  # the shared-memory step it waits for
+        self.pending: asyncio.Future[Any] | None = None  # the message it waits for (on a channel)
+        self.scratch_raw: np.ndarray | None = None
+        self.chan: ShmChannel | None = None
+        self._shift: int | None | bool = False  # OUT's element offset inside IN (False: not computed yet)
+
+    def what(self, ctx: int) -> str:
+        return f"{self.name} (seq {self.seq}, comm {ctx:x})"
+
+    def blocked_on(self) -> list[int] | None:
+        """The communicator ranks this op waits for now; None while it is queued behind others."""
+        if self.gen is None:
+            return None
+        ranks = set(self.progress.waiting_for())
+        if self.chan is not None and self.waiting is not None:
+            ranks.update(self.chan.missing(*self.waiting))
+        return sorted(ranks)
+
+    # -- in place: where my own IN and OUT lie relative to each other ------------------------------
+    def out_in_in(self) -> int | None:
+        """OUT's element offset inside IN when they share memory (reduce_scatter in place), else None."""
+        if self._shift is False:
+            inp, out = self.inp, self.out
+            self._shift = _shift(inp, out) if isinstance(inp, np.ndarray) and isinstance(out, np.ndarray) else None
+        return self._shift
+
+    def same_memory(self, reg: Region, dst: Region) -> bool:
+        """Does my own ``reg`` lie exactly at ``dst`` (a copy to skip)?"""
+        if reg.buf == dst.buf:
+            return reg.start == dst.start
+        return reg.buf == IN and dst.buf == OUT and self.out_in_in() == reg.start - dst.start
+
+    def overlaps(self, reg: Region, dst: Region) -> bool:
+        if reg.buf == dst.buf:
+            return reg.start < dst.stop and dst.start < reg.stop
+        sh = self.out_in_in() if reg.buf == IN and dst.buf == OUT else None
+        return sh is not None and reg.start < dst.stop + sh and dst.start + sh < reg.stop
+
+
+def _shift(inp: np.ndarray, out: np.ndarray) -> int | None:
+    if not inp.size or not out.size:
+        return None
+    a: int = inp.__array_interface__["data"][0]
+    b: int = out.__array_interface__["data"][0]
+    if a <= b < a + inp.nbytes:
+        return (b - a) // inp.itemsize
+    return None
