@@ -24,6 +24,7 @@ import numpy as np
 
 from . import async_libs, log, watchdog
 from .algorithms import plan
+from .algorithms.schedule import Schedule
 from .algorithms.shm import shm_plan
 from .algorithms.table import BY_NAME
 from .bootstrap.unique_id import UniqueId
@@ -313,31 +314,41 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
             raise InvalidArgument(f"{name}: stream= orders ops on GPU buffers; these buffers are in host memory")
         dt = out.array.dtype
         shm = self._shm
-        desc = (count, dt, op, root if BY_NAME[name].rooted else None)
         shm_algo = self._tuning.choose_shm(name, count, dt.itemsize, self.world_size) if shm is not None else None
+        if shm is not None and shm_algo is not None:
+            cap = max(1, shm.cap_bytes // dt.itemsize)
+            same = in_place or inp.array is out.array  # peers must not read a buffer this rank overwrites
+            sched = shm_plan(name, count, self.rank, self.world_size, root, cap, shm_algo, same)
+        else:
+            algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size)
+            sched = plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place)
+        return self._launch(name, sched, inp.flat, out.flat, op, count, root, t, result)
+
+    def _launch(self, name: str, sched: Schedule, inp: np.ndarray, out: np.ndarray, op: ReduceOp | None,
+                count: int, root: int, timeout: float, result: Callable[[], Any]) -> Work[Any]:
+        """Run this rank's ``sched`` (any schedule of the one vocabulary) as collective ``name``: on the
+        communicator's shared-memory channel, in issue order, when it has lockstep steps, else as a task of
+        the engine that awaits its messages."""
+        shm = self._shm if sched.lockstep else None
+        if sched.lockstep and shm is None:
+            raise InvalidArgument(f"{name}: a schedule with shared-memory steps needs ranks on one host")
+        dt = out.dtype
+        desc = (count, dt, op, root if BY_NAME[name].rooted else None)
         order = -1  # a channel's op: its issue number there
         with self._lock:
             self._usable()
             seq = self._seq
             self._seq += 1
-            if shm is not None and shm_algo is not None:
+            if shm is not None:
                 order = self._shm_order  # the channel runs its ops in this (issue) order
                 self._shm_order += 1
-        code, dcode = BY_NAME[name].code, dtype_code(dt) if name != "barrier" else 0
-        if shm is not None and shm_algo is not None:
-            cap = max(1, shm.cap_bytes // dt.itemsize)
-            same = in_place or inp.array is out.array  # peers must not read a buffer this rank overwrites
-            sched = shm_plan(name, count, self.rank, self.world_size, root, cap, shm_algo, same)
-            _log.debug("%s seq %d: %d x %s over shared memory, algo %s", name, seq, count, dt, shm_algo)
-        else:
-            algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size)
-            sched = plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place)
-            _log.debug("%s seq %d: %d x %s, algo %s, chunk %d", name, seq, count, dt, algo, chunk)
-        work = Work(name, seq)
-        op_ = Op(name, code, seq, inp.flat, out.flat, dcode, op, count, root, t, work, result, sched, order, desc)
+        work: Work[Any] = Work(name, seq)
+        op_ = Op(name, BY_NAME[name].code, seq, inp, out, dtype_code(dt) if name != "barrier" else 0, op, count,
+                 root, timeout, work, result, sched, order, desc)
         work._probe = op_.blocked_on
-        if order >= 0:
-            assert shm is not None
+        _log.debug("%s seq %d: %d x %s, algorithm %s%s", name, seq, count, dt, sched.algo,
+                   " over shared memory" if shm is not None else "")
+        if shm is not None:
             return self._track(work, lambda: shm.submit(op_), desc)
         view, eng = self._view, self._engine
         return self._track(work, lambda: eng.run_collective(view, op_), desc)

@@ -73,7 +73,7 @@ def test_ipc_plans_compute_every_op(name, n, cap, op):
         for r in range(n):
             scratches[r][:] = POISON  # nothing may survive from an earlier piece
             publish(plans[r][k], ins[r], scratches[r], _copy)
-            assert bool(plans[r][k].publish) == reads_input(name, r, root)
+            assert bool(plans[r][k].stage) == reads_input(name, r, root)
         for r in range(n):  # after the barrier: everyone reads everyone's scratch
             consume(plans[r][k], outs[r], scratches, _copy, lambda d, a, b: cpu.combine(op, d, a, b),
                     lambda d: cpu.scale(op, d, n))

@@ -70,6 +70,13 @@ def test_split_children_run_over_their_own_shared_memory_channel(engine):
     assert shm_files() <= before, "a child's segments outlived the job"
 
 
+@pytest.mark.parametrize("engine", ["inline", "thread"])
+def test_one_executor_runs_shared_memory_and_message_steps_in_one_schedule(engine):
+    p = run("mixed", 3, SHM_PAIRS_ENGINE=engine)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.stdout.count(" mixed schedule on the channel") == 3, p.stdout
+
+
 def test_a_shrunk_communicator_runs_over_shared_memory_again():
     p = run("shrunk", 3)
     assert p.stdout.count("shrunk to 2 over shm") == 2, p.stdout[-3000:] + p.stderr[-3000:]

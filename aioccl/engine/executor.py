@@ -54,9 +54,9 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
     """``op.chan`` is the communicator's channel (needed by lockstep steps only)."""
     sched, ch = op.sched, op.chan
     bufs = (op.inp, op.out, scratch)
-    bytes_ = tuple(byte_view(b) for b in bufs)
-    item = op.out.itemsize
     messages = sched.messages
+    bytes_ = tuple(byte_view(b) for b in bufs) if messages else ()
+    item = op.out.itemsize
     mailbox = eng.mailbox
     what = op.what(view.ctx) if messages else ""
     sent_k: dict[int, int] = {}

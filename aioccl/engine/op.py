@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
@@ -32,15 +31,20 @@ Wait = tuple[tuple[int, ...], int]  # shared memory: (channel ranks, the step th
 NO_SCHEDULE = Schedule(())
 
 
-@dataclass
 class Progress:
     """The messages an op is blocked on right now (read when its deadline passes)."""
 
-    recvs: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
-    sends: set[int] = field(default_factory=set)
+    __slots__ = ("recvs", "sends")
+
+    def __init__(self) -> None:
+        self.recvs: list[tuple[int, asyncio.Future[None]]] = []
+        self.sends: set[int] = set()
 
     def waiting_for(self) -> list[int]:
         return sorted({p for p, f in self.recvs if not f.done() or f.cancelled()} | self.sends)
+
+
+NO_MESSAGES = Progress()  # the progress of every op without messages: never written
 
 
 class Op(Generic[A]):
@@ -61,7 +65,7 @@ class Op(Generic[A]):
         self.desc = desc  # (count, dtype, reduction, root): the flight recorder's entry, formatted when read
         self.fp: Fingerprint = (code, dtype_code, op.code if op is not None else 0, count, root)
         self.deadline = 0.0  # set when the op starts
-        self.progress = Progress()
+        self.progress = Progress() if sched.messages else NO_MESSAGES
         self.gen: Generator[Any, None, None] | None = None  # the executor, while it runs
         self.waiting: Wait | None = None  # the shared-memory step it waits for
         self.pending: asyncio.Future[Any] | None = None  # the message it waits for (on a channel)

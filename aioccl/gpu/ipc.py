@@ -102,16 +102,6 @@ class IpcState:
     views: list[Any]  # rank -> its scratch as a uint8 cupy array, in this process
 
 
-def call_fingerprint(name: str, dtype: np.dtype[Any], op_code: int, count: int, root: int) -> np.ndarray:
-    """What a rank's call is, as the five int64 every rank of a CUDA IPC op exchanges before any rank
-    reads a peer's scratch (the same fingerprint the host path's frames and descriptors carry)."""
-    from ..algorithms.table import BY_NAME
-    from ..dtypes import dtype_code
-
-    row = BY_NAME[name]
-    return np.array([row.code, dtype_code(dtype), op_code, count, root if row.rooted else 0], dtype=np.int64)
-
-
 async def same_call(side: Any, fp: np.ndarray, seq: int, timeout: float) -> None:
     """Exchange ``fp`` over the side communicator and check it (in place of a barrier: it waits for all)."""
     everyone = await side.all_gather(fp, timeout=timeout)

@@ -1,15 +1,20 @@
 """What each rank copies and reduces in a GPU collective: pure functions, no GPU, no I/O.
 
 Same-host ranks share their *scratch* buffers through CUDA IPC. An op runs
-in pieces that fit the scratch; each piece is two phases with a barrier
-after each:
+in pieces that fit the scratch, each one lockstep ``Step`` of the one
+schedule vocabulary (``aioccl.algorithms.schedule``), run in two phases
+with a barrier after each:
 
-1. **publish**: every rank that has input copies its part of the piece into
-   its own scratch (``(input offset, scratch offset, count)`` triples);
+1. **publish**: every rank that has input ``Stage`` s its part of the piece
+   into its own scratch;
 2. **consume**: every rank that gets output builds its part of the piece
-   from the peers' scratch: ``Copy`` one peer's span, or
-   ``Reduce`` the same span of every rank's scratch, in rank order (so
-   all ranks compute bit-identical results).
+   from the peers' scratch: ``Fetch`` one peer's span, or ``Reduce`` the
+   same span of every rank's scratch, in rank order (so all ranks compute
+   bit-identical results), then ``scale`` s it (avg).
+
+Unlike the host's shared-memory steps, a GPU piece reads *every* source,
+its own included, from the staged scratch (never a live buffer), so the
+output may be the input without further care.
 
 The published data of a piece is ``nblk`` blocks of the piece's length:
 ``nblk`` is 1 when the op moves one vector (all_reduce, reduce, broadcast,
@@ -25,9 +30,9 @@ its elementwise ops into pieces so the copies overlap the transfers.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from ..algorithms.schedule import IN, OUT, Fetch, Reduce, Region, Src, Stage, Step
 from ..algorithms.table import TABLE
 
 BLOCKED = tuple(c.name for c in TABLE if c.input_blocks)  # rank j's part is block j of the input
@@ -35,62 +40,46 @@ ROOT_PUBLISHES = tuple(c.name for c in TABLE if c.root_input_only)  # only the r
 ROOT_CONSUMES = tuple(c.name for c in TABLE if c.root_output_only)  # only the root gets output
 
 
-@dataclass(frozen=True, slots=True)
-class Copy:
-    """``out[dst:dst+n] = scratch[src][off:off+n]``."""
-
-    src: int
-    off: int
-    dst: int
-    n: int
-
-
-@dataclass(frozen=True, slots=True)
-class Reduce:
-    """``out[dst:dst+n] = op(scratch[0][off:off+n], scratch[1][...], ...)``, in rank order."""
-
-    nsrc: int
-    off: int
-    dst: int
-    n: int
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    publish: tuple[tuple[int, int, int], ...]  # (input offset, scratch offset, count)
-    consume: tuple[Copy | Reduce, ...]
-
-
-def ipc_pieces(name: str, rank: int, nranks: int, root: int, count: int, cap: int) -> list[Piece]:
+def ipc_pieces(name: str, rank: int, nranks: int, root: int, count: int, cap: int) -> list[Step]:
     """The pieces of op ``name`` for ``rank``; ``count`` is the per-block count (as in the CPU schedules),
     ``cap`` the scratch size in elements."""
     nblk = nranks if name in BLOCKED else 1
-    step = max(1, cap // nblk)
+    width = max(1, cap // nblk)
     if cap < nblk:
         raise ValueError(f"scratch of {cap} elements cannot hold {nblk} blocks")
     publishes = rank == root if name in ROOT_PUBLISHES else True
     consumes = rank == root if name in ROOT_CONSUMES else True
+    others = tuple(j for j in range(nranks) if j != rank)
     pieces = []
-    for a in range(0, count, step):
-        n = min(step, count - a)
-        pub = tuple((j * count + a, j * n, n) for j in range(nblk)) if publishes else ()
-        pieces.append(Piece(pub, _consume(name, rank, nranks, root, count, a, n) if consumes else ()))
+    for a in range(0, count, width):
+        n = min(width, count - a)
+        stage = tuple(Stage(Region(IN, j * count + a, j * count + a + n), j * n) for j in range(nblk)) \
+            if publishes else ()
+        reads = _consume(name, rank, nranks, root, count, a, n) if consumes else ()
+        scale = tuple(rd.dst for rd in reads if isinstance(rd, Reduce))
+        pieces.append(Step(stage=stage, wait=others, reads=reads, scale=scale, lockstep=True))
     return pieces
 
 
-def _consume(name: str, rank: int, nranks: int, root: int, count: int, a: int, n: int) -> tuple[Copy | Reduce, ...]:
+def _consume(name: str, rank: int, nranks: int, root: int, count: int, a: int, n: int) -> tuple[Fetch | Reduce, ...]:
+    def src(j: int, block: int) -> Src:  # rank j's block ``block``, staged at block * n of its scratch
+        return Src(j, Region(IN, block * count + a, block * count + a + n), block * n)
+
+    def out(block: int) -> Region:
+        return Region(OUT, block * count + a, block * count + a + n)
+
     if name in ("all_reduce", "reduce"):
-        return (Reduce(nranks, 0, a, n),)
+        return (Reduce(tuple(src(j, 0) for j in range(nranks)), out(0)),)
     if name == "reduce_scatter":
-        return (Reduce(nranks, rank * n, a, n),)
+        return (Reduce(tuple(src(j, rank) for j in range(nranks)), out(0)),)
     if name == "broadcast":
-        return (Copy(root, 0, a, n),)
+        return (Fetch(src(root, 0), out(0)),)
     if name == "scatter":
-        return (Copy(root, rank * n, a, n),)
+        return (Fetch(src(root, rank), out(0)),)
     if name in ("all_gather", "gather"):
-        return tuple(Copy(i, 0, i * count + a, n) for i in range(nranks))
+        return tuple(Fetch(src(i, 0), out(i)) for i in range(nranks))
     if name == "all_to_all":
-        return tuple(Copy(i, rank * n, i * count + a, n) for i in range(nranks))
+        return tuple(Fetch(src(i, rank), out(i)) for i in range(nranks))
     raise ValueError(f"no GPU plan for {name!r}")
 
 
@@ -114,25 +103,27 @@ def stage_pieces(name: str, size: int, piece: int) -> list[tuple[int, int]]:
     return [(a, min(a + piece, size)) for a in range(0, size, piece)]
 
 
-def publish(piece: Piece, inp: Any, scratch: Any, copy: Callable[[Any, Any], None]) -> None:
+def publish(piece: Step, inp: Any, scratch: Any, copy: Callable[[Any, Any], None]) -> None:
     """Run ``piece``'s publish phase on flat arrays (cupy on a GPU, numpy in the tests)."""
-    for i, s, n in piece.publish:
-        copy(scratch[s:s + n], inp[i:i + n])
+    for st in piece.stage:
+        copy(scratch[st.slot:st.slot + st.src.count], inp[st.src.start:st.src.stop])
 
 
-def consume(piece: Piece, out: Any, scratches: Sequence[Any], copy: Callable[[Any, Any], None],
+def consume(piece: Step, out: Any, scratches: Sequence[Any], copy: Callable[[Any, Any], None],
             combine: Callable[[Any, Any, Any], None], finish: Callable[[Any], None]) -> None:
     """Run ``piece``'s consume phase: ``scratches[r]`` is rank r's scratch as this rank sees it."""
-    for step in piece.consume:
-        dst = out[step.dst:step.dst + step.n]
-        if isinstance(step, Copy):
-            copy(dst, scratches[step.src][step.off:step.off + step.n])
+    for rd in piece.reads:
+        dst = out[rd.dst.start:rd.dst.stop]
+        if isinstance(rd, Fetch):
+            s = rd.src
+            copy(dst, scratches[s.rank][s.slot:s.slot + s.region.count])
             continue
-        srcs = [scratches[r][step.off:step.off + step.n] for r in range(step.nsrc)]
+        srcs = [scratches[s.rank][s.slot:s.slot + s.region.count] for s in rd.srcs]
         if len(srcs) == 1:
             copy(dst, srcs[0])
         else:
             combine(dst, srcs[0], srcs[1])
-            for s in srcs[2:]:
-                combine(dst, dst, s)
-        finish(dst)
+            for s2 in srcs[2:]:
+                combine(dst, dst, s2)
+    for reg in piece.scale:
+        finish(out[reg.start:reg.stop])

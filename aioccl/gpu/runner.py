@@ -31,14 +31,15 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import log
+from ..algorithms.table import BY_NAME
 from ..buffers import Buf
-from ..dtypes import ReduceOp
+from ..dtypes import ReduceOp, dtype_code
+from ..engine.op import Op
 from ..envvars import env_int
 from ..errors import CollectiveTimeout
 from ..kernels import gpu as kernels
@@ -46,7 +47,7 @@ from ..work import Work
 from . import plans
 from .events import wait_event
 from .host_phase import host_op
-from .ipc import EXPORT_BYTES, Export, IpcState, IpcTable, call_fingerprint, raw_view, same_call
+from .ipc import EXPORT_BYTES, Export, IpcState, IpcTable, raw_view, same_call
 from .pinned import Block, PinnedPool
 from .probe import load_cupy
 from .streams import resolve
@@ -66,23 +67,21 @@ def settings(env: Mapping[str, str]) -> tuple[int, int]:
             env_int(env, "AIOCCL_GPU_STAGE_PIECE", STAGE_PIECE_DEFAULT, 4096))
 
 
-@dataclass
-class GpuOp:
-    """One op's arguments and state between its call and its host phase."""
+class GpuOp(Op[Buf]):
+    """The one op record (``engine.op.Op``: seq, fingerprint, deadline, Work) and what the GPU path adds: the
+    stream the op is ordered on, its input staged in pinned memory (one D2H event per piece), and the pinned
+    blocks it holds until its results are copied back. Its sequence number is its ticket."""
 
-    name: str
-    ticket: int
-    count: int
-    root: int
-    inp: Buf
-    out: Buf
-    op: ReduceOp | None
-    stream: Any
-    timeout: float
-    work: Work[Any]
-    result: Callable[[], Any]
-    staged_in: tuple[Block, list[Any]] | None = None  # pinned input and one D2H event per piece
-    blocks: list[Block] = field(default_factory=list)
+    __slots__ = ("stream", "staged_in", "blocks")
+
+    def __init__(self, name: str, ticket: int, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
+                 stream: Any, timeout: float, work: Work[Any], result: Callable[[], Any]) -> None:
+        row = BY_NAME.get(name)  # None for "send" / "recv"
+        super().__init__(name, row.code if row is not None else 0, ticket, inp, out, dtype_code(out.array.dtype),
+                         op, count, root, timeout, work, result)
+        self.stream = stream
+        self.staged_in: tuple[Block, list[Any]] | None = None
+        self.blocks: list[Block] = []
 
 
 class GpuRunner:
@@ -172,8 +171,8 @@ class GpuRunner:
             g.work._set_result(g.result())
         except TimeoutError:
             g.work._set_exception(CollectiveTimeout(
-                g.work.op, g.ticket, waiting(), g.timeout,
-                f"GPU op (ticket {g.ticket}) not done after {time.monotonic() - t0:.1f}s",
+                g.work.op, g.seq, waiting(), g.timeout,
+                f"GPU op (ticket {g.seq}) not done after {time.monotonic() - t0:.1f}s",
                 f"{self._comm._view.ctx:x}"))
         except Exception as e:  # noqa: BLE001 - aioccl and CUDA errors alike end on the Work
             g.work._set_exception(e)
@@ -184,7 +183,7 @@ class GpuRunner:
 
     async def _run(self, g: GpuOp, dev: int) -> None:
         async def body() -> None:
-            await self._wait_turn(g.ticket)
+            await self._wait_turn(g.seq)
             try:
                 side = await self._side
                 if g.staged_in is None and self._ipc is None:
@@ -194,7 +193,7 @@ class GpuRunner:
                 else:
                     await self._run_staged(g, side, dev)
             finally:
-                self._next_turn(g.ticket)
+                self._next_turn(g.seq)
 
         await self._complete(g, body, self._side_waiting)
 
@@ -229,7 +228,7 @@ class GpuRunner:
         receive its peer is waiting for."""
 
         async def body() -> None:
-            await self._wait_turn(g.ticket)
+            await self._wait_turn(g.seq)
             try:
                 side = await self._side
                 if g.name == "send":
@@ -245,7 +244,7 @@ class GpuRunner:
                     host = side.irecv(block.view(g.out.array.dtype, g.out.array.size), g.root, tag,
                                       timeout=g.timeout)
             finally:
-                self._next_turn(g.ticket)
+                self._next_turn(g.seq)
             await host
             if g.name == "recv" and g.out.array.nbytes:
                 with self._cp.cuda.Device(dev):
@@ -348,7 +347,7 @@ class GpuRunner:
         out = g.out.array.data.reshape(-1)
         scratches = [v[:cap * dt.itemsize].view(sdt) for v in st.views]
         op = g.op or ReduceOp.SUM
-        deadline = time.monotonic() + g.timeout
+        deadline = g.deadline = time.monotonic() + g.timeout
 
         def combine(d: Any, a: Any, b: Any) -> None:
             kernels.combine(op, dt, d, a, b)
@@ -363,7 +362,7 @@ class GpuRunner:
                 ev.record(g.stream)
             return ev
 
-        fp = call_fingerprint(g.name, dt, op.code if g.op is not None else 0, g.count, g.root)
+        fp = np.array(g.fp, dtype=np.int64)
         for i, piece in enumerate(pieces):
             await wait_event(launch(functools.partial(plans.publish, piece, inp, scratches[rank], _copy)))
             if i == 0:  # in place of the first barrier: nobody reads a peer's scratch for another call

@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 import aioccl
+from aioccl.algorithms.schedule import IN, OUT, SCRATCH, Fetch, RecvReduce, Region, Schedule, Send, Src, Stage, Step
 
 SIZES = [0, 1, 2, 16383, 16384, 3 * 16384 + 7, 5 << 18]  # int32 elements; the test's ring holds 64 KiB
 
@@ -192,6 +193,40 @@ async def bcast_ahead(comm: aioccl.Communicator) -> None:
         assert (buf == i).all(), (i, np.unique(buf)[:5])
     print(f"OK {comm.rank} broadcast ahead {count} intact, grew {grown:.0f} MiB while asleep", flush=True)
     await comm.barrier()
+
+
+def mixed_schedule(me: int, n: int, k: int) -> Schedule:
+    """Shared-memory steps and message steps in one schedule (what a hierarchical algorithm is):
+    fetch my left's IN from its slot; add it again, sent as a message; fetch my right's result."""
+    left, right = (me - 1) % n, (me + 1) % n
+    a, b, tmp = Region(IN, 0, k), Region(OUT, 0, k), Region(SCRATCH, 0, k)
+    return Schedule((
+        Step(stage=(Stage(a, 0),), wait=(left,), reads=(Fetch(Src(left, a, 0), b),), lockstep=True),
+        Step(sends=(Send(right, a),), recvs=(RecvReduce(left, b, b, tmp),)),
+        Step(stage=(Stage(b, 0),), wait=(right,), reads=(Fetch(Src(right, b, 0), Region(OUT, k, 2 * k)),),
+             lockstep=True),
+    ), scratch=k, algo="mixed")
+
+
+async def mixed(comm: aioccl.Communicator) -> None:
+    """The one executor runs a schedule mixing both kinds of step on the communicator's channel, in issue
+    order with ordinary ops, bit-exact."""
+    me, n = comm.rank, comm.world_size
+    assert comm._shm is not None, comm.transport
+
+    def mine(j: int, k: int) -> np.ndarray:
+        return (np.arange(k, dtype=np.int64) * 5 + 100 * j + 1) % 9973
+
+    for k in (1, 1000, 100_000):
+        out = np.full(2 * k, -7, np.int64)  # poisoned
+        ref = np.full(k, 3, np.int64)
+        works = [comm._launch("all_reduce", mixed_schedule(me, n, k), mine(me, k), out, aioccl.ReduceOp.SUM,
+                              2 * k, 0, 30.0, lambda: None),
+                 comm.all_reduce(ref)]
+        await asyncio.gather(*works)
+        assert (out[:k] == 2 * mine((me - 1) % n, k)).all() and (out[k:] == 2 * mine(me, k)).all(), k
+        assert (ref == 3 * n).all(), k
+    print(f"OK {me} mixed schedule on the channel", flush=True)
 
 
 async def main() -> None:
