@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 Yield = Wait | Awaitable[Any]
 ALGO_CODES = {"flat": 1, "direct": 2}
 D_SEQ, D_KIND, D_COUNT, D_ROOT, D_IN, D_OUT = range(6)  # descriptor fields
+_NONE: dict[int, int] = {}  # the message counters of an op without messages: never written
 
 
 def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray) -> Generator[Yield, None, None]:
@@ -59,11 +60,12 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
     item = op.out.itemsize
     mailbox = eng.mailbox
     what = op.what(view.ctx) if messages else ""
-    sent_k: dict[int, int] = {}
-    recv_k: dict[int, int] = {}
+    sent_k: dict[int, int] = {} if messages else _NONE
+    recv_k: dict[int, int] = {} if messages else _NONE
     descs: list[tuple[int, ...]] = []
     first, zero_copy, half = True, False, 0
     in_off = out_off = -1
+    me, dtype = (ch.rank if ch is not None else view.rank), op.out.dtype
     if ch is not None and sched.lockstep and sched.zero_copy:
         in_off, out_off = ch.heap_offset(op.inp), ch.heap_offset(op.out)
     mine = (op.seq, _kind(op.code, sched.algo, op.dtype_code, op.op), op.count, op.root, in_off, out_off)
@@ -92,8 +94,16 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
                 half = s & 1
                 if first:
                     ch.write_descriptor(half, mine)
-                if step.stage:
-                    _stage(ch, op, step.stage, bufs, half, in_off, out_off)
+                if step.stage:  # inline, like the reads below: this is the 8-byte op's hot path
+                    slot = ch.typed(me, dtype)
+                    base = ch.slot_base[me][half] // item
+                    for st in step.stage:
+                        reg = st.src
+                        if (reg.buf == IN and in_off >= 0) or (reg.buf == OUT and out_off >= 0):
+                            continue  # registered: peers read it in place
+                        if reg.stop > reg.start:
+                            start = base + st.slot
+                            slot[start:start + reg.stop - reg.start] = bufs[reg.buf][reg.start:reg.stop]
                 ch.publish(s)
             if step.recvs or step.sends:
                 yield from _messages(eng, view, op, step, raw, what, sent_k, recv_k)
@@ -109,9 +119,34 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
             for t in step.recvs:
                 if isinstance(t, RecvReduce) and op.op is not None:
                     combine(op.op, typed(t.dst), typed(t.src), typed(t.tmp))
-            if step.reads:
+            for rd in step.reads:
                 assert ch is not None
-                _read(ch, op, step.reads, bufs, descs, half)
+                dst_r = rd.dst
+                if dst_r.stop == dst_r.start:
+                    continue
+                if isinstance(rd, Fetch):
+                    fs = rd.src
+                    if fs.rank != me:
+                        bufs[dst_r.buf][dst_r.start:dst_r.stop] = _peer(ch, descs, fs, half, item, dtype)
+                    elif not op.same_memory(fs.region, dst_r):
+                        bufs[dst_r.buf][dst_r.start:dst_r.stop] = bufs[fs.region.buf][fs.region.start:fs.region.stop]
+                    continue
+                dst = bufs[dst_r.buf][dst_r.start:dst_r.stop]
+                ufunc = UFUNCS[op.op]  # type: ignore[index]  # only reducing ops have Reduce reads
+                arrs = [bufs[x.region.buf][x.region.start:x.region.stop] if x.rank == me
+                        else _peer(ch, descs, x, half, item, dtype) for x in rd.srcs]
+                # my own input may be the destination (in place); if it is read after the first
+                # combine has overwritten it, reduce into scratch space first
+                spill = me >= 2 and op.overlaps(rd.srcs[me].region, dst_r)
+                acc = ch.spill(dst.nbytes).view(dtype)[:dst.size] if spill else dst
+                if len(arrs) == 1:
+                    acc[...] = arrs[0]
+                else:
+                    ufunc(arrs[0], arrs[1], out=acc)
+                    for k in range(2, len(arrs)):
+                        ufunc(acc, arrs[k], out=acc)
+                if spill:
+                    dst[...] = acc
             if op.op is ReduceOp.AVG:
                 for reg in step.scale:
                     scale(op.op, typed(reg), view.size)
@@ -174,20 +209,6 @@ async def _send(eng: Engine, view: CommView, peer: int, hdr: bytes, payload: mem
 
 
 # -- shared memory ------------------------------------------------------------------------------------
-def _stage(ch: ShmChannel, op: Op[np.ndarray], stage: Any, bufs: tuple[np.ndarray, ...], half: int,
-           in_off: int, out_off: int) -> None:
-    item, me = op.out.itemsize, ch.rank
-    slot = ch.typed(me, op.out.dtype)
-    base = ch.slot_base[me][half] // item
-    for st in stage:
-        reg = st.src
-        if (reg.buf == IN and in_off >= 0) or (reg.buf == OUT and out_off >= 0):
-            continue  # registered: peers read it in place
-        if reg.stop > reg.start:
-            start = base + st.slot
-            slot[start:start + reg.stop - reg.start] = bufs[reg.buf][reg.start:reg.stop]
-
-
 def _check(ch: ShmChannel, op: Op[np.ndarray], descs: list[tuple[int, ...]], mine: tuple[int, ...]) -> bool:
     """Every rank issued what I did (else ``CollectiveMismatch``); returns whether anyone exposes a
     registered buffer (then the op ends with one more step)."""
@@ -201,42 +222,6 @@ def _check(ch: ShmChannel, op: Op[np.ndarray], descs: list[tuple[int, ...]], min
                                      (theirs, ours))
         zero = zero or d[D_IN] >= 0 or d[D_OUT] >= 0
     return zero
-
-
-def _read(ch: ShmChannel, op: Op[np.ndarray], reads: Any, bufs: tuple[np.ndarray, ...],
-          descs: list[tuple[int, ...]], half: int) -> None:
-    me, item, dtype = ch.rank, op.out.itemsize, op.out.dtype
-    for rd in reads:
-        if isinstance(rd, Fetch):
-            dst_r, src = rd.dst, rd.src
-            if dst_r.stop == dst_r.start:
-                continue
-            if src.rank == me:
-                if not op.same_memory(src.region, dst_r):
-                    bufs[dst_r.buf][dst_r.start:dst_r.stop] = bufs[src.region.buf][src.region.start:src.region.stop]
-            else:
-                bufs[dst_r.buf][dst_r.start:dst_r.stop] = _peer(ch, descs, src, half, item, dtype)
-            continue
-        dst_r = rd.dst
-        if dst_r.stop == dst_r.start:
-            continue
-        dst = bufs[dst_r.buf][dst_r.start:dst_r.stop]
-        assert op.op is not None
-        ufunc = UFUNCS[op.op]
-        arrs = [bufs[src.region.buf][src.region.start:src.region.stop] if src.rank == me
-                else _peer(ch, descs, src, half, item, dtype) for src in rd.srcs]
-        # my own input may be the destination (in place); if it is read after the first
-        # combine has overwritten it, reduce into scratch space first
-        spill = me >= 2 and op.overlaps(rd.srcs[me].region, dst_r)
-        acc = ch.spill(dst.nbytes).view(dtype)[:dst.size] if spill else dst
-        if len(arrs) == 1:
-            acc[...] = arrs[0]
-        else:
-            ufunc(arrs[0], arrs[1], out=acc)
-            for k in range(2, len(arrs)):
-                ufunc(acc, arrs[k], out=acc)
-        if spill:
-            dst[...] = acc
 
 
 def _peer(ch: ShmChannel, descs: list[tuple[int, ...]], src: Src, half: int, item: int,

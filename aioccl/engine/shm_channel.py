@@ -222,7 +222,6 @@ class ShmChannel:
                     scratch = op.out[:0]
                 assert self.engine is not None and self.view is not None
                 op.gen = execute(self.engine, self.view, op, scratch)
-                self._next(op)
             while True:
                 if op.waiting is not None:
                     if not self._wait(op, op.waiting):
@@ -232,7 +231,13 @@ class ShmChannel:
                         return False
                 elif op.pending is not None and not self._settled(op, op.pending):
                     return False
-                self._next(op)
+                item = op.gen.send(None)  # on to what the executor waits for next: peers' steps, or a message
+                if isinstance(item, tuple):
+                    op.waiting = item
+                else:
+                    op.waiting = None
+                    fut = op.pending = asyncio.ensure_future(item, loop=self.loop)
+                    fut.add_done_callback(self._on_message)
         except StopIteration:
             self._release(op)
             self.stats["ops"] += 1
@@ -252,16 +257,6 @@ class ShmChannel:
             op.work._set_exception(err)
             self._tell(op, err)
         return True
-
-    def _next(self, op: Op[np.ndarray]) -> None:
-        """Resume the executor up to what it waits for next: a step of the peers, or a message."""
-        assert op.gen is not None
-        item = op.gen.send(None)
-        if isinstance(item, tuple):
-            op.waiting, op.pending = item, None
-        else:
-            op.waiting, op.pending = None, asyncio.ensure_future(item, loop=self.loop)
-            op.pending.add_done_callback(self._on_message)
 
     def _settled(self, op: Op[np.ndarray], fut: asyncio.Future[Any]) -> bool:
         """Has the message ``op`` waits for gone out or arrived (its error raised here)? Else park until it
