@@ -144,10 +144,6 @@ class Schedule:
         object.__setattr__(self, "messages", any(s.sends or s.recvs for s in self.steps))
         object.__setattr__(self, "lockstep", any(s.lockstep for s in self.steps))
 
-    def peers(self) -> set[int]:
-        """The ranks this rank exchanges messages with."""
-        return {t.peer for s in self.steps for t in (*s.sends, *s.recvs)}
-
 
 def build(steps: list[Step] | tuple[Step, ...], *, scale: tuple[Region, ...] = (), **kw: Any) -> Schedule:
     """A schedule whose ``scale`` regions are divided by nranks after its last step (avg)."""

@@ -65,10 +65,12 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
     descs: list[tuple[int, ...]] = []
     first, zero_copy, half = True, False, 0
     in_off = out_off = -1
-    me, dtype = (ch.rank if ch is not None else view.rank), op.out.dtype
-    if ch is not None and sched.lockstep and sched.zero_copy:
-        in_off, out_off = ch.heap_offset(op.inp), ch.heap_offset(op.out)
-    mine = (op.seq, _kind(op.code, sched.algo, op.dtype_code, op.op), op.count, op.root, in_off, out_off)
+    me, dtype = view.rank, op.out.dtype
+    mine: tuple[int, ...] = ()  # my descriptor, for an op with lockstep steps
+    if ch is not None and sched.lockstep:
+        if sched.zero_copy:
+            in_off, out_off = ch.heap_offset(op.inp), ch.heap_offset(op.out)
+        mine = (op.seq, _kind(op.code, sched.algo, op.dtype_code, op.op), op.count, op.root, in_off, out_off)
 
     def typed(r: Region) -> np.ndarray:
         return bufs[r.buf][r.start:r.stop]

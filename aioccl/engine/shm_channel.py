@@ -1,10 +1,11 @@
 """The shared-memory channel of a communicator whose ranks all share one host.
 
 Every such communicator has one, the world and its ``split``/``shrink``
-children alike: it owns the mapped segments (mine and my peers'), my step
-counter, and a FIFO of collectives, run one at a time in issue order (the
-slots are shared, so ops on one communicator are serialised, as on an NCCL
-stream). All the channels of a process share one doorbell (its engine's ``LoopBell``).
+children alike: on top of what it maps (``.shm_memory``: the segments, my
+step counter, the slots), it drives the executor for a FIFO of collectives,
+run one at a time in issue order (the slots are shared, so ops on one
+communicator are serialised, as on an NCCL stream). All the channels of a
+process share one doorbell (its engine's ``LoopBell``).
 
 Waiting, the part that decides latency:
 
@@ -29,12 +30,8 @@ as with NCCL). An ``CollectiveMismatch`` does not break it (see the executor).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
-import struct
-import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -43,57 +40,33 @@ import numpy as np
 
 from .. import log
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted
-from ..transport.shm import CONTROL_BYTES, CTR, DESC, DESC_LEN, HALF, HEAP, HEAP_OFF, SLEEP, LoopBell, Segment
-from ..transport.shm_heap import Heap
+from ..transport.shm import SLEEP, LoopBell, Segment
 from .executor import execute
 from .op import Op, Wait
 from .pool import BufferPool
+from .shm_memory import ChannelMemory, fence
 
 if TYPE_CHECKING:
     from .engine import Engine
     from .view import CommView
 
 _log = log.get("SHM")
-_DESC = struct.Struct("<6q")
 RECHECK_S = 0.005  # backup re-check while parked; wake-ups come from the doorbell
 SLICE_S = 0.001  # a long op hands the loop back between steps at least this often
-_fence_lock = threading.Lock()
-
-
-def fence() -> None:
-    """A full memory barrier: acquiring a lock is an atomic read-modify-write."""
-    _fence_lock.acquire()
-    _fence_lock.release()
-
-
-class ShmChannel:
+class ShmChannel(ChannelMemory):
     def __init__(self, loop: asyncio.AbstractEventLoop, rank: int, segments: Sequence[Segment], bell: LoopBell,
                  pool: BufferPool, spin_s: float, yield_cpu: bool, ctx: int = 0,
                  world: tuple[int, ...] | None = None) -> None:
+        super().__init__(rank, segments, bell, world)
         self.loop = loop
         self.ctx = ctx  # the communicator's context id (failure notices name it)
-        self.rank = rank
-        self.size = len(segments)
-        self.world = world if world is not None else tuple(range(self.size))  # channel rank -> world rank
         self._index = {w: j for j, w in enumerate(self.world)}
-        self.others = tuple(j for j in range(self.size) if j != rank)
-        self.segments = list(segments)
-        self.bell = bell
         self.pool = pool
         self.spin_s = spin_s
         self.yield_cpu = yield_cpu
-        self.ctl = [memoryview(s.mm)[:CONTROL_BYTES].cast("q") for s in segments]
-        self.u8 = [np.frombuffer(s.mm, dtype=np.uint8) for s in segments]
-        self.slot_base = [(CONTROL_BYTES, CONTROL_BYTES + c[HALF]) for c in self.ctl]
-        self.cap_bytes = min(c[HALF] for c in self.ctl)  # every rank chunks by the same amount
-        me = self.ctl[rank]
-        self.heap = Heap(me[HEAP_OFF], me[HEAP])
-        self._seg_addr = self.u8[rank].__array_interface__["data"][0]
-        self.step = me[CTR]
-        self.all_reached = self.step
         self.queue: deque[Op[np.ndarray]] = deque()
         self.held: dict[int, Op[np.ndarray]] = {}  # submitted ahead of an op with a lower number (see submit)
-        self.next_order = 0  # the issue number (Op[np.ndarray].order) of the op that runs next
+        self.next_order = 0  # the issue number (Op.order) of the op that runs next
         self.broken: BaseException | None = None
         self.lost: dict[int, BaseException] = {}
         self.remote: tuple[int, BaseException] | None = None  # (seq, error) a peer gave up at
@@ -105,73 +78,8 @@ class ShmChannel:
         self._slice_end = 0.0
         self._parked = False
         self._timer: asyncio.TimerHandle | None = None
-        self._spill: np.ndarray | None = None
-        self._typed: dict[tuple[int, np.dtype[Any]], np.ndarray] = {}
-        self.stats = {"ops": 0, "spin_hits": 0, "parks": 0, "bells_rung": 0, "recheck_hits": 0}
         self.closed = False
         bell.listeners.append(self.on_bell)
-
-    # -- the shared words -------------------------------------------------
-    def publish(self, s: int) -> None:
-        ctl = self.ctl
-        ctl[self.rank][CTR] = s
-        self.step = s
-        fence()
-        for j in self.others:
-            if ctl[j][SLEEP]:
-                self.bell.ring(self.world[j])
-                self.stats["bells_rung"] += 1
-
-    def write_descriptor(self, half: int, desc: tuple[int, ...]) -> None:
-        _DESC.pack_into(self.segments[self.rank].mm, (DESC + half * DESC_LEN) * 8, *desc)
-
-    def read_descriptors(self, half: int, mine: tuple[int, ...]) -> list[tuple[int, ...]]:
-        off = (DESC + half * DESC_LEN) * 8
-        unpack, me = _DESC.unpack_from, self.rank
-        return [unpack(seg.mm, off) if j != me else mine for j, seg in enumerate(self.segments)]
-
-    def missing(self, ranks: tuple[int, ...], s: int) -> list[int]:
-        ctl = self.ctl
-        return [j for j in ranks if ctl[j][CTR] < s]
-
-    def _reached(self, wait: Wait) -> bool:
-        ranks, s = wait
-        ctl = self.ctl
-        for j in ranks:
-            if ctl[j][CTR] < s:
-                return False
-        if len(ranks) == len(self.others) and s > self.all_reached:
-            self.all_reached = s
-        return True
-
-    # -- registered buffers ---------------------------------------------------
-    def heap_offset(self, arr: np.ndarray) -> int:
-        """Byte offset of ``arr`` in my segment when it lies in my heap, else -1."""
-        if not arr.size or not self.heap.used_blocks():
-            return -1
-        off = arr.__array_interface__["data"][0] - self._seg_addr
-        heap = self.heap
-        return off if heap.offset <= off and off + arr.nbytes <= heap.offset + heap.size else -1
-
-    def alloc(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        off = self.heap.alloc(nbytes)
-        owner = (ctypes.c_char * max(1, nbytes)).from_buffer(self.segments[self.rank].mm, off)
-        weakref.finalize(owner, self.heap.free, off)
-        return np.frombuffer(memoryview(owner), dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
-
-    def typed(self, j: int, dtype: np.dtype[Any]) -> np.ndarray:
-        """Rank ``j``'s whole segment as an array of ``dtype`` (cached: slicing it is one numpy call)."""
-        arr = self._typed.get((j, dtype))
-        if arr is None:
-            u8 = self.u8[j]
-            arr = self._typed[(j, dtype)] = u8[:u8.size // dtype.itemsize * dtype.itemsize].view(dtype)
-        return arr
-
-    def spill(self, nbytes: int) -> np.ndarray:
-        if self._spill is None or self._spill.nbytes < nbytes:
-            self._spill = np.empty(max(nbytes, self.cap_bytes), dtype=np.uint8)
-        return self._spill
 
     # -- running ops ------------------------------------------------------------
     def submit(self, op: Op[np.ndarray]) -> None:
@@ -301,7 +209,7 @@ class ShmChannel:
             op.scratch_raw = None
 
     def _wait(self, op: Op[np.ndarray], wait: Wait) -> bool:
-        if self._reached(wait):
+        if self.reached(wait):
             if self._parked:
                 self._unpark()
             return True
@@ -310,7 +218,7 @@ class ShmChannel:
         while now < end:
             if self.yield_cpu:
                 os.sched_yield()
-            if self._reached(wait):
+            if self.reached(wait):
                 self.stats["spin_hits"] += 1
                 return True
             now = time.perf_counter()
@@ -326,7 +234,7 @@ class ShmChannel:
         me = self.ctl[self.rank]
         me[SLEEP] = 1
         fence()
-        if self._reached(wait):
+        if self.reached(wait):
             me[SLEEP] = 0
             return True
         if not self._parked:
@@ -353,7 +261,7 @@ class ShmChannel:
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self.queue and self.queue[0].waiting is not None and self._reached(self.queue[0].waiting):
+        if self.queue and self.queue[0].waiting is not None and self.reached(self.queue[0].waiting):
             self.stats["recheck_hits"] += 1
         self._pump()
 
@@ -404,10 +312,4 @@ class ShmChannel:
         self.fail_all(CommAborted("the communicator is closed"))
         if self.on_bell in self.bell.listeners:
             self.bell.listeners.remove(self.on_bell)
-        for c in self.ctl:
-            c.release()
-        self.u8 = []
-        self._typed.clear()
-        self._spill = None
-        for seg in self.segments:
-            seg.close()
+        self.unmap()
