@@ -112,6 +112,29 @@ async def test_per_op_timeout_and_env_default(monkeypatch):
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm", "ib"])
+@pytest.mark.parametrize("early", [0, 1])
+async def test_a_timeout_told_by_a_peer_names_the_root_cause_not_the_rank_in_between(transport, early):
+    """Rank 2 never calls. The rank with the short deadline gives up first, naming whom it waits for
+    (maybe the other caller, itself stuck on rank 2); that rank's error must still name rank 2."""
+    comms = await make_comms(N, transport=transport)
+    try:
+        works = [comms[r].all_reduce(np.full(4, 1.0), timeout=0.3 if r == early else 30) for r in range(2)]
+        t0 = time.monotonic()
+        errors = []
+        for w in works:
+            with pytest.raises(aioccl.CollectiveTimeout) as info:
+                await asyncio.wait_for(w, 10)
+            errors.append(info.value)
+        assert time.monotonic() - t0 < 10
+        late = errors[1 - early]
+        assert late.waiting_for == [2], (str(late), str(errors[early]))
+        assert late.seq == 0 and late.op == "all_reduce" and f"rank {early}" in str(late)
+    finally:
+        for c in comms:
+            c.abort()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm", "ib"])
 async def test_pending_names_the_silent_rank_and_the_recorder_keeps_history(transport):
     comms = await make_comms(N, transport=transport)
     try:

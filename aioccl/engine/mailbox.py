@@ -44,7 +44,7 @@ from ..transport.frames import (
     unpack_failure,
 )
 from ..work import Work
-from .notices import Active, Fingerprint, failure_error
+from .notices import Active, Fingerprint, failure_error, passed_on
 from .pool import BufferPool
 from .receives import Budget, Early, Posted, drop_unfinished
 from .rendezvous import Rendezvous
@@ -237,6 +237,9 @@ class Mailbox:
         active = self.active.get(op_key) or self._finished.get(op_key)
         ranks = active.ranks if active is not None else ()
         exc = failure_error(h, reporter, ranks, cause, culprits, seconds, message)
+        if active is not None and ranks:  # whom this rank waits for itself: its receives still posted
+            mine = [ranks.index(k[0]) for k in self.posted if k[1:3] == op_key and k[0] in ranks and k[0] != reporter]
+            exc = passed_on(exc, active.rank, mine)
         if op_key in self._finished:
             _log.warning("%s (after this rank's part of it had finished)", exc)
         self.fail_op(h.ctx, h.seq, exc)

@@ -10,11 +10,14 @@ sockets: the mailbox and the engine do the sending and receiving.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from ..algorithms.table import TABLE, name_of
 from ..dtypes import ReduceOp, dtype_from_code
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, PeerLost
 from ..transport.frames import ABORTED, FAIL, LOST, TIMEOUT, Header, pack_failure
 
+E = TypeVar("E", bound=BaseException)
 Fingerprint = tuple[int, int, int, int, int]  # op, dtype, redop, count, root (Header.fingerprint)
 ROOTED = {c.code for c in TABLE if c.rooted}
 
@@ -90,3 +93,16 @@ def failure_error(h: Header, reporter: int, ranks: tuple[int, ...], cause: int, 
         exc = CollectiveTimeout(name, h.seq, [local(c) for c in culprits], seconds, f"{by}: {message}", f"{h.ctx:x}")
     exc.relayed = True  # told to us: not to be told on again
     return exc
+
+
+def passed_on(exc: E, me: int, mine: list[int]) -> E | CollectiveTimeout:
+    """A peer's timeout report may name this rank (``me``) as the silent one while it is itself waiting
+    for ranks ``mine`` (communicator ranks): then those are the silent ones, and the error this rank
+    raises names them, so that each rank's error points at the root cause, not at a rank in between."""
+    silent = sorted(set(mine) - {me})
+    if not isinstance(exc, CollectiveTimeout) or me not in exc.waiting_for or not silent:
+        return exc
+    out = CollectiveTimeout(exc.op, exc.seq, silent, exc.timeout, f"{exc.detail}, which waits for ranks {silent}",
+                            exc.comm)
+    out.relayed = True
+    return out

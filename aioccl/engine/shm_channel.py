@@ -42,6 +42,7 @@ from .. import log
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted
 from ..transport.shm import SLEEP, LoopBell, Segment
 from .executor import execute
+from .notices import passed_on
 from .op import Op, Wait
 from .pool import BufferPool
 from .shm_memory import ChannelMemory, fence
@@ -230,7 +231,7 @@ class ShmChannel(ChannelMemory):
             lost = [j for j in self.missing(*wait) if j in self.lost] or list(self.lost)
             raise self.lost[lost[0]]
         if self.remote is not None and self.remote[0] <= op.seq:
-            raise self.remote[1]
+            raise passed_on(self.remote[1], self.rank, self.missing(*wait))
         me = self.ctl[self.rank]
         me[SLEEP] = 1
         fence()
