@@ -332,8 +332,8 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
         shm = self._shm if sched.lockstep else None
         if sched.lockstep and shm is None:
             raise InvalidArgument(f"{name}: a schedule with shared-memory steps needs ranks on one host")
-        dt = out.dtype
-        desc = (count, dt, op, root if BY_NAME[name].rooted else None)
+        dt, coll = out.dtype, BY_NAME[name]
+        desc = (count, dt, op, root if coll.rooted else None)
         order = -1  # a channel's op: its issue number there
         with self._lock:
             self._usable()
@@ -343,7 +343,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
                 order = self._shm_order  # the channel runs its ops in this (issue) order
                 self._shm_order += 1
         work: Work[Any] = Work(name, seq)
-        op_ = Op(name, BY_NAME[name].code, seq, inp, out, dtype_code(dt) if name != "barrier" else 0, op, count,
+        op_ = Op(name, coll.code, seq, inp, out, dtype_code(dt) if name != "barrier" else 0, op, count,
                  root, timeout, work, result, sched, order, desc)
         work._probe = op_.blocked_on
         _log.debug("%s seq %d: %d x %s, algorithm %s%s", name, seq, count, dt, sched.algo,

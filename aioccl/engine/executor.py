@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Generator
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
 Yield = Wait | Awaitable[Any]
 ALGO_CODES = {"flat": 1, "direct": 2}
 D_SEQ, D_KIND, D_COUNT, D_ROOT, D_IN, D_OUT = range(6)  # descriptor fields
-_NONE: dict[int, int] = {}  # the message counters of an op without messages: never written
 
 
 def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray) -> Generator[Yield, None, None]:
@@ -56,12 +54,8 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
     sched, ch = op.sched, op.chan
     bufs = (op.inp, op.out, scratch)
     messages = sched.messages
-    bytes_ = tuple(byte_view(b) for b in bufs) if messages else ()
     item = op.out.itemsize
     mailbox = eng.mailbox
-    what = op.what(view.ctx) if messages else ""
-    sent_k: dict[int, int] = {} if messages else _NONE
-    recv_k: dict[int, int] = {} if messages else _NONE
     descs: list[tuple[int, ...]] = []
     first, zero_copy, half = True, False, 0
     in_off = out_off = -1
@@ -70,24 +64,18 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
     if ch is not None and sched.lockstep:
         if sched.zero_copy:
             in_off, out_off = ch.heap_offset(op.inp), ch.heap_offset(op.out)
-        mine = (op.seq, _kind(op.code, sched.algo, op.dtype_code, op.op), op.count, op.root, in_off, out_off)
-
-    def typed(r: Region) -> np.ndarray:
-        return bufs[r.buf][r.start:r.stop]
-
-    def raw(r: Region) -> memoryview:
-        return bytes_[r.buf][r.start * item:r.stop * item]
-
+        kind = op.code | ALGO_CODES.get(sched.algo, 0) << 8 | op.dtype_code << 16 | op.fp[2] << 24
+        mine = (op.seq, kind, op.count, op.root, in_off, out_off)
+    if messages:  # the per-op state of message steps: byte views, per-peer message numbers
+        msg = _MessageState(eng, view, op, bufs)
     try:
         if messages:
             doomed = mailbox.begin(view.ctx, op.seq, op.fp, view.ranks, view.rank)
             if doomed is not None:
                 raise doomed
         for step in sched.steps:
-            for c in step.copies:
-                src, dst = typed(c.src), typed(c.dst)
-                if not (src.size and src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]):
-                    dst[...] = src
+            if step.copies:
+                _copy(bufs, step.copies)
             if step.lockstep:
                 assert ch is not None, "a lockstep step needs the communicator's shared-memory channel"
                 s = ch.step + 1
@@ -107,8 +95,8 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
                             start = base + st.slot
                             slot[start:start + reg.stop - reg.start] = bufs[reg.buf][reg.start:reg.stop]
                 ch.publish(s)
-            if step.recvs or step.sends:
-                yield from _messages(eng, view, op, step, raw, what, sent_k, recv_k)
+            if messages and (step.recvs or step.sends):
+                yield from msg.run(step)
             if step.lockstep:
                 assert ch is not None
                 wait = ch.others if first else step.wait
@@ -117,10 +105,16 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
                 if first:
                     first = False
                     descs = ch.read_descriptors(half, mine)
-                    zero_copy = _check(ch, op, descs, mine)
-            for t in step.recvs:
-                if isinstance(t, RecvReduce) and op.op is not None:
-                    combine(op.op, typed(t.dst), typed(t.src), typed(t.tmp))
+                    for j in ch.others:  # everyone issued what I did? (and does anyone expose a buffer?)
+                        d = descs[j]
+                        if d[:D_IN] != mine[:D_IN]:
+                            raise _mismatch(ch, op, j, d, mine)
+                        zero_copy = zero_copy or d[D_IN] >= 0 or d[D_OUT] >= 0
+                    zero_copy = zero_copy or in_off >= 0 or out_off >= 0
+            if messages:
+                for t in step.recvs:
+                    if isinstance(t, RecvReduce) and op.op is not None:
+                        combine(op.op, _typed(bufs, t.dst), _typed(bufs, t.src), _typed(bufs, t.tmp))
             for rd in step.reads:
                 assert ch is not None
                 dst_r = rd.dst
@@ -151,7 +145,7 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
                     dst[...] = acc
             if op.op is ReduceOp.AVG:
                 for reg in step.scale:
-                    scale(op.op, typed(reg), view.size)
+                    scale(op.op, _typed(bufs, reg), view.size)
         if zero_copy:  # peers may still read my registered buffer; nobody returns one before all are done
             assert ch is not None
             s = ch.step + 1
@@ -177,30 +171,58 @@ async def drive(gen: Generator[Yield, None, None]) -> None:
         gen.close()  # a failed op's executor drops the receives it posted
 
 
-def _messages(eng: Engine, view: CommView, op: Op[np.ndarray], step: Any, raw: Any, what: str,
-              sent_k: dict[int, int], recv_k: dict[int, int]) -> Generator[Yield, None, None]:
-    """Post the step's receives, send its sends, and wait for all of them."""
-    progress, ranks, ctx = op.progress, view.ranks, view.ctx
-    progress.recvs.clear()
-    for t in step.recvs:
-        k = recv_k.get(t.peer, 0)
-        recv_k[t.peer] = k + 1
-        target = raw(t.dst if isinstance(t, Recv) else t.tmp)
-        fut = eng.mailbox.post(ranks[t.peer], ctx, op.seq, k, target, op.code, op.dtype_code, what)
-        progress.recvs.append((t.peer, fut))
-    if step.sends:
-        code, dtype_code, redop, count, root = op.fp
-        sends = []
-        for snd in step.sends:
-            k = sent_k.get(snd.peer, 0)
-            sent_k[snd.peer] = k + 1
-            payload = raw(snd.src)
-            hdr = Header(COLL, code, dtype_code, k, ctx, op.seq, len(payload), count, root, redop).pack()
-            sends.append(_send(eng, view, snd.peer, hdr, payload, progress))
-        yield sends[0] if len(sends) == 1 else asyncio.gather(*sends)
-    for _peer, fut in progress.recvs:
-        if not fut.done():
-            yield fut
+def _copy(bufs: tuple[np.ndarray, ...], copies: tuple[Any, ...]) -> None:
+    for c in copies:
+        src, dst = _typed(bufs, c.src), _typed(bufs, c.dst)
+        if not (src.size and src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]):
+            dst[...] = src
+
+
+def _typed(bufs: tuple[np.ndarray, ...], r: Region) -> np.ndarray:
+    return bufs[r.buf][r.start:r.stop]
+
+
+class _MessageState:
+    """What an op's message steps share: its buffers as bytes, and the number of the next message
+    to or from each peer (messages between a pair are numbered per op, in schedule order)."""
+
+    __slots__ = ("eng", "view", "op", "bytes", "item", "what", "sent_k", "recv_k")
+
+    def __init__(self, eng: Engine, view: CommView, op: Op[np.ndarray], bufs: tuple[np.ndarray, ...]) -> None:
+        self.eng, self.view, self.op = eng, view, op
+        self.bytes = tuple(byte_view(b) for b in bufs)
+        self.item = op.out.itemsize
+        self.what = op.what(view.ctx)
+        self.sent_k: dict[int, int] = {}
+        self.recv_k: dict[int, int] = {}
+
+    def raw(self, r: Region) -> memoryview:
+        return self.bytes[r.buf][r.start * self.item:r.stop * self.item]
+
+    def run(self, step: Any) -> Generator[Yield, None, None]:
+        """Post the step's receives, send its sends, and wait for all of them."""
+        eng, op, ranks, ctx = self.eng, self.op, self.view.ranks, self.view.ctx
+        progress, sent_k, recv_k = op.progress, self.sent_k, self.recv_k
+        progress.recvs.clear()
+        for t in step.recvs:
+            k = recv_k.get(t.peer, 0)
+            recv_k[t.peer] = k + 1
+            target = self.raw(t.dst if isinstance(t, Recv) else t.tmp)
+            fut = eng.mailbox.post(ranks[t.peer], ctx, op.seq, k, target, op.code, op.dtype_code, self.what)
+            progress.recvs.append((t.peer, fut))
+        if step.sends:
+            code, dtype_code, redop, count, root = op.fp
+            sends = []
+            for snd in step.sends:
+                k = sent_k.get(snd.peer, 0)
+                sent_k[snd.peer] = k + 1
+                payload = self.raw(snd.src)
+                hdr = Header(COLL, code, dtype_code, k, ctx, op.seq, len(payload), count, root, redop).pack()
+                sends.append(_send(eng, self.view, snd.peer, hdr, payload, progress))
+            yield sends[0] if len(sends) == 1 else asyncio.gather(*sends)
+        for _peer, fut in progress.recvs:
+            if not fut.done():
+                yield fut
 
 
 async def _send(eng: Engine, view: CommView, peer: int, hdr: bytes, payload: memoryview,
@@ -211,19 +233,12 @@ async def _send(eng: Engine, view: CommView, peer: int, hdr: bytes, payload: mem
 
 
 # -- shared memory ------------------------------------------------------------------------------------
-def _check(ch: ShmChannel, op: Op[np.ndarray], descs: list[tuple[int, ...]], mine: tuple[int, ...]) -> bool:
-    """Every rank issued what I did (else ``CollectiveMismatch``); returns whether anyone exposes a
-    registered buffer (then the op ends with one more step)."""
-    zero = mine[D_IN] >= 0 or mine[D_OUT] >= 0
-    for j in ch.others:
-        d = descs[j]
-        if d[:D_IN] != mine[:D_IN]:
-            theirs, ours = describe(d), describe(mine)
-            raise CollectiveMismatch(f"collective mismatch at seq {op.seq} over shared memory: rank {j} "
-                                     f"issued {theirs}, rank {ch.rank} issued {ours}", op.seq, (j, ch.rank),
-                                     (theirs, ours))
-        zero = zero or d[D_IN] >= 0 or d[D_OUT] >= 0
-    return zero
+def _mismatch(ch: ShmChannel, op: Op[np.ndarray], j: int, theirs_d: tuple[int, ...], mine: tuple[int, ...]
+              ) -> CollectiveMismatch:
+    """Rank ``j``'s descriptor says it issued another call than mine."""
+    theirs, ours = describe(theirs_d), describe(mine)
+    return CollectiveMismatch(f"collective mismatch at seq {op.seq} over shared memory: rank {j} issued {theirs}, "
+                              f"rank {ch.rank} issued {ours}", op.seq, (j, ch.rank), (theirs, ours))
 
 
 def _peer(ch: ShmChannel, descs: list[tuple[int, ...]], src: Src, half: int, item: int,
@@ -240,12 +255,6 @@ def _peer(ch: ShmChannel, descs: list[tuple[int, ...]], src: Src, half: int, ite
     else:
         start = ch.slot_base[src.rank][half] // item + src.slot
     return ch.typed(src.rank, dtype)[start:start + count]
-
-
-@lru_cache(maxsize=1024)
-def _kind(code: int, algo: str, dtype_code: int, op: ReduceOp | None) -> int:
-    op_code = op.code if op is not None else 0
-    return code | ALGO_CODES.get(algo, 0) << 8 | dtype_code << 16 | op_code << 24
 
 
 def describe(desc: tuple[int, ...]) -> str:

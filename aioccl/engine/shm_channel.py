@@ -131,6 +131,7 @@ class ShmChannel(ChannelMemory):
                     scratch = op.out[:0]
                 assert self.engine is not None and self.view is not None
                 op.gen = execute(self.engine, self.view, op, scratch)
+            gen = op.gen
             while True:
                 if op.waiting is not None:
                     if not self._wait(op, op.waiting):
@@ -140,7 +141,7 @@ class ShmChannel(ChannelMemory):
                         return False
                 elif op.pending is not None and not self._settled(op, op.pending):
                     return False
-                item = op.gen.send(None)  # on to what the executor waits for next: peers' steps, or a message
+                item = gen.send(None)  # on to what the executor waits for next: peers' steps, or a message
                 if isinstance(item, tuple):
                     op.waiting = item
                 else:
