@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from aioccl.transport.cma import PeerMemory, cookie
 from aioccl.transport.shm_ring import ByteRing, ring_bytes
 
 from conftest import ROOT, WORKERS
@@ -53,11 +54,25 @@ def run(scenario: str, n: int, **env: str) -> subprocess.CompletedProcess[str]:
                           timeout=180)
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_point_to_point_runs_over_shared_memory_pairs_bit_exact(n):
-    p = run("p2p", n)
+CMA_HERE = PeerMemory.open(cookie()) is not None  # may this process read its own memory by pid here?
+
+
+@pytest.mark.parametrize(("n", "cma"), [(2, "1"), (3, "1"), (2, "0")])
+def test_point_to_point_runs_over_shared_memory_pairs_bit_exact(n, cma):
+    """Every size on every pair at once; a message over the eager limit is read in place out of the
+    sender's memory (cross-memory attach) where the kernel allows it, else it crosses the ring."""
+    p = run("p2p", n, AIOCCL_SHM_CMA=cma)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert p.stdout.count(" p2p 7 sizes") == n, p.stdout
+    reads = [int(m) for m in re.findall(r" p2p 7 sizes, (\d+) read in place", p.stdout)]
+    assert len(reads) == n, p.stdout
+    assert all(k == (n - 1 if cma == "1" and CMA_HERE else 0) for k in reads), (reads, CMA_HERE)
+
+
+@pytest.mark.skipif(not CMA_HERE, reason="the kernel refuses cross-memory attach (process_vm_readv) here")
+def test_a_large_send_withdrawn_at_its_deadline_is_never_read():
+    p = run("withdrawn", 2)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.stdout.count("withdrawn") == 2, p.stdout
 
 
 @pytest.mark.parametrize("engine", ["inline", "thread"])
@@ -121,3 +136,42 @@ def test_a_root_running_ahead_is_held_back_by_the_peers_budget():
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     m = re.search(r"OK 1 broadcast ahead 150 intact, grew (-?\d+) MiB", p.stdout)
     assert m and int(m.group(1)) <= 40, p.stdout
+
+
+@pytest.mark.skipif(not CMA_HERE, reason="the kernel refuses cross-memory attach (process_vm_readv) here")
+def test_the_offer_handshake_never_lets_a_read_overlap_a_withdrawn_send():
+    """Offers and takers in one process (it reads its own memory by pid): each order of take and
+    withdraw, a stale look at a reused slot, and a full table."""
+    from aioccl.engine.offers import DECLINED, READ, SLOTS, Offer, Taker
+    from aioccl.transport.cma import PeerMemory
+
+    mem, taker = PeerMemory(os.getpid()), Taker()
+    data = np.arange(1000, dtype=np.int32)
+    target = np.full(1000, -7, np.int32)
+
+    a = Offer.make(memoryview(data))
+    assert a is not None and taker.take(mem, a.packed, memoryview(target).cast("B")) == READ
+    assert (target == data).all() and a.taken() and not a.withdraw()  # taken: the sender must wait for it
+    a.release()
+
+    target[:] = -7
+    b = Offer.make(memoryview(data))
+    assert b is not None and b.withdraw()  # nobody took it: the buffer is the user's again
+    assert taker.take(mem, b.packed, memoryview(target).cast("B")) == DECLINED and (target == -7).all()
+    b.release()
+
+    c = Offer.make(memoryview(data))
+    d = None
+    assert c is not None
+    c.release()
+    d = Offer.make(memoryview(data))  # the same slot, another offer: a look through c's RTS is stale
+    assert d is not None and d.slot == c.slot
+    assert taker.take(mem, c.packed, memoryview(target).cast("B")) == DECLINED and (target == -7).all()
+    assert not d.taken()
+    d.release()
+
+    held = [Offer.make(memoryview(data)) for _ in range(SLOTS)]
+    assert all(o is not None for o in held) and Offer.make(memoryview(data)) is None  # full: send by CTS
+    for o in held:
+        assert o is not None
+        o.release()

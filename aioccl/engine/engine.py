@@ -81,6 +81,7 @@ class Engine:
         self.mailbox.notify = self._notify_mismatch
         self.mailbox.forward = self._forward
         self.mailbox.rdv.send_control = self._control
+        self.mailbox.rdv.memory_of = lambda peer: getattr(self.conns.get(peer), "memory", None)
         self.eager = eager_limit()  # larger p2p payloads go by rendezvous
         self.conns: dict[int, TcpConnection | SelfConnection | IbConnection | ShmPairConnection] = {}
         self.pair_hub: PairHub | None = None  # the bell of this rank's shared-memory pairs

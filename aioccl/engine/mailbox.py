@@ -39,6 +39,7 @@ from ..transport.frames import (
     PAUSE,
     PROBE,
     RDATA,
+    RDONE,
     RTS,
     Header,
     unpack_failure,
@@ -105,7 +106,7 @@ class Mailbox:
             if self.on_pause is not None:
                 self.on_pause(peer, bool(h.seq))
             return self._discard(h)
-        elif h.kind == CTS:
+        elif h.kind == CTS or h.kind == RDONE:
             self.rdv.on_cts(peer, h)
             return self._discard(h)
         elif h.kind == RDATA:
@@ -124,13 +125,14 @@ class Mailbox:
                     break
             if queue is not None and not queue:
                 del self.p2p_posted[key3]  # tags are often unique (a step number): keep no empty queues
-            if p is None:
-                e = Early(peer, h, self.pool, self.budget)
-                self.p2p_early.setdefault(key3, deque()).append(e)
+            rts = (lambda p, offer: self.rdv.match(peer, h, p, self.lost.get(peer), offer)) if h.kind == RTS else None
+            if p is None or rts is not None:  # not posted yet; or a ready-to-send, matched once its offer is in
+                e = Early(peer, h, self.pool, self.budget, rts)
+                if p is None:
+                    self.p2p_early.setdefault(key3, deque()).append(e)
+                else:
+                    self._attach(e, p)
                 return e.view(), e.finish
-            if h.kind == RTS:
-                self.rdv.match(peer, h, p, self.lost.get(peer))
-                return self._discard(h)
         err = p.mismatch(peer, h)
         if err is not None:
             p.fail(err)
@@ -327,11 +329,7 @@ class Mailbox:
             e = early.popleft()
             if not early:
                 del self.p2p_early[key]
-            if e.header.kind == RTS:
-                e.free()
-                self.rdv.match(peer, e.header, p, self.lost.get(peer))
-            else:
-                self._attach(e, p)
+            self._attach(e, p)
             return fut
         fut = self.loop.create_future()
         p = Posted(target, fut, 0, dtype, what, work)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AiocclError, CollectiveTimeout
@@ -24,6 +24,9 @@ from ..transport.frames import P2P, Header
 from ..transport.shm_pair import ShmPairConnection
 from ..work import Work
 from . import rendezvous
+from .offers import OFFER, Offer
+
+MAX_STREAM_SPIN_S = 0.02  # a receive spins past its spin time while a frame streams in, but no longer than this
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -53,17 +56,11 @@ async def _send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memor
             return
         if eng.aborted is not None:
             raise eng.aborted
-        async with asyncio.timeout(timeout):
-            if len(payload) <= eng.eager:
+        if len(payload) <= eng.eager:
+            async with asyncio.timeout(timeout):
                 await eng.send(world, Header(P2P, 0, dtype_code, 0, comm.ctx, tag, len(payload)).pack(), payload)
-            else:
-                rid, cts = eng.mailbox.rdv.expect_cts(world)
-                try:
-                    await eng.send(world, rendezvous.rts(comm.ctx, tag, dtype_code, len(payload), rid), None)
-                    await cts  # the receiver has posted a receive for it
-                    await eng.send(world, rendezvous.data(comm.ctx, tag, dtype_code, len(payload), rid), payload)
-                finally:
-                    eng.mailbox.rdv.forget(world, rid)
+        else:
+            await _rendezvous(eng, world, comm.ctx, tag, payload, dtype_code, timeout)
         work._set_result(result)
     except TimeoutError:
         work._set_exception(CollectiveTimeout(f"send(peer={peer}, tag={tag})", tag, [peer], timeout))
@@ -71,6 +68,55 @@ async def _send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memor
         work._set_exception(e)
     finally:
         eng.queued_sends[world] -= 1
+
+
+async def _rendezvous(eng: Engine, world: int, ctx: int, tag: int, payload: memoryview, dtype_code: int,
+                      timeout: float) -> None:
+    """RTS, then the data once the receiver clears it, or nothing when the receiver reads it in place
+    (a same-host pair with cross-memory attach: the RTS carries an offer, ``offers.py``)."""
+    rdv = eng.mailbox.rdv
+    conn = eng.conns.get(world)
+    offer = Offer.make(payload) if getattr(conn, "memory", None) is not None else None
+    rid, cts = rdv.expect_cts(world)
+    hdr = rendezvous.rts(ctx, tag, dtype_code, len(payload), rid, OFFER.size if offer else 0)
+    try:
+        try:
+            async with asyncio.timeout(timeout):
+                await eng.send(world, hdr, memoryview(offer.packed) if offer else None)
+                if isinstance(conn, ShmPairConnection):  # on while the receiver reads it
+                    _spin(eng, conn, cts, offer.taken if offer else None)
+                answer = await asyncio.shield(cts)  # the receiver posted a receive for it
+        except TimeoutError:
+            if offer is None or offer.withdraw():
+                raise  # never taken, and now it never will be: the user may have the buffer back
+            async with asyncio.timeout(timeout):  # taken just now: the read is under way, a copy in memory
+                answer = await cts
+            if answer != rendezvous.WAS_READ:
+                raise
+        if answer == rendezvous.SEND_DATA:
+            async with asyncio.timeout(timeout):
+                await eng.send(world, rendezvous.data(ctx, tag, dtype_code, len(payload), rid), payload)
+    finally:
+        rdv.forget(world, rid)
+        if offer is not None:
+            offer.release()
+
+
+def _spin(eng: Engine, conn: ShmPairConnection, fut: asyncio.Future[Any],
+          busy: Callable[[], bool] | None = None) -> None:
+    """While the engine runs inline, look at the ring for ``fut``'s frame for up to ``AIOCCL_SHM_SPIN_US``
+    (longer while a frame streams in, or while ``busy()``) before leaving the wait to the bell: a wake-up
+    through the kernel costs more than a round trip."""
+    conn.pump()  # it may be in the ring already, its bell not yet heard
+    spin = conn.hub.spin_s if eng.placement.kind == "inline" else 0.0
+    if spin and not fut.done():
+        now = time.perf_counter()
+        end, last = now + spin, now + MAX_STREAM_SPIN_S
+        while not fut.done() and not conn.closed and now < last:
+            conn.pump()
+            now = time.perf_counter()
+            if now > end and not conn.reader.streaming() and not (busy is not None and busy()):
+                break
 
 
 def start_recv(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
@@ -86,12 +132,7 @@ def start_recv(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryv
         return None
     conn = eng.conns.get(world)
     if isinstance(conn, ShmPairConnection) and not fut.done():
-        conn.pump()  # it may be in the ring already, its bell not yet heard
-        spin = conn.hub.spin_s if eng.placement.kind == "inline" else 0.0
-        if spin and not fut.done():
-            end = time.perf_counter() + spin
-            while not fut.done() and not conn.closed and time.perf_counter() < end:
-                conn.pump()
+        _spin(eng, conn, fut)
     if fut.done() and not fut.cancelled():
         exc = fut.exception()
         if exc is None:

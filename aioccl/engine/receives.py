@@ -46,13 +46,15 @@ class Early:
     """A frame that arrived before its receive was posted; its bytes count against the sender's budget
     (``Budget``) until they are delivered or dropped."""
 
-    __slots__ = ("peer", "header", "buf", "done", "waiter", "pool", "budget")
+    __slots__ = ("peer", "header", "buf", "done", "waiter", "pool", "budget", "rts")
 
-    def __init__(self, peer: int, header: Header, pool: BufferPool, budget: Budget) -> None:
+    def __init__(self, peer: int, header: Header, pool: BufferPool, budget: Budget,
+                 rts: Callable[[Posted, bytes], None] | None = None) -> None:
         self.peer, self.header, self.pool, self.budget = peer, header, pool, budget
         self.buf = pool.acquire(header.nbytes)
         self.done = False
         self.waiter: Posted | None = None
+        self.rts = rts  # a ready-to-send: handed its receive and its payload (the offer, if any) instead
         budget.hold(peer, header.nbytes)
 
     def view(self) -> memoryview:
@@ -64,6 +66,11 @@ class Early:
             self.deliver(self.waiter)
 
     def deliver(self, p: Posted) -> None:
+        if self.rts is not None:
+            offer = bytes(self.view())
+            self.free()
+            self.rts(p, offer)
+            return
         err = p.mismatch(self.peer, self.header)
         if err is not None:
             p.fail(err)

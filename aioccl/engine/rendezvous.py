@@ -10,6 +10,11 @@ follows once the receiver has posted a receive for it and answered
 *clear-to-send* (CTS). The data then lands straight in the posted buffer.
 Until then the sender waits, under its op's deadline; a lost peer fails it.
 
+Between two ranks on one host that may read each other's memory, the RTS
+also carries an *offer* and the receiver reads the data in place, answering
+RDONE instead of CTS (``offers.py``: the offer, and the handshake that keeps
+a read from overlapping a sender that has given up).
+
 This module keeps both sides' state; the mailbox routes the frames here.
 """
 
@@ -21,10 +26,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from ..envvars import env_int
-from ..errors import PeerLost
-from ..transport.frames import CTS, RDATA, RTS, Header
+from ..errors import AiocclError, PeerLost
+from ..transport.cma import PeerMemory
+from ..transport.frames import CTS, RDATA, RDONE, RTS, Header
+from .offers import DECLINED, OFFER, READ, Taker
 from .receives import Posted
 
+SEND_DATA, WAS_READ, WAS_DECLINED = 0, 1, 2  # a sender's answer: CTS, RDONE (read in place), RDONE (declined)
 DEFAULT_EAGER = 1 << 20
 DEFAULT_UNEXPECTED = 64 << 20
 
@@ -40,8 +48,9 @@ def unexpected_budget(env: Mapping[str, str] = os.environ) -> int:
     return env_int(env, "AIOCCL_UNEXPECTED_BYTES", DEFAULT_UNEXPECTED, 1 << 20, 1 << 40)
 
 
-def rts(ctx: int, tag: int, dtype: int, nbytes: int, rid: int) -> bytes:
-    return Header(RTS, 0, dtype, rid, ctx, tag, 0, nbytes).pack()
+def rts(ctx: int, tag: int, dtype: int, nbytes: int, rid: int, offer: int = 0) -> bytes:
+    """The header of a ready-to-send; ``offer``: the bytes of its offer payload (0: none)."""
+    return Header(RTS, 0, dtype, rid, ctx, tag, offer, nbytes).pack()
 
 
 def data(ctx: int, tag: int, dtype: int, nbytes: int, rid: int) -> bytes:
@@ -52,13 +61,17 @@ class Rendezvous:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._next = 0
-        self.cts_waiters: dict[tuple[int, int], asyncio.Future[None]] = {}  # sender: (peer, id) -> its CTS
+        # sender: (peer, id) -> its answer (SEND_DATA, WAS_READ or WAS_DECLINED)
+        self.cts_waiters: dict[tuple[int, int], asyncio.Future[int]] = {}
         self.matched: dict[tuple[int, int], Posted | None] = {}  # receiver: (peer, id) -> where its data goes
-        # engine hook: send a CTS frame to a world rank
+        # engine hooks: send a CTS frame to a world rank; the reader of a world rank's memory (or None)
         self.send_control: Callable[[int, bytes], None] | None = None
+        self.memory_of: Callable[[int], PeerMemory | None] = lambda peer: None
+        self._taker = Taker()
+        self.read_in_place = 0  # messages this rank received by reading the sender's memory
 
     # -- sender side ---------------------------------------------------------------
-    def expect_cts(self, peer: int) -> tuple[int, asyncio.Future[None]]:
+    def expect_cts(self, peer: int) -> tuple[int, asyncio.Future[int]]:
         """A fresh id for a message to ``peer``, and the future its clear-to-send completes."""
         self._next = (self._next + 1) & 0x7FFFFFFF
         fut = self.cts_waiters[(peer, self._next)] = self.loop.create_future()
@@ -70,18 +83,39 @@ class Rendezvous:
     def on_cts(self, peer: int, h: Header) -> None:
         fut = self.cts_waiters.pop((peer, h.k), None)
         if fut is not None and not fut.done():
-            fut.set_result(None)
+            fut.set_result(SEND_DATA if h.kind == CTS else WAS_READ if h.count else WAS_DECLINED)
 
     # -- receiver side -------------------------------------------------------------
-    def match(self, peer: int, h: Header, p: Posted, lost: PeerLost | None) -> None:
-        """An RTS met its receive: ask for the data (or, if the two do not match, take it to discard)."""
+    def match(self, peer: int, h: Header, p: Posted, lost: PeerLost | None, offer: bytes = b"") -> None:
+        """An RTS met its receive: read its data in place if it came with an ``offer`` this rank can
+        take, else ask for the data (or, if the two do not match, take it to discard)."""
         if lost is not None:
             p.fail(lost)
             return
         err = p.mismatch(peer, replace(h, nbytes=h.count))
         if err is not None:
             p.fail(err)
+        elif len(offer) == OFFER.size and self._read(peer, h, p, offer):
+            return
         self.clear(peer, h, None if err is not None else p)
+
+    def _read(self, peer: int, h: Header, p: Posted, offer: bytes) -> bool:
+        """The in-place read; False to fall back to CTS and data (the kernel refused)."""
+        mem = self.memory_of(peer)
+        if mem is None or not len(p.target):
+            return False
+        outcome = self._taker.take(mem, offer, p.target)
+        if outcome == READ:
+            self.read_in_place += 1
+            p.complete()
+        elif outcome == DECLINED:
+            p.fail(AiocclError(f"rank {peer} withdrew its message (tag {h.seq}, {h.count} bytes) before it was "
+                               "read: its send passed its deadline"))
+        else:
+            return False
+        if self.send_control is not None:
+            self.send_control(peer, Header(RDONE, 0, 0, h.k, h.ctx, h.seq, 0, int(outcome == READ)).pack())
+        return True
 
     def clear(self, peer: int, h: Header, p: Posted | None) -> None:
         """Receive ``h``'s data into ``p`` (None: discard it, the receive failed) and tell the sender."""

@@ -27,9 +27,11 @@ RTS, CTS, RDATA = 7, 8, 9
 # the receiver stopped (seq 1) or resumed (seq 0) reading this connection: its budget for unexpected frames is
 # spent, so the sender's kernel must not count the closed window as a dead peer
 PAUSE = 10
+# the receiver read a rendezvous message in place, out of the sender's memory (same host): no data follows
+RDONE = 11
 KIND_NAMES = {COLL: "collective", P2P: "p2p", BYE: "bye", MISMATCH: "mismatch notice", FAIL: "failure notice",
               PROBE: "fingerprint probe", RTS: "ready to send", CTS: "clear to send", RDATA: "rendezvous data",
-              PAUSE: "reading paused"}
+              PAUSE: "reading paused", RDONE: "read in place"}
 LOST, TIMEOUT, ABORTED = 1, 2, 3  # a FAIL frame's causes
 
 

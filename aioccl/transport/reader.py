@@ -53,6 +53,10 @@ class FrameReader:
                 done()
         return budget
 
+    def streaming(self) -> bool:
+        """Is a payload half read (its sender still writing it)?"""
+        return self._done is not None
+
     def _on_header(self, h: Header) -> None:
         if h.kind == BYE:
             self.bye_received = True

@@ -28,6 +28,7 @@ import socket
 
 from .. import log
 from ..bootstrap.sockio import Closed
+from .cma import PeerMemory
 from .frames import BYE, Header
 from .reader import FrameReader, SideChannel, Sink
 from .shm import LoopBell, Segment
@@ -89,6 +90,7 @@ class ShmPairConnection:
         self._waiting = False
         self._control = bytearray()
         self.reader = FrameReader(peer, sink)
+        self.memory: PeerMemory | None = None  # reads the peer's memory in place, where the kernel lets us
 
     def start(self) -> None:
         self.side.start()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .. import log
 from ..bootstrap.sockio import recv_json, send_json
 from ..envvars import env_float, env_int
+from .cma import PeerMemory, cookie
 from .shm import CONTROL_BYTES, SHM_DIR, Segment, segment_name, sweep_stale
 from .shm_pair import PairHub, ShmPairConnection
 from .shm_ring import ByteRing, ring_bytes
@@ -101,8 +102,8 @@ async def connect(engine: Engine, comm_id: int, peers: set[int], liveness: float
     async def pair(j: int) -> None:
         sock = table.conns[j]
         err = why_not
-        offer: dict[str, Any] = ({"seg": mine.name, "off": CONTROL_BYTES + slot[j] * ring_bytes(cap), "cap": cap}
-                                 if mine is not None and hub is not None else {"fail": why_not})
+        offer: dict[str, Any] = ({"seg": mine.name, "off": CONTROL_BYTES + slot[j] * ring_bytes(cap), "cap": cap,
+                                  "cma": cookie()} if mine is not None and hub is not None else {"fail": why_not})
         await send_json(sock, offer)
         theirs = await recv_json(sock)
         tx: ByteRing | None = None
@@ -120,7 +121,8 @@ async def connect(engine: Engine, comm_id: int, peers: set[int], liveness: float
         if tx is not None and answer.get("ok"):
             assert mine is not None and hub is not None
             rx = ByteRing(memoryview(mine.mm), offer["off"], cap)
-            conns[j] = ShmPairConnection(hub, j, engine.mailbox, sock, tx, rx, liveness, segment=theirs_seg)
+            conn = conns[j] = ShmPairConnection(hub, j, engine.mailbox, sock, tx, rx, liveness, segment=theirs_seg)
+            conn.memory = PeerMemory.open(theirs.get("cma"))
             return
         if tx is not None:
             tx.release()

@@ -34,7 +34,37 @@ async def p2p(comm: aioccl.Communicator) -> None:
         for p, buf in got.items():
             bad = np.flatnonzero(buf != data(p, r, size))
             assert bad.size == 0, (size, p, bad[:5])
-    print(f"OK {r} p2p {len(SIZES)} sizes", flush=True)
+    print(f"OK {r} p2p {len(SIZES)} sizes, {comm._engine.mailbox.rdv.read_in_place} read in place", flush=True)
+
+
+async def withdrawn(comm: aioccl.Communicator) -> None:
+    """A large send offered for an in-place read passes its deadline before the receive is posted: the
+    send fails with a timeout, the late receive fails at once naming the sender (never reading a buffer
+    the sender has handed back), and the pair carries the next message intact."""
+    big = 1 << 20  # int32: 4 MiB, by rendezvous
+    if comm.rank == 0:
+        x = data(0, 1, big)
+        t0 = time.monotonic()
+        try:
+            await comm.isend(x, 1, tag=3, timeout=0.5)
+            raise AssertionError("the send was never received: it must time out")
+        except aioccl.CollectiveTimeout as e:
+            assert e.waiting_for == [1] and time.monotonic() - t0 < 3, (e, time.monotonic() - t0)
+        x[:] = -1  # the buffer is the user's again
+        await comm.isend(data(0, 1, big), 1, tag=4)
+    else:
+        await asyncio.sleep(1.5)
+        got = np.full(big, -7, np.int32)
+        t0 = time.monotonic()
+        try:
+            await comm.irecv(got, 0, tag=3, timeout=10)
+            raise AssertionError(f"a withdrawn message was received: {np.unique(got)[:5]}")
+        except aioccl.AiocclError as e:
+            assert "withdrew" in str(e) and "rank 0" in str(e) and time.monotonic() - t0 < 3, e
+        assert (got == -7).all(), "a withdrawn message must leave the receive buffer as it was"
+        await comm.irecv(got, 0, tag=4)
+        assert (got == data(0, 1, big)).all()
+    print(f"OK {comm.rank} withdrawn", flush=True)
 
 
 def reference(coll: str, count: int, n: int, me: int) -> np.ndarray:
