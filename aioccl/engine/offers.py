@@ -30,7 +30,7 @@ import threading
 import numpy as np
 
 from ..transport.cma import PeerMemory, address
-from .shm_memory import fence
+from ..transport.shm_ring import fence
 
 OFFER = struct.Struct("<QQq")  # an RTS's payload: data address, slot address, the offer's serial number
 SLOTS = 1024

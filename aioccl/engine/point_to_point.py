@@ -112,11 +112,15 @@ def _spin(eng: Engine, conn: ShmPairConnection, fut: asyncio.Future[Any],
     if spin and not fut.done():
         now = time.perf_counter()
         end, last = now + spin, now + MAX_STREAM_SPIN_S
-        while not fut.done() and not conn.closed and now < last:
-            conn.pump()
-            now = time.perf_counter()
-            if now > end and not conn.reader.streaming() and not (busy is not None and busy()):
-                break
+        conn.watch(True)  # the peer's frames need no bell meanwhile
+        try:
+            while not fut.done() and not conn.closed and now < last:
+                conn.pump()
+                now = time.perf_counter()
+                if now > end and not conn.reader.streaming() and not (busy is not None and busy()):
+                    break
+        finally:
+            conn.watch(False)
 
 
 def start_recv(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,

@@ -41,11 +41,12 @@ import numpy as np
 from .. import log
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted
 from ..transport.shm import SLEEP, LoopBell, Segment
+from ..transport.shm_ring import fence
 from .executor import execute
 from .notices import passed_on
 from .op import Op, Wait
 from .pool import BufferPool
-from .shm_memory import ChannelMemory, fence
+from .shm_memory import ChannelMemory
 
 if TYPE_CHECKING:
     from .engine import Engine

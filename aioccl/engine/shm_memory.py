@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -19,16 +18,10 @@ import numpy as np
 
 from ..transport.shm import CONTROL_BYTES, CTR, DESC, DESC_LEN, HALF, HEAP, HEAP_OFF, SLEEP, LoopBell, Segment
 from ..transport.shm_heap import Heap
+from ..transport.shm_ring import fence
 from .op import Wait
 
 _DESC = struct.Struct("<6q")
-_fence_lock = threading.Lock()
-
-
-def fence() -> None:
-    """A full memory barrier: acquiring a lock is an atomic read-modify-write."""
-    _fence_lock.acquire()
-    _fence_lock.release()
 
 
 class ChannelMemory:

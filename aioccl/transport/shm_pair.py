@@ -32,7 +32,7 @@ from .cma import PeerMemory
 from .frames import BYE, Header
 from .reader import FrameReader, SideChannel, Sink
 from .shm import LoopBell, Segment
-from .shm_ring import ByteRing
+from .shm_ring import ByteRing, fence
 from .tcp import TcpConnection
 
 _log = log.get("SHM")
@@ -110,7 +110,7 @@ class ShmPairConnection:
                 await self._write(_bytes(payload))
             if self._control:
                 await self._write(memoryview(self._take_control()))
-            self.hub.ring(self.peer)  # once per frame: the reader wakes to a whole frame, not its header
+            self._notify()  # once per frame: the reader wakes to a whole frame, not its header
 
     def send_now(self, header: bytes, payload: memoryview) -> bool:
         """Write a whole frame now, from synchronous code, if nothing is queued before it and it fits."""
@@ -119,8 +119,22 @@ class ShmPairConnection:
         self.tx.write(memoryview(header))
         if len(payload):
             self.tx.write(_bytes(payload))
-        self.hub.ring(self.peer)
+        self._notify()
         return True
+
+    def _notify(self) -> None:
+        """Ring the peer's bell, unless it is spinning on this ring: then it sees the frame anyway, and a
+        bell would only cost a system call here and a wake-up there (Dekker: publish, fence, look)."""
+        fence()
+        if not self.tx.consumer_watching():
+            self.hub.ring(self.peer)
+
+    def watch(self, on: bool) -> None:
+        """This rank spins on the inbound ring (``on``), or stops; after stopping, it reads what came."""
+        self.rx.set_watching(on)
+        if not on:
+            fence()
+            self.pump()
 
     async def _write(self, buf: memoryview) -> None:
         off = 0

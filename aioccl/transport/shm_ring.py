@@ -10,7 +10,7 @@ Layout, from ``base``::
     [head: u64][pad to 64]   bytes ever published (written by the producer only)
     [tail: u64][pad to 64]   bytes ever consumed (written by the consumer only)
     [blocked: u64][pad]      1 while the producer waits for space (it wants a bell)
-    [pad to 256]
+    [watching: u64][pad]     1 while the consumer spins on the ring (it needs no bell)
     [data: cap bytes]
 
 Each counter has its own cache line and one writer; an aligned 8-byte store
@@ -21,10 +21,20 @@ head that publishes it (shared memory is enabled on x86 only, see
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 CTRL_BYTES = 256
-HEAD, TAIL, BLOCKED = 0, 8, 16  # u64 indices into the control block
+HEAD, TAIL, BLOCKED, WATCHING = 0, 8, 16, 24  # u64 indices into the control block
+_fence_lock = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier (x86 lets a later load pass an earlier store): acquiring a lock is an atomic
+    read-modify-write."""
+    _fence_lock.acquire()
+    _fence_lock.release()
 
 
 def ring_bytes(cap: int) -> int:
@@ -76,6 +86,10 @@ class ByteRing:
     def set_blocked(self, on: bool) -> None:
         self.ctl[BLOCKED] = 1 if on else 0
 
+    def consumer_watching(self) -> bool:
+        """After a fence that follows the publish: True if the consumer will see the bytes without a bell."""
+        return bool(self.ctl[WATCHING])
+
     # -- consumer ------------------------------------------------------------
     def available(self) -> int:
         return int(self.ctl[HEAD] - self.ctl[TAIL])
@@ -97,3 +111,7 @@ class ByteRing:
 
     def producer_blocked(self) -> bool:
         return bool(self.ctl[BLOCKED])
+
+    def set_watching(self, on: bool) -> None:
+        """While on, the producer skips the bell; after turning it off, fence and read once more."""
+        self.ctl[WATCHING] = 1 if on else 0
