@@ -87,9 +87,11 @@ class PeerMemory:
             return None
         mem = cls(pid)
         got = np.zeros(1, np.int64)
-        if not mem.read(int(got.ctypes.data), addr, 8) or int(got[0]) != value:
-            _log.debug("cross-memory attach to pid %d unavailable: %s", pid,
-                       os.strerror(ctypes.get_errno()) if int(got[0]) == 0 else "another process")
+        if not mem.read(int(got.ctypes.data), addr, 8):
+            _log.debug("cross-memory attach to pid %d refused: %s", pid, os.strerror(ctypes.get_errno()))
+            return None
+        if int(got[0]) != value:
+            _log.debug("pid %d is not the peer here (another pid namespace): no cross-memory attach", pid)
             return None
         return mem
 
