@@ -175,4 +175,7 @@ def same_device(what: str, *bufs: Buf) -> int | None:
 
 def byte_view(arr: np.ndarray) -> memoryview:
     """A flat writable-or-not byte memoryview of a contiguous array of any dtype."""
-    return arr.reshape(-1).view(np.uint8).data
+    try:
+        return memoryview(arr).cast("B")  # type: ignore[arg-type]  # one C call for the usual array, where numpy takes three
+    except (TypeError, ValueError, NotImplementedError):  # a dtype the buffer protocol cannot say
+        return arr.reshape(-1).view(np.uint8).data

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,10 +48,7 @@ from .tuning import Tuning
 from .work import Work
 
 _log = log.get("COLL")
-
-
-def _env_timeout(env: Mapping[str, str] = os.environ) -> float:
-    return env_timeout(env)
+PLAN_CACHE = 256  # distinct calls (collective, count, dtype, root, placement) whose schedules a communicator keeps
 
 
 class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
@@ -70,6 +67,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
         self._lock = threading.Lock()
         self._seq = 0
         self._shm_order = 0
+        self._plans: dict[tuple[Any, ...], Schedule] = {}  # (call) -> schedule, see _plan
         self._inflight: set[Work[Any]] = set()
         self._recorder = FlightRecorder()
         self._closed: BaseException | None = None
@@ -151,7 +149,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
         problems = check_knobs(os.environ)  # every knob is checked before anything is sent
         if problems:
             raise InvalidArgument("; ".join(problems))
-        timeout = _env_timeout() if timeout is None else check_timeout(timeout)
+        timeout = env_timeout(os.environ) if timeout is None else check_timeout(timeout)
         return uid, timeout
 
     @classmethod
@@ -313,16 +311,26 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
         if stream is not None:
             raise InvalidArgument(f"{name}: stream= orders ops on GPU buffers; these buffers are in host memory")
         dt = out.array.dtype
+        same = in_place or inp.array is out.array  # peers must not read a buffer this rank overwrites
+        key = (name, count, dt, root, in_place, same)
+        sched = self._plans.get(key)
+        if sched is None:
+            if len(self._plans) >= PLAN_CACHE:
+                self._plans.clear()
+            sched = self._plans[key] = self._plan(name, count, dt, root, in_place, same)
+        fo = out.array.reshape(-1)
+        return self._launch(name, sched, fo if inp is out else inp.array.reshape(-1), fo, op, count, root, t, result)
+
+    def _plan(self, name: str, count: int, dt: np.dtype[Any], root: int, in_place: bool, same: bool) -> Schedule:
+        """This rank's schedule for one call on host buffers (the same call always gets the same one,
+        so ``_collective`` keeps them: choosing costs more than an 8-byte op's data)."""
         shm = self._shm
         shm_algo = self._tuning.choose_shm(name, count, dt.itemsize, self.world_size) if shm is not None else None
         if shm is not None and shm_algo is not None:
             cap = max(1, shm.cap_bytes // dt.itemsize)
-            same = in_place or inp.array is out.array  # peers must not read a buffer this rank overwrites
-            sched = shm_plan(name, count, self.rank, self.world_size, root, cap, shm_algo, same)
-        else:
-            algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size)
-            sched = plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place)
-        return self._launch(name, sched, inp.flat, out.flat, op, count, root, t, result)
+            return shm_plan(name, count, self.rank, self.world_size, root, cap, shm_algo, same)
+        algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size)
+        return plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place)
 
     def _launch(self, name: str, sched: Schedule, inp: np.ndarray, out: np.ndarray, op: ReduceOp | None,
                 count: int, root: int, timeout: float, result: Callable[[], Any]) -> Work[Any]:
@@ -381,6 +389,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
         from .engine.shm_setup import setup
 
         self._shm = await setup(self._engine, self._view, timeout, what)
+        self._plans.clear()  # schedules chosen before: sockets
 
     # -- groups, split, lifetime -------------------------------------------
     def group(self) -> Group:

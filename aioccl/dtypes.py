@@ -32,6 +32,9 @@ _BY_CODE = {i + 1: dt for i, dt in enumerate(_DTYPES)}
 
 
 def dtype_code(dt: np.dtype) -> int:
+    code = _CODE.get(dt)  # a dtype itself: no np.dtype() call on the per-op path
+    if code is not None:
+        return code
     try:
         return _CODE[np.dtype(dt)]
     except KeyError:
@@ -60,6 +63,10 @@ class ReduceOp(enum.Enum):
     """The largest value; NaN wins, as in ``np.maximum``."""
     AVG = "avg"
     """The sum divided by the number of ranks, once, at the end; floating-point dtypes only."""
+
+    # members are singletons compared by identity: hash them by identity too, in C (Enum's own
+    # __hash__ is Python code, and every op looks a reduction up in a dict or two)
+    __hash__ = object.__hash__
 
     @classmethod
     def parse(cls, op: ReduceOp | str) -> ReduceOp:

@@ -15,6 +15,7 @@ extra coordination.
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -78,9 +79,9 @@ def _create_process_comm() -> Communicator:
 
 
 def _env_timeout() -> float:
-    from aioccl.communicator import _env_timeout as read
+    from aioccl.envvars import env_timeout
 
-    return read()
+    return env_timeout(os.environ)
 
 
 def device_comms() -> dict[int, Communicator]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import launch
+from conftest import TRANSPORT_ENV, launch
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
@@ -12,3 +12,12 @@ def test_p2p_sync(n):
     proc = launch(n, "p2p_sync.py")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count(", 0 failures") == n, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("spin_us", ["0", "50"])
+def test_p2p_sync_over_sockets(spin_us):
+    """Over TCP a small send is written from the issuing call and a receive polls its socket first
+    (``AIOCCL_NET_SPIN_US``) or waits on the loop at once (0): both paths, every case."""
+    proc = launch(3, "p2p_sync.py", env={**TRANSPORT_ENV["tcp"], "AIOCCL_NET_SPIN_US": spin_us})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count(", 0 failures") == 3, proc.stdout[-2000:]

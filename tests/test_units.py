@@ -235,3 +235,18 @@ def test_the_unexpected_budget_pauses_a_peer_and_resumes_below_half():
     assert calls == [(3, True)]
     b.release(3, 3)  # 4 <= 5: resumed
     assert calls == [(3, True), (3, False)] and b.held == {3: 4, 4: 2}
+
+
+async def test_a_peers_notice_that_lands_with_the_deadline_is_the_error_raised():
+    """The notice of a peer's timeout and this rank's own deadline can fire in one loop turn: the
+    receives the notice failed no longer say whom this rank waited for, so the notice is raised."""
+    from aioccl.engine.op import Progress
+
+    loop = asyncio.get_running_loop()
+    progress = Progress()
+    waiting, failed = loop.create_future(), loop.create_future()
+    progress.recvs += [(1, waiting), (2, failed)]
+    assert progress.told() is None and progress.waiting_for() == [1, 2]
+    told = aioccl.CollectiveTimeout("all_reduce", 0, [2], 0.5, "reported by rank 0")
+    failed.set_exception(told)
+    assert progress.told() is told and progress.waiting_for() == [1]

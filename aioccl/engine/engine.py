@@ -44,6 +44,7 @@ from .mailbox import Mailbox
 from .notices import Active, Fingerprint, failure_frame
 from .op import Op
 from .placement import Placement
+from .point_to_point import net_spin_s
 from .pool import BufferPool
 from .rendezvous import eager_limit, unexpected_budget
 from .shm_channel import ShmChannel
@@ -89,6 +90,8 @@ class Engine:
         self.ib_port: Port | None = None  # the opened RDMA port, when some pairs run over ib
         self.table: Table | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        self.net_spin_s = net_spin_s()  # a p2p receive over TCP polls its socket this long (inline engine)
+        self.timers: set[asyncio.TimerHandle] = set()  # deadlines of receives waited for without a task
         self.aborted: BaseException | None = None
         self.shm: ShmChannel | None = None  # the world communicator's, when all ranks share this host
         self.channels: list[ShmChannel] = []  # every communicator's (world and children) on this engine
@@ -221,7 +224,9 @@ class Engine:
         except AiocclError as e:  # first: a CollectiveTimeout told by a peer is a TimeoutError too
             err = e
         except TimeoutError:
-            err = CollectiveTimeout(op.name, op.seq, op.progress.waiting_for(), op.timeout, f"algorithm {sched.algo}")
+            told = op.progress.told()
+            err = told if isinstance(told, AiocclError) else \
+                CollectiveTimeout(op.name, op.seq, op.progress.waiting_for(), op.timeout, f"algorithm {sched.algo}")
         except asyncio.CancelledError:
             if self.aborted is None:  # its event loop shuts down under it (asyncio.run's end): never awaited
                 report_unfinished(work, "its event loop shut down")
@@ -343,6 +348,9 @@ class Engine:
             self.pair_hub.close()
         for t in list(self.tasks):
             t.cancel()
+        for h in list(self.timers):
+            h.cancel()
+        self.timers.clear()
 
     def abort_on_loop(self, exc: BaseException) -> None:
         if self.aborted is None:  # last words: the ops running here are given up, and the peers told why
@@ -366,4 +374,7 @@ class Engine:
         self.mailbox.fail_all(exc)
         for t in list(self.tasks):
             t.cancel()
+        for h in list(self.timers):
+            h.cancel()
+        self.timers.clear()
 

@@ -36,7 +36,8 @@ from ..buffers import byte_view
 from ..dtypes import ReduceOp, dtype_from_code
 from ..errors import CollectiveMismatch
 from ..kernels import UFUNCS, combine, scale
-from ..transport.frames import COLL, Header
+from ..transport.frames import COLL
+from ..transport.frames import pack as pack_header
 from .op import Op, Progress, Wait
 
 if TYPE_CHECKING:
@@ -217,7 +218,7 @@ class _MessageState:
                 k = sent_k.get(snd.peer, 0)
                 sent_k[snd.peer] = k + 1
                 payload = self.raw(snd.src)
-                hdr = Header(COLL, code, dtype_code, k, ctx, op.seq, len(payload), count, root, redop).pack()
+                hdr = pack_header(COLL, code, dtype_code, k, ctx, op.seq, len(payload), count, root, redop)
                 sends.append(_send(eng, self.view, snd.peer, hdr, payload, progress))
             yield sends[0] if len(sends) == 1 else asyncio.gather(*sends)
         for _peer, fut in progress.recvs:

@@ -43,6 +43,15 @@ class Progress:
     def waiting_for(self) -> list[int]:
         return sorted({p for p, f in self.recvs if not f.done() or f.cancelled()} | self.sends)
 
+    def told(self) -> BaseException | None:
+        """The error a peer's notice already set on a receive, if any. The notice and this rank's own
+        deadline may land in one loop turn; the notice is then the root cause, and the receives it
+        failed no longer say whom this rank waited for."""
+        for _p, f in self.recvs:
+            if f.done() and not f.cancelled() and f.exception() is not None:
+                return f.exception()
+        return None
+
 
 NO_MESSAGES = Progress()  # the progress of every op without messages: never written
 

@@ -1,12 +1,14 @@
-"""Starting a send or a receive: at once when shared memory allows, else as a task under its deadline.
+"""Starting a send or a receive: at once when the transport allows, else as a wait under its deadline.
 
-Over a shared-memory pair a small send is written into the ring inside the
-call that issued it, and a receive first looks at the ring (and spins on it
-briefly, ``AIOCCL_SHM_SPIN_US``, when the engine runs inline on this loop): a
-ping-pong then completes without a task, a timer or a wake-up through the
-kernel per message. Everything else (a ring that is full or busy, a TCP or
-ib peer, a receive whose message is late) takes the general path: a task that
-waits under the op's deadline.
+A small send to a shared-memory pair is written into the ring (to a TCP
+peer, into the socket) inside the call that issued it, and a receive first
+looks at the ring and spins on it briefly (``AIOCCL_SHM_SPIN_US``; over TCP
+it reads the socket for up to ``AIOCCL_NET_SPIN_US``) when the engine runs
+inline on this loop: a ping-pong then completes without a task, a timer or a
+wake-up through the kernel per message. Everything else (a full or busy
+ring, an ib peer, a receive whose message is late) takes the general path:
+a send task under the op's deadline, or a receive that two callbacks finish
+(its message, or its deadline).
 
 Sends to one peer stay in posting order (MPI's non-overtaking rule): a send
 is written at once only while no earlier send to that peer is still queued.
@@ -15,17 +17,22 @@ is written at once only while no earlier send to that peer is still queued.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..envvars import env_int
 from ..errors import AiocclError, CollectiveTimeout
-from ..transport.frames import P2P, Header
+from ..transport.frames import P2P
+from ..transport.frames import pack as pack_header
 from ..transport.shm_pair import ShmPairConnection
+from ..transport.tcp import TcpConnection
 from ..work import Work
 from . import rendezvous
 from .offers import OFFER, Offer
 
+DEFAULT_NET_SPIN_US = 50
 MAX_STREAM_SPIN_S = 0.02  # a receive spins past its spin time while a frame streams in, but no longer than this
 
 if TYPE_CHECKING:
@@ -37,9 +44,9 @@ def start_send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memory
                timeout: float, work: Work[Any], result: Any) -> Coroutine[Any, Any, None] | None:
     world = comm.ranks[peer]
     conn = eng.conns.get(world)
-    if (isinstance(conn, ShmPairConnection) and eng.aborted is None and not eng.queued_sends.get(world)
-            and len(payload) <= eng.eager):
-        hdr = Header(P2P, 0, dtype_code, 0, comm.ctx, tag, len(payload)).pack()
+    if (isinstance(conn, (ShmPairConnection, TcpConnection)) and eng.aborted is None
+            and not eng.queued_sends.get(world) and len(payload) <= eng.eager):
+        hdr = pack_header(P2P, 0, dtype_code, 0, comm.ctx, tag, len(payload))
         if conn.send_now(hdr, payload):
             if work._start():
                 work._set_result(result)
@@ -58,7 +65,7 @@ async def _send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memor
             raise eng.aborted
         if len(payload) <= eng.eager:
             async with asyncio.timeout(timeout):
-                await eng.send(world, Header(P2P, 0, dtype_code, 0, comm.ctx, tag, len(payload)).pack(), payload)
+                await eng.send(world, pack_header(P2P, 0, dtype_code, 0, comm.ctx, tag, len(payload)), payload)
         else:
             await _rendezvous(eng, world, comm.ctx, tag, payload, dtype_code, timeout)
         work._set_result(result)
@@ -123,8 +130,26 @@ def _spin(eng: Engine, conn: ShmPairConnection, fut: asyncio.Future[Any],
             conn.watch(False)
 
 
+def net_spin_s(env: Mapping[str, str] = os.environ) -> float:
+    """``AIOCCL_NET_SPIN_US``: how long a receive over TCP reads its socket before it leaves the wait to
+    the event loop (0: never), in seconds."""
+    return env_int(env, "AIOCCL_NET_SPIN_US", DEFAULT_NET_SPIN_US, 0, 1_000_000) * 1e-6
+
+
+def _poll(conn: TcpConnection, fut: asyncio.Future[Any], spin_s: float) -> None:
+    """Read the socket without waiting for the loop to say it is readable, for up to ``spin_s``: a
+    reply that comes within it skips the kernel's wake-up and a loop turn (``AIOCCL_NET_SPIN_US``)."""
+    now = time.perf_counter()
+    end, last = now + spin_s, now + MAX_STREAM_SPIN_S
+    while not fut.done() and not conn.closed and now < last:
+        conn.poll()
+        now = time.perf_counter()
+        if now > end and not conn.reader.streaming():  # on while a payload streams in, as on a ring
+            break
+
+
 def start_recv(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
-               timeout: float, work: Work[Any], result: Any) -> Coroutine[Any, Any, None] | None:
+               timeout: float, work: Work[Any], result: Any) -> None:
     what = f"recv(peer={peer}, tag={tag})"
     if eng.aborted is not None:
         if work._start():
@@ -137,6 +162,8 @@ def start_recv(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryv
     conn = eng.conns.get(world)
     if isinstance(conn, ShmPairConnection) and not fut.done():
         _spin(eng, conn, fut)
+    elif isinstance(conn, TcpConnection) and not fut.done() and eng.net_spin_s and eng.placement.kind == "inline":
+        _poll(conn, fut, eng.net_spin_s)
     if fut.done() and not fut.cancelled():
         exc = fut.exception()
         if exc is None:
@@ -144,18 +171,34 @@ def start_recv(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryv
         else:
             work._set_exception(exc)
         return None
-    return _recv(eng, comm, peer, tag, fut, what, timeout, work, result)
+    _settle_later(eng, comm.ranks[peer], comm.ctx, peer, tag, fut, what, timeout, work, result)
+    return None
 
 
-async def _recv(eng: Engine, comm: CommView, peer: int, tag: int, fut: asyncio.Future[None], what: str,
-                timeout: float, work: Work[Any], result: Any) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            await asyncio.shield(fut)
-        work._set_result(result)
-    except TimeoutError:
-        eng.mailbox.withdraw(comm.ranks[peer], comm.ctx, tag, fut)
+def _settle_later(eng: Engine, world: int, ctx: int, peer: int, tag: int, fut: asyncio.Future[None], what: str,
+                  timeout: float, work: Work[Any], result: Any) -> None:
+    """Finish ``work`` when its message has arrived, or fail it at its deadline: two callbacks, not a
+    task (a task, its timeout scope and a shield cost a loop turn and more than a small message)."""
+
+    def expire() -> None:
+        eng.timers.discard(timer)
+        if fut.done():
+            return
+        eng.mailbox.withdraw(world, ctx, tag, fut)  # its successor takes the next message
         if work._start() or not work.done():
             work._set_exception(CollectiveTimeout(what, tag, [peer], timeout))
-    except AiocclError as e:
-        work._set_exception(e)
+
+    def arrived(f: asyncio.Future[None]) -> None:
+        timer.cancel()
+        eng.timers.discard(timer)
+        if f.cancelled():
+            return
+        exc = f.exception()
+        if exc is None:
+            work._set_result(result)
+        else:
+            work._set_exception(exc)
+
+    timer = eng.loop.call_later(timeout, expire)
+    eng.timers.add(timer)
+    fut.add_done_callback(arrived)

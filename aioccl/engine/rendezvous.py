@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
 from ..envvars import env_int
 from ..errors import AiocclError, PeerLost
@@ -92,7 +91,7 @@ class Rendezvous:
         if lost is not None:
             p.fail(lost)
             return
-        err = p.mismatch(peer, replace(h, nbytes=h.count))
+        err = p.mismatch(peer, h._replace(nbytes=h.count))
         if err is not None:
             p.fail(err)
         elif len(offer) == OFFER.size and self._read(peer, h, p, offer):

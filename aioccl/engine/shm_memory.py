@@ -22,6 +22,7 @@ from ..transport.shm_ring import fence
 from .op import Wait
 
 _DESC = struct.Struct("<6q")
+_DESC_AT = (DESC * 8, (DESC + DESC_LEN) * 8)  # byte offset of each slot half's descriptor
 
 
 class ChannelMemory:
@@ -32,6 +33,7 @@ class ChannelMemory:
         self.world = world if world is not None else tuple(range(self.size))  # channel rank -> world rank
         self.others = tuple(j for j in range(self.size) if j != rank)
         self.segments = list(segments)
+        self._mms = [seg.mm for seg in segments]
         self.bell = bell
         self.ctl = [memoryview(s.mm)[:CONTROL_BYTES].cast("q") for s in segments]
         self.u8 = [np.frombuffer(s.mm, dtype=np.uint8) for s in segments]
@@ -58,12 +60,13 @@ class ChannelMemory:
                 self.stats["bells_rung"] += 1
 
     def write_descriptor(self, half: int, desc: tuple[int, ...]) -> None:
-        _DESC.pack_into(self.segments[self.rank].mm, (DESC + half * DESC_LEN) * 8, *desc)
+        _DESC.pack_into(self._mms[self.rank], _DESC_AT[half], *desc)
 
     def read_descriptors(self, half: int, mine: tuple[int, ...]) -> list[tuple[int, ...]]:
-        off = (DESC + half * DESC_LEN) * 8
-        unpack, me = _DESC.unpack_from, self.rank
-        return [unpack(seg.mm, off) if j != me else mine for j, seg in enumerate(self.segments)]
+        off, unpack = _DESC_AT[half], _DESC.unpack_from
+        descs = [unpack(mm, off) for mm in self._mms]
+        descs[self.rank] = mine
+        return descs
 
     def missing(self, ranks: tuple[int, ...], s: int) -> list[int]:
         ctl = self.ctl
@@ -112,6 +115,7 @@ class ChannelMemory:
         for c in self.ctl:
             c.release()
         self.u8 = []
+        self._mms = []
         self._typed.clear()
         self._spill = None
         for seg in self.segments:

@@ -98,8 +98,8 @@ def shared_memory(env: Mapping[str, str]) -> dict[str, Any]:
 
 def check_knobs(env: Mapping[str, str]) -> list[str]:
     """The error each knob's own parser raises for the values set now (none when all parse)."""
-    from aioccl.communicator import _env_timeout
     from aioccl.engine import rendezvous, shm_setup
+    from aioccl.envvars import env_timeout
     from aioccl.errors import AiocclError
     from aioccl.gpu import runner as gpu_runner
     from aioccl.introspection import recorder_size
@@ -109,7 +109,7 @@ def check_knobs(env: Mapping[str, str]) -> list[str]:
     from aioccl.watchdog import watchdog_seconds
 
     checks: list[Callable[[], object]] = [
-        lambda: _env_timeout(env), lambda: recorder_size(env), lambda: tcp.peer_timeout(dict(env)),
+        lambda: env_timeout(env), lambda: recorder_size(env), lambda: tcp.peer_timeout(dict(env)),
         lambda: Tuning.from_env(env), lambda: shm_setup.settings(env), lambda: ib_setup.settings(env),
         lambda: gpu_runner.settings(env), lambda: watchdog_seconds(env), lambda: shm_pair_setup.ring_capacity(env),
         lambda: rendezvous.eager_limit(env), lambda: rendezvous.unexpected_budget(env)]

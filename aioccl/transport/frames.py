@@ -10,7 +10,7 @@ mismatch precisely.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 HEADER = struct.Struct("<BBBBIQqQqi4x")  # kind, op, dtype, redop, k, ctx, seq_or_tag, nbytes, count, root
 HEADER_SIZE = HEADER.size  # 48
@@ -51,10 +51,10 @@ def unpack_failure(buf: bytes | memoryview) -> tuple[int, list[int], float, str]
     return cause, culprits, seconds, bytes(buf[end:]).decode("utf-8", "replace")
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
     """One frame's header. For a collective, (op, dtype, redop, count, root) is its *fingerprint*:
-    every frame carries the sender's, so a receiver detects a different call from the first frame."""
+    every frame carries the sender's, so a receiver detects a different call from the first frame.
+    (A named tuple: one is built for every frame received, and a frozen dataclass costs microseconds.)"""
 
     kind: int
     op: int  # collective code (or 0)
@@ -63,16 +63,21 @@ class Header:
     ctx: int  # communicator context id
     seq: int  # collective sequence number, or p2p tag
     nbytes: int
-    count: int = 0  # the op's element count as its caller gave it
+    count: int = 0  # type: ignore[assignment]  # (shadows tuple.count) the op's element count as its caller gave it
     root: int = 0
     redop: int = 0  # ReduceOp.code, 0 for none
 
     def pack(self) -> bytes:
-        return HEADER.pack(self.kind, self.op, self.dtype, self.redop, self.k, self.ctx, self.seq, self.nbytes,
-                           self.count, self.root)
+        return pack(*self)
 
     def fingerprint(self) -> tuple[int, int, int, int, int]:
         return (self.op, self.dtype, self.redop, self.count, self.root)
+
+
+def pack(kind: int, op: int, dtype: int, k: int, ctx: int, seq: int, nbytes: int, count: int = 0, root: int = 0,
+         redop: int = 0) -> bytes:
+    """``Header(...).pack()`` without building the header (the per-message hot path)."""
+    return HEADER.pack(kind, op, dtype, redop, k, ctx, seq, nbytes, count, root)
 
 
 def unpack(buf: bytes | bytearray | memoryview) -> Header:

@@ -29,6 +29,7 @@ from .shm import stop_reader
 
 _log = log.get("NET")
 READ_BUDGET = 4 << 20
+SEND_NOW_MAX = 64 << 10  # a larger payload is sent by a task: a remainder the kernel refuses is not copied
 DEFAULT_PEER_TIMEOUT = 2.0
 
 
@@ -99,6 +100,22 @@ class TcpConnection:
             if self._control:
                 await self._flush_control()
 
+    def send_now(self, header: bytes, payload: memoryview) -> bool:
+        """Write a small frame from synchronous code (a task and a loop turn cost more than the message)
+        when nothing is queued before it; False to take the ``send`` path. What the kernel does not take
+        at once is queued behind it, copied, exactly like a control frame, so frames never interleave."""
+        if self.closed or self._lock.locked() or self._control or len(payload) > SEND_NOW_MAX:
+            return False
+        try:
+            sent = self.sock.sendmsg([header, payload] if len(payload) else [header])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            return False  # ``send`` raises it, as the loss of the peer
+        if sent < len(header) + len(payload):
+            self._queue((header + bytes(payload))[sent:])
+        return True
+
     def send_control(self, frame: bytes) -> None:
         """Send a small control frame now, from synchronous code (an abort path has no time to await).
 
@@ -117,7 +134,11 @@ class TcpConnection:
             if n == len(frame):
                 return
             frame = frame[n:]
-        self._control += frame
+        self._queue(frame)
+
+    def _queue(self, rest: bytes) -> None:
+        """Bytes the socket did not take, for the next writer (or a flusher task) to send first."""
+        self._control += rest
         if self._flusher is None:
             self._flusher = self.loop.create_task(self._flush_soon())
 
@@ -147,6 +168,11 @@ class TcpConnection:
         if n == 0:
             raise Closed("connection closed by peer")
         return n
+
+    def poll(self) -> None:
+        """Read what has arrived, if anything (a receive that spins on the socket)."""
+        if self._reading:
+            self._on_readable()
 
     def _on_readable(self) -> None:
         try:
