@@ -50,8 +50,9 @@ def _jax_wrap(arr: np.ndarray) -> Any:
     return jnp.asarray(arr)
 
 
-def _itself_or_view(x: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    return lambda a: x if a is x else a
+def _itself(a: np.ndarray) -> np.ndarray:
+    """A numpy argument's results are the filled array itself (the argument, or a view of it)."""
+    return a
 
 
 def _always(x: Any) -> Callable[[np.ndarray], Any]:
@@ -64,8 +65,14 @@ def adapt(x: Any, name: str) -> Buf:
         raise InvalidArgument(f"{name} is None")
     arr: np.ndarray
     wrap: Callable[[np.ndarray], Any]
+    if type(x) is np.ndarray:  # the usual argument, checked with one look at its flags
+        flags = x.flags
+        dtype_code(x.dtype)
+        if not flags.c_contiguous:
+            raise InvalidArgument(f"{name} is not C-contiguous (strides {x.strides}); pass np.ascontiguousarray(...)")
+        return Buf(x, flags.writeable, _itself, x)
     if isinstance(x, np.ndarray):
-        arr, writable, wrap = x, x.flags.writeable, _itself_or_view(x)
+        arr, writable, wrap = x, x.flags.writeable, _itself
     elif _torch.is_tensor(x) and not x.is_cuda:  # before the GPU probe, whose hasattr costs a CPU tensor 3 us
         arr = _torch.view(x, name)
         writable, wrap = True, _torch.wrapper(x, arr)

@@ -13,6 +13,7 @@ NCCL. Point-to-point ops do not take sequence numbers; they match by
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 import time
@@ -259,18 +260,35 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
             raise InvalidArgument(f"peer {peer!r} out of range for a communicator of {self.world_size} ranks")
         return int(peer)
 
-    def _track(self, work: Work[Any], start: Callable[[], Any], desc: Any) -> Work[Any]:
-        work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
+    def _track(self, work: Work[Any], desc: Any, start: Callable[..., Any], *args: Any) -> Work[Any]:
+        """Start ``start(*args)`` for ``work`` (at once, or with its group) and follow it to its end."""
+        eng = self._engine
+        work._engine_thread = thread = eng.placement.thread_id  # wait() there would deadlock
         work._t0 = time.monotonic()
         work._desc = desc
+        pending = current_group.get()
+        if pending is None and thread == threading.get_ident():
+            # on the engine's own thread the op starts in this call, and only completions on this
+            # thread can race with it: an op that finishes inside (a small send or an arrived
+            # message over shared memory) is recorded without being tracked first
+            coro = start(*args)
+            if work.done():
+                self._finished(work)
+            else:
+                self._inflight.add(work)
+                watchdog.pending.add(work)
+                work.add_done_callback(self._finished)
+            if coro is not None:
+                eng.spawn(coro)
+            return work
         self._inflight.add(work)
         watchdog.pending.add(work)
         work.add_done_callback(self._finished)
-        pending = current_group.get()
+        begin = functools.partial(start, *args) if args else start
         if pending is not None:
-            pending.append((self, start, work))
+            pending.append((self, begin, work))
         else:
-            self._engine.launch(start)
+            eng.launch(begin)
         return work
 
     def _finished(self, work: Work[Any]) -> None:
@@ -307,7 +325,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
             self._usable()
             work, start = self._gpu_runner().prepare(name, count, root, inp, out, op, result, t, stream)
             desc = (count, out.array.dtype, op, root if BY_NAME[name].rooted else None)
-            return self._track(work, start, desc)
+            return self._track(work, desc, start)
         if stream is not None:
             raise InvalidArgument(f"{name}: stream= orders ops on GPU buffers; these buffers are in host memory")
         dt = out.array.dtype
@@ -357,14 +375,13 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
         _log.debug("%s seq %d: %d x %s, algorithm %s%s", name, seq, count, dt, sched.algo,
                    " over shared memory" if shm is not None else "")
         if shm is not None:
-            return self._track(work, lambda: shm.submit(op_), desc)
-        view, eng = self._view, self._engine
-        return self._track(work, lambda: eng.run_collective(view, op_), desc)
+            return self._track(work, desc, shm.submit, op_)
+        return self._track(work, desc, self._engine.run_collective, self._view, op_)
 
     def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
                  stream: Any) -> Work[Any]:
         work, start = self._gpu_runner().prepare_p2p(kind, buf, peer, tag, result, timeout, stream)
-        return self._track(work, start, (buf.array.size, buf.array.dtype, None, None))
+        return self._track(work, (buf.array.size, buf.array.dtype, None, None), start)
 
     def _gpu_runner(self) -> Any:
         """The GPU path, set up by the first op on GPU buffers (which every rank issues at the same point:

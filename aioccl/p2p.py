@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .engine.view import CommView
 
 MAX_TAG = (1 << 62) - 1
+_HOST_STREAM = "stream= orders ops on GPU buffers; this op's buffers are in host memory"
 
 
 class PointToPointOps:
@@ -35,15 +36,17 @@ class PointToPointOps:
 
         def _usable(self) -> None: ...
 
-        def _track(self, work: Work[Any], start: Callable[[], Any], desc: Any) -> Work[Any]: ...
+        def _track(self, work: Work[Any], desc: Any, start: Callable[..., Any], *args: Any) -> Work[Any]: ...
 
         def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
                      stream: Any) -> Work[Any]: ...
 
-    def _tag(self, tag: int) -> int:
+    def _peer_tag(self, peer: int, tag: int) -> tuple[int, int]:
+        if type(peer) is int and type(tag) is int and 0 <= peer < self._view.size and 0 <= tag <= MAX_TAG:
+            return peer, tag  # the usual call, checked in one line
         if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= MAX_TAG:
             raise InvalidArgument(f"tag must be an int in [0, 2**62), got {tag!r}")
-        return int(tag)
+        return self._peer(peer), int(tag)
 
     def isend(self, x: Any, peer: int, tag: int = 0, *, timeout: float | None = None,
               stream: Any = None) -> Work[None]:
@@ -52,45 +55,53 @@ class PointToPointOps:
         A payload over ``AIOCCL_P2P_EAGER`` (1 MiB) goes by rendezvous: it leaves only once ``peer`` has
         posted a matching receive, so the send completes then, and its deadline counts until then.
         """
-        peer, tag = self._peer(peer), self._tag(tag)
+        peer, tag = self._peer_tag(peer, tag)
         xb = adapt(x, "x")
         t = self._op_timeout(timeout)
         self._usable()
-        if xb.device is not None:
-            return self._gpu_p2p("send", xb, peer, tag, lambda: None, t, stream)
-        _host_only(stream)
+        if not isinstance(xb.array, np.ndarray):
+            return self._gpu_p2p("send", xb, peer, tag, _nothing, t, stream)
+        if stream is not None:
+            raise InvalidArgument(_HOST_STREAM)
+        arr = xb.array
         work: Work[None] = Work(f"send(peer={peer}, tag={tag})", tag, cancellable=True)
-        view, eng, code = self._view, self._engine, dtype_code(xb.array.dtype)
-        payload = byte_view(xb.array)
-        work._probe = lambda: [peer]
-        desc = (xb.array.size, xb.array.dtype, None, None)
-        return self._track(work, lambda: start_send(eng, view, peer, tag, payload, code, t, work, None), desc)
+        work._probe = _probe(peer)
+        return self._track(work, (arr.size, arr.dtype, None, None), start_send, self._engine, self._view, peer, tag,
+                           byte_view(arr), dtype_code(arr.dtype), t, work, None)
 
     send = isend
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, timeout: float | None = None,
               stream: Any = None) -> Work[Any]:
         """Receive into ``buf`` from ``peer``; sizes and dtypes must match the send exactly."""
-        peer, tag = self._peer(peer), self._tag(tag)
+        peer, tag = self._peer_tag(peer, tag)
         bb = adapt(buf, "buf")
         need_writable(bb, "buf")
         t = self._op_timeout(timeout)
         self._usable()
-        if bb.device is not None:
-            return self._gpu_p2p("recv", bb, peer, tag, lambda: bb.wrap(bb.array), t, stream)
-        _host_only(stream)
+        arr = bb.array
+        if not isinstance(arr, np.ndarray):
+            return self._gpu_p2p("recv", bb, peer, tag, lambda: bb.wrap(arr), t, stream)
+        if stream is not None:
+            raise InvalidArgument(_HOST_STREAM)
         work: Work[Any] = Work(f"recv(peer={peer}, tag={tag})", tag, cancellable=True)
-        view, eng, code = self._view, self._engine, dtype_code(bb.array.dtype)
-        target = byte_view(bb.array)
-        work._probe = lambda: [peer]
-        desc = (bb.array.size, bb.array.dtype, None, None)
-        return self._track(work, lambda: start_recv(eng, view, peer, tag, target, code, t, work,
-                                                       bb.wrap(bb.array)), desc)
+        work._probe = _probe(peer)
+        return self._track(work, (arr.size, arr.dtype, None, None), start_recv, self._engine, self._view, peer, tag,
+                           byte_view(arr), dtype_code(arr.dtype), t, work, bb.wrap(arr))
 
     recv = irecv
 
 
+_PROBES: dict[int, Callable[[], list[int]]] = {}  # one per peer number: bounded by the largest communicator
 
-def _host_only(stream: Any) -> None:
-    if stream is not None:
-        raise InvalidArgument("stream= orders ops on GPU buffers; this op's buffers are in host memory")
+
+def _probe(peer: int) -> Callable[[], list[int]]:
+    """What a point-to-point op waits for, as ``Communicator.pending()`` asks it (made once per peer)."""
+    probe = _PROBES.get(peer)
+    if probe is None:
+        probe = _PROBES[peer] = lambda: [peer]
+    return probe
+
+
+def _nothing() -> None:
+    return None

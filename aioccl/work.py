@@ -77,15 +77,19 @@ class Work(Generic[T]):
             self._state = _RUNNING
             return True
 
+    def _start_done(self, result: T) -> None:
+        """``_start`` and ``_set_result`` in one step: an op that finished inside the call that issued it."""
+        self._finish(result, None, claim=True)
+
     def _set_result(self, result: T) -> None:
         self._finish(result, None)
 
     def _set_exception(self, exc: BaseException) -> None:
         self._finish(None, exc)
 
-    def _finish(self, result: Any, exc: BaseException | None, state: int = _DONE) -> bool:
+    def _finish(self, result: Any, exc: BaseException | None, state: int = _DONE, claim: bool = False) -> bool:
         with self._lock:
-            if self._state in (_DONE, _CANCELLED):
+            if self._state >= (_RUNNING if claim else _DONE):  # done or cancelled (claim: or started)
                 return False
             self._state = state
             self._result, self._exc = result, exc
@@ -170,7 +174,7 @@ class Work(Generic[T]):
             async_libs.current()
             result: T = yield from async_libs.trio_wait(self).__await__()
             return result
-        if self.done():
+        if self._state >= _DONE:
             # ops that completed inside the call (shared memory) never suspend the awaiting task;
             # give the loop a turn at least every FAIRNESS_S so other tasks are not starved
             now = time.perf_counter()

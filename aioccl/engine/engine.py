@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import numpy as np
@@ -179,8 +179,11 @@ class Engine:
 
     def _spawn(self, coro_fn: Callable[[], Any]) -> None:
         coro = coro_fn()
-        if coro is None:  # a synchronous start (shared-memory ops): it has run already
-            return
+        if coro is not None:  # None: a synchronous start (shared-memory ops) that has run already
+            self.spawn(coro)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run an op's coroutine as a task of the engine (cancelled on abort); on the engine's thread."""
         task = self.loop.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)

@@ -27,6 +27,7 @@ from ..errors import AiocclError, CollectiveTimeout
 from ..transport.frames import P2P
 from ..transport.frames import pack as pack_header
 from ..transport.shm_pair import ShmPairConnection
+from ..transport.shm_ring import HEAD, TAIL
 from ..transport.tcp import TcpConnection
 from ..work import Work
 from . import rendezvous
@@ -48,8 +49,7 @@ def start_send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memory
             and not eng.queued_sends.get(world) and len(payload) <= eng.eager):
         hdr = pack_header(P2P, 0, dtype_code, 0, comm.ctx, tag, len(payload))
         if conn.send_now(hdr, payload):
-            if work._start():
-                work._set_result(result)
+            work._start_done(result)
             return None
     eng.queued_sends[world] = eng.queued_sends.get(world, 0) + 1
     return _send(eng, comm, peer, tag, payload, dtype_code, timeout, work, result)
@@ -120,10 +120,12 @@ def _spin(eng: Engine, conn: ShmPairConnection, fut: asyncio.Future[Any],
         now = time.perf_counter()
         end, last = now + spin, now + MAX_STREAM_SPIN_S
         conn.watch(True)  # the peer's frames need no bell meanwhile
+        ctl, clock = conn.rx.ctl, time.perf_counter
         try:
             while not fut.done() and not conn.closed and now < last:
-                conn.pump()
-                now = time.perf_counter()
+                if ctl[HEAD] != ctl[TAIL]:  # one look at the counters per turn; the reader only for bytes
+                    conn.pump()
+                now = clock()
                 if now > end and not conn.reader.streaming() and not (busy is not None and busy()):
                     break
         finally:

@@ -116,9 +116,7 @@ class ShmPairConnection:
         """Write a whole frame now, from synchronous code, if nothing is queued before it and it fits."""
         if self.closed or self._lock.locked() or self._control or self.tx.free() < len(header) + len(payload):
             return False
-        self.tx.write(memoryview(header))
-        if len(payload):
-            self.tx.write(_bytes(payload))
+        self.tx.write_frame(header, _bytes(payload))
         self._notify()
         return True
 
@@ -134,7 +132,8 @@ class ShmPairConnection:
         self.rx.set_watching(on)
         if not on:
             fence()
-            self.pump()
+            if self.rx.available():
+                self.pump()
 
     async def _write(self, buf: memoryview) -> None:
         off = 0

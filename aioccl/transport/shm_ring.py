@@ -86,6 +86,20 @@ class ByteRing:
         ctl[HEAD] = head + n  # after the data: a consumer that sees the head sees the bytes
         return n
 
+    def write_frame(self, header: bytes, payload: memoryview) -> None:
+        """Copy a whole frame that fits (the caller checked ``free()``) and publish it once."""
+        ctl, cap, data = self.ctl, self.cap, self.data
+        head = ctl[HEAD]
+        for part in (header, payload):
+            n = len(part)
+            at = head % cap
+            first = min(n, cap - at)
+            data[at:at + first] = part[:first]
+            if first < n:
+                data[:n - first] = part[first:n]
+            head += n
+        ctl[HEAD] = head  # after the data: a consumer that sees the head sees the bytes
+
     def set_blocked(self, on: bool) -> None:
         self.ctl[BLOCKED] = 1 if on else 0
 
