@@ -36,6 +36,7 @@ from ..transport.frames import (
     MAX_FAILURE_BYTES,
     MISMATCH,
     NOTICE,
+    P2P,
     PAUSE,
     PROBE,
     RDATA,
@@ -83,38 +84,8 @@ class Mailbox:
 
     # -- from the connections' readers -----------------------------------
     def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]:
-        if h.kind == COLL:
-            if self._screen(peer, h):
-                return self._discard(h)
-            key = (peer, h.ctx, h.seq, h.k)
-            p = self.posted.pop(key, None)
-            if p is None:
-                e = self.early[key] = Early(peer, h, self.pool, self.budget)
-                return e.view(), e.finish
-        elif h.kind == MISMATCH:
-            buf = self.pool.acquire(h.nbytes)
-            return buf.data[: h.nbytes], lambda: self._on_notice(peer, h, buf)
-        elif h.kind == PROBE:  # a peer waiting on this rank shows its call: only the fingerprint counts
-            self._screen(peer, h)
-            return self._discard(h)
-        elif h.kind == FAIL:
-            if h.nbytes > MAX_FAILURE_BYTES:
-                return self._discard(h)
-            buf = self.pool.acquire(h.nbytes)
-            return buf.data[: h.nbytes], lambda: self._on_failure(peer, h, buf)
-        elif h.kind == PAUSE:
-            if self.on_pause is not None:
-                self.on_pause(peer, bool(h.seq))
-            return self._discard(h)
-        elif h.kind == CTS or h.kind == RDONE:
-            self.rdv.on_cts(peer, h)
-            return self._discard(h)
-        elif h.kind == RDATA:
-            posted = self.rdv.on_data(peer, h)
-            if posted is None or h.nbytes != len(posted.target):
-                return self._discard(h)
-            return posted.target, posted.complete
-        else:  # P2P, or the RTS of a large one
+        kind = h.kind
+        if kind in (P2P, RTS):  # first: the small message's hot path
             key3 = (peer, h.ctx, h.seq)
             p = None
             queue = self.p2p_posted.get(key3)
@@ -125,7 +96,7 @@ class Mailbox:
                     break
             if queue is not None and not queue:
                 del self.p2p_posted[key3]  # tags are often unique (a step number): keep no empty queues
-            rts = (lambda p, offer: self.rdv.match(peer, h, p, self.lost.get(peer), offer)) if h.kind == RTS else None
+            rts = (lambda p, offer: self.rdv.match(peer, h, p, self.lost.get(peer), offer)) if kind == RTS else None
             if p is None or rts is not None:  # not posted yet; or a ready-to-send, matched once its offer is in
                 e = Early(peer, h, self.pool, self.budget, rts)
                 if p is None:
@@ -133,6 +104,39 @@ class Mailbox:
                 else:
                     self._attach(e, p)
                 return e.view(), e.finish
+        elif kind == COLL:
+            if self._screen(peer, h):
+                return self._discard(h)
+            key = (peer, h.ctx, h.seq, h.k)
+            p = self.posted.pop(key, None)
+            if p is None:
+                e = self.early[key] = Early(peer, h, self.pool, self.budget)
+                return e.view(), e.finish
+        elif kind == MISMATCH:
+            buf = self.pool.acquire(h.nbytes)
+            return buf.data[: h.nbytes], lambda: self._on_notice(peer, h, buf)
+        elif kind == PROBE:  # a peer waiting on this rank shows its call: only the fingerprint counts
+            self._screen(peer, h)
+            return self._discard(h)
+        elif kind == FAIL:
+            if h.nbytes > MAX_FAILURE_BYTES:
+                return self._discard(h)
+            buf = self.pool.acquire(h.nbytes)
+            return buf.data[: h.nbytes], lambda: self._on_failure(peer, h, buf)
+        elif kind == PAUSE:
+            if self.on_pause is not None:
+                self.on_pause(peer, bool(h.seq))
+            return self._discard(h)
+        elif kind in (CTS, RDONE):
+            self.rdv.on_cts(peer, h)
+            return self._discard(h)
+        elif kind == RDATA:
+            posted = self.rdv.on_data(peer, h)
+            if posted is None or h.nbytes != len(posted.target):
+                return self._discard(h)
+            return posted.target, posted.complete
+        else:  # BYE is the reader's; unpack() refused any other kind
+            return self._discard(h)
         err = p.mismatch(peer, h)
         if err is not None:
             p.fail(err)

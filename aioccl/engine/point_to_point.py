@@ -152,7 +152,7 @@ def _poll(conn: TcpConnection, fut: asyncio.Future[Any], spin_s: float) -> None:
 
 def start_recv(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
                timeout: float, work: Work[Any], result: Any) -> None:
-    what = f"recv(peer={peer}, tag={tag})"
+    what = work.op
     if eng.aborted is not None:
         if work._start():
             work._set_exception(eng.aborted)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-HEADER = struct.Struct("<BBBBIQqQqi4x")  # kind, op, dtype, redop, k, ctx, seq_or_tag, nbytes, count, root
+# kind, op, dtype, k, ctx, seq_or_tag, nbytes, count, root, redop: the fields of Header, in its order
+HEADER = struct.Struct("<BBBIQqQqiB4x")
 HEADER_SIZE = HEADER.size  # 48
 MAX_FRAME = 1 << 46  # no single message is larger than this; anything bigger is a corrupt header
 NOTICE = struct.Struct("<qBBB5xqq")  # a MISMATCH frame's payload: offender rank, its op, dtype, redop, count, root
@@ -68,7 +69,7 @@ class Header(NamedTuple):
     redop: int = 0  # ReduceOp.code, 0 for none
 
     def pack(self) -> bytes:
-        return pack(*self)
+        return HEADER.pack(*self)
 
     def fingerprint(self) -> tuple[int, int, int, int, int]:
         return (self.op, self.dtype, self.redop, self.count, self.root)
@@ -77,14 +78,18 @@ class Header(NamedTuple):
 def pack(kind: int, op: int, dtype: int, k: int, ctx: int, seq: int, nbytes: int, count: int = 0, root: int = 0,
          redop: int = 0) -> bytes:
     """``Header(...).pack()`` without building the header (the per-message hot path)."""
-    return HEADER.pack(kind, op, dtype, redop, k, ctx, seq, nbytes, count, root)
+    return HEADER.pack(kind, op, dtype, k, ctx, seq, nbytes, count, root, redop)
 
 
-def unpack(buf: bytes | bytearray | memoryview) -> Header:
-    kind, op, dtype, redop, k, ctx, seq, nbytes, count, root = HEADER.unpack(buf)
-    if kind not in KIND_NAMES:
-        raise ValueError(f"corrupt frame: unknown kind {kind}")
-    if nbytes < 0 or nbytes > MAX_FRAME:
-        raise ValueError(f"corrupt frame: {nbytes} payload bytes")
-    return Header(kind, op, dtype, k, ctx, seq, nbytes, count, root, redop)
+def unpack(buf: bytes | bytearray | memoryview, offset: int = 0) -> Header:
+    """The header at ``offset`` of ``buf``; ``ValueError`` for one that no sender writes."""
+    h: Header = _new_tuple(Header, HEADER.unpack_from(buf, offset))  # the struct's fields are in Header's order
+    if h[0] not in KIND_NAMES:
+        raise ValueError(f"corrupt frame: unknown kind {h[0]}")
+    if not 0 <= h[6] <= MAX_FRAME:
+        raise ValueError(f"corrupt frame: {h[6]} payload bytes")
+    return h
+
+
+_new_tuple = tuple.__new__  # a Header from the unpacked fields without the named tuple's Python __new__
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .frames import BYE, HEADER_SIZE, Header, unpack
+from .shm_ring import HEAD, TAIL, ByteRing
 
 
 class Sink(Protocol):
@@ -52,6 +53,34 @@ class FrameReader:
                 done, self._done, self._view = self._done, None, self._hview
                 done()
         return budget
+
+    def feed_ring(self, ring: ByteRing, budget: int) -> int:
+        """``feed`` from a byte ring. A frame published whole (and not wrapping around the ring's end)
+        is taken straight from the ring's memory: its header unpacked in place, its payload copied once,
+        the tail moved once. That is a small message's path; the rest goes through ``feed``."""
+        ctl, data, cap = ring.ctl, ring.data, ring.cap
+        while budget > 0 and self._done is None and not self._got:
+            tail = ctl[TAIL]
+            avail, at = ctl[HEAD] - tail, tail % cap
+            if avail < HEADER_SIZE or at + HEADER_SIZE > cap:
+                break
+            h = unpack(data, at)
+            end = HEADER_SIZE + h.nbytes
+            if avail < end or at + end > cap:
+                break
+            budget -= end
+            if h.kind == BYE:
+                ctl[TAIL] = tail + end
+                self.bye_received = True
+                continue
+            target, done = self.sink.on_header(self.peer, h)
+            if h.nbytes:
+                target[:] = data[at + HEADER_SIZE:at + end]
+            ctl[TAIL] = tail + end  # after the copy: the producer may now overwrite those bytes
+            done()
+        if budget <= 0 or ctl[HEAD] == ctl[TAIL]:
+            return budget
+        return self.feed(ring.read_into, budget)
 
     def streaming(self) -> bool:
         """Is a payload half read (its sender still writing it)?"""

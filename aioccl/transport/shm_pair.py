@@ -205,7 +205,7 @@ class ShmPairConnection:
             return
         before = self.rx.available()
         try:
-            budget = self.reader.feed(self.rx.read_into, READ_BUDGET)
+            budget = self.reader.feed_ring(self.rx, READ_BUDGET)
         except ValueError as e:  # a corrupt header: the stream cannot be trusted any more
             self._ended(e, False)
             return
