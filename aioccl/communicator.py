@@ -273,7 +273,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
             # message over shared memory) is recorded without being tracked first
             coro = start(*args)
             if work.done():
-                self._finished(work)
+                self._record(work)
             else:
                 self._inflight.add(work)
                 watchdog.pending.add(work)
@@ -294,10 +294,14 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
     def _finished(self, work: Work[Any]) -> None:
         """Done callback of every op (engine thread): record it; a timeout gets the recorder's story."""
         self._inflight.discard(work)
+        watchdog.pending.discard(work)
+        self._record(work)
+
+    def _record(self, work: Work[Any]) -> None:
+        """Into the flight recorder with it (and a failure into the exit report)."""
         work._probe = None  # it may reference the op, which references the Work: no cycle for the GC
         self._recorder.add(work)
         exc = work._exc
-        watchdog.pending.discard(work)
         if exc is not None:
             watchdog.failed.append(work)  # reported at exit if nobody ever looked at its error
         if isinstance(exc, CollectiveTimeout):

@@ -26,6 +26,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _sweep import iterations  # noqa: E402  (the peers' iteration counts, shared with their runners)
+
 ROOT = HERE.parent
 # aioccl: its default (shared memory on one host), with registered buffers (comm.alloc), sockets only
 LIBS = ("aioccl", "aioccl-reg", "aioccl-tcp", "gloo", "mpi")
@@ -33,21 +36,27 @@ PEERS = ("gloo", "mpi")
 
 
 def run_aioccl(lib: str, op: str, n: int, sizes: list[int]) -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "r.json"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AIOCCL_") or k == "AIOCCL_ALGO"}
-        extra = ["--registered"] if lib == "aioccl-reg" else []
-        if lib == "aioccl-tcp":
-            env["AIOCCL_SHM_DISABLE"] = "1"
-        subprocess.run([sys.executable, "-m", "aioccl.tools.perf", op, "--sizes", ",".join(map(str, sizes)),
-                        "-n", "20", "-w", "3", "--np", str(n), "--json", str(out), *extra], check=True, env=env,
-                       stdout=subprocess.DEVNULL, timeout=1800)
-        report = json.loads(out.read_text())
+    """aioccl-perf once per size, with the iteration and warm-up counts the peers' loop uses for that
+    size (``_sweep.iterations``), so every library is timed the same way."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOCCL_") or k == "AIOCCL_ALGO"}
+    extra = ["--registered"] if lib == "aioccl-reg" else []
+    if lib == "aioccl-tcp":
+        env["AIOCCL_SHM_DISABLE"] = "1"
     key = "in_place" if op in ("all_reduce", "broadcast") else "out_of_place"
-    return [{"lib": lib, "op": op, "ranks": n, "bytes": row["bytes"], "median_us": row[key]["median_us"],
-             "mean_us": row[key]["time_us"], "wrong": row[key]["wrong"],
-             "busbw": row["bytes"] / (row[key]["median_us"] * 1e-6) / 1e9 * report["busbw_factor"]}
-            for row in report["rows"]]
+    points = []
+    for size in sizes:
+        iters, warm = iterations(size)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "r.json"
+            subprocess.run([sys.executable, "-m", "aioccl.tools.perf", op, "--sizes", str(size), "-n", str(iters),
+                            "-w", str(warm), "--np", str(n), "--json", str(out), *extra], check=True, env=env,
+                           stdout=subprocess.DEVNULL, timeout=1800)
+            report = json.loads(out.read_text())
+        points += [{"lib": lib, "op": op, "ranks": n, "bytes": row["bytes"], "median_us": row[key]["median_us"],
+                    "mean_us": row[key]["time_us"], "wrong": row[key]["wrong"],
+                    "busbw": row["bytes"] / (row[key]["median_us"] * 1e-6) / 1e9 * report["busbw_factor"]}
+                   for row in report["rows"]]
+    return points
 
 
 def run_peer(lib: str, op: str, n: int, sizes: list[int]) -> list[dict]:

@@ -120,9 +120,9 @@ def _spin(eng: Engine, conn: ShmPairConnection, fut: asyncio.Future[Any],
         now = time.perf_counter()
         end, last = now + spin, now + MAX_STREAM_SPIN_S
         conn.watch(True)  # the peer's frames need no bell meanwhile
-        ctl, clock = conn.rx.ctl, time.perf_counter
+        ctl, clock, done = conn.rx.ctl, time.perf_counter, fut.done
         try:
-            while not fut.done() and not conn.closed and now < last:
+            while not done() and not conn.closed and now < last:
                 if ctl[HEAD] != ctl[TAIL]:  # one look at the counters per turn; the reader only for bytes
                     conn.pump()
                 now = clock()

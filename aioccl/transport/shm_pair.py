@@ -32,7 +32,7 @@ from .cma import PeerMemory
 from .frames import BYE, Header
 from .reader import FrameReader, SideChannel, Sink
 from .shm import LoopBell, Segment
-from .shm_ring import ByteRing, fence
+from .shm_ring import BLOCKED, HEAD, TAIL, ByteRing, fence
 from .tcp import TcpConnection
 
 _log = log.get("SHM")
@@ -203,7 +203,8 @@ class ShmPairConnection:
         """Read what the peer has published: headers, then payloads straight into their targets."""
         if self.closed or self.paused:
             return
-        before = self.rx.available()
+        ctl = self.rx.ctl
+        before = ctl[HEAD] != ctl[TAIL]
         try:
             budget = self.reader.feed_ring(self.rx, READ_BUDGET)
         except ValueError as e:  # a corrupt header: the stream cannot be trusted any more
@@ -211,7 +212,7 @@ class ShmPairConnection:
             return
         if self.reader.bye_received:
             self.side.reader.bye_received = True
-        if before and self.rx.producer_blocked():
+        if before and ctl[BLOCKED]:  # it waits for the space just freed
             self.hub.ring(self.peer)
         if budget <= 0:
             self.loop.call_soon(self.pump)  # more is there; let other callbacks run first
