@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 
 CTRL_BYTES = 256
+PUBLISH_EVERY = 128 << 10  # a large frame is published in pieces of this size (see write_frame)
 HEAD, TAIL, BLOCKED, WATCHING = 0, 8, 16, 24  # u64 indices into the control block
 _fence_lock = threading.Lock()
 
@@ -73,32 +74,39 @@ class ByteRing:
 
     def write(self, src: memoryview) -> int:
         """Copy as much of ``src`` (bytes, flat) as fits and publish it; returns the bytes written (0: full)."""
-        ctl, cap = self.ctl, self.cap
+        ctl = self.ctl
         head = ctl[HEAD]
-        n = min(len(src), cap - (head - ctl[TAIL]))
+        n = min(len(src), self.cap - (head - ctl[TAIL]))
         if n <= 0:
             return 0
-        at = head % cap
-        first = min(n, cap - at)
-        self.data[at:at + first] = src[:first]
-        if first < n:
-            self.data[:n - first] = src[first:n]
-        ctl[HEAD] = head + n  # after the data: a consumer that sees the head sees the bytes
+        ctl[HEAD] = self._put(head, src[:n] if n < len(src) else src)  # after the data, as in write_frame
         return n
 
     def write_frame(self, header: bytes, payload: memoryview) -> None:
-        """Copy a whole frame that fits (the caller checked ``free()``) and publish it once."""
-        ctl, cap, data = self.ctl, self.cap, self.data
-        head = ctl[HEAD]
-        for part in (header, payload):
-            n = len(part)
-            at = head % cap
-            first = min(n, cap - at)
-            data[at:at + first] = part[:first]
-            if first < n:
-                data[:n - first] = part[first:n]
-            head += n
-        ctl[HEAD] = head  # after the data: a consumer that sees the head sees the bytes
+        """Copy a whole frame that fits (the caller checked ``free()``) and publish it: a small one at
+        once, a large one piece by piece (``PUBLISH_EVERY``), so the consumer copies each piece out
+        while the next one comes in."""
+        ctl = self.ctl
+        head = self._put(ctl[HEAD], header)
+        n = len(payload)
+        if n <= PUBLISH_EVERY:
+            ctl[HEAD] = self._put(head, payload)  # after the data: a consumer that sees the head sees the bytes
+            return
+        ctl[HEAD] = head
+        for start in range(0, n, PUBLISH_EVERY):
+            head = self._put(head, payload[start:start + PUBLISH_EVERY])
+            ctl[HEAD] = head
+
+    def _put(self, head: int, part: bytes | memoryview) -> int:
+        """Copy ``part`` into the ring at ``head`` (wrapping around its end); returns the new head,
+        not yet published."""
+        n, cap = len(part), self.cap
+        at = head % cap
+        first = min(n, cap - at)
+        self.data[at:at + first] = part[:first]
+        if first < n:
+            self.data[:n - first] = part[first:n]
+        return head + n
 
     def set_blocked(self, on: bool) -> None:
         self.ctl[BLOCKED] = 1 if on else 0
