@@ -13,17 +13,15 @@ NCCL. Point-to-point ops do not take sequence numbers; they match by
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from . import async_libs, log, watchdog
+from . import async_libs, log
 from .algorithms import plan
 from .algorithms.schedule import Schedule
 from .algorithms.shm import shm_plan
@@ -38,11 +36,12 @@ from .engine.placement import Placement
 from .engine.shm_channel import ShmChannel
 from .engine.view import CommView
 from .envvars import check_timeout, env_timeout
-from .errors import CollectiveTimeout, CommAborted, InvalidArgument
-from .group import Group, current_group
-from .introspection import FlightRecorder, PendingOp, pending_op
+from .errors import CommAborted, InvalidArgument
+from .group import Group
+from .introspection import FlightRecorder
 from .lifecycle import LifecycleOps
 from .p2p import PointToPointOps
+from .tracking import OpTracking
 from .transport.ib.connection import IbConnection
 from .transport.shm_pair import ShmPairConnection
 from .tuning import Tuning
@@ -52,7 +51,7 @@ _log = log.get("COLL")
 PLAN_CACHE = 256  # distinct calls (collective, count, dtype, root, placement) whose schedules a communicator keeps
 
 
-class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
+class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
     """A group of ranks that run collectives together.
 
     Create with [`create`][aioccl.Communicator.create] or [`init()`][aioccl.init].
@@ -259,66 +258,6 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps):
         if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.world_size:
             raise InvalidArgument(f"peer {peer!r} out of range for a communicator of {self.world_size} ranks")
         return int(peer)
-
-    def _track(self, work: Work[Any], desc: Any, start: Callable[..., Any], *args: Any) -> Work[Any]:
-        """Start ``start(*args)`` for ``work`` (at once, or with its group) and follow it to its end."""
-        eng = self._engine
-        work._engine_thread = thread = eng.placement.thread_id  # wait() there would deadlock
-        work._t0 = time.monotonic()
-        work._desc = desc
-        pending = current_group.get()
-        if pending is None and thread == threading.get_ident():
-            # on the engine's own thread the op starts in this call, and only completions on this
-            # thread can race with it: an op that finishes inside (a small send or an arrived
-            # message over shared memory) is recorded without being tracked first
-            coro = start(*args)
-            if work.done():
-                self._record(work)
-            else:
-                self._inflight.add(work)
-                watchdog.pending.add(work)
-                work.add_done_callback(self._finished)
-            if coro is not None:
-                eng.spawn(coro)
-            return work
-        self._inflight.add(work)
-        watchdog.pending.add(work)
-        work.add_done_callback(self._finished)
-        begin = functools.partial(start, *args) if args else start
-        if pending is not None:
-            pending.append((self, begin, work))
-        else:
-            eng.launch(begin)
-        return work
-
-    def _finished(self, work: Work[Any]) -> None:
-        """Done callback of every op (engine thread): record it; a timeout gets the recorder's story."""
-        self._inflight.discard(work)
-        watchdog.pending.discard(work)
-        self._record(work)
-
-    def _record(self, work: Work[Any]) -> None:
-        """Into the flight recorder with it (and a failure into the exit report)."""
-        work._probe = None  # it may reference the op, which references the Work: no cycle for the GC
-        self._recorder.add(work)
-        exc = work._exc
-        if exc is not None:
-            watchdog.failed.append(work)  # reported at exit if nobody ever looked at its error
-        if isinstance(exc, CollectiveTimeout):
-            exc.comm = exc.comm or f"{self._view.ctx:x}"
-            now = time.monotonic()
-            exc.recent = self._recorder.lines() + [f"in flight: {pending_op(w, now)}" for w in list(self._inflight)]
-            _log.warning("%s", exc)
-
-    def pending(self) -> list[PendingOp]:
-        """The ops issued on this communicator and not finished yet, oldest first, with the ranks each
-        is waiting for (communicator ranks; ``None`` while queued behind earlier ops)."""
-        now = time.monotonic()
-        return sorted((pending_op(w, now) for w in list(self._inflight)), key=lambda p: -p.age_s)
-
-    def recent(self) -> list[str]:
-        """The flight recorder: the last finished ops (``AIOCCL_FLIGHT_RECORDER`` of them), oldest first."""
-        return self._recorder.lines()
 
     def _collective(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
                     result: Callable[[], Any], timeout: float | None, in_place: bool = False,

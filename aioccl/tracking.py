@@ -1,0 +1,96 @@
+"""Following every op from its call to its end: what ``pending()`` lists, the flight recorder, the
+watchdog's and the exit report's lists, and the warning a timeout logs.
+
+A mixin of ``Communicator``. An op issued on the engine's own thread starts
+inside the call, and one that finishes there (a small send, a message that
+had arrived) is only written to the flight recorder: tracking it as in
+flight first would cost more than the op itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import log, watchdog
+from .errors import CollectiveTimeout
+from .group import current_group
+from .introspection import FlightRecorder, PendingOp, pending_op
+from .work import Work
+
+if TYPE_CHECKING:
+    from .engine.engine import Engine
+    from .engine.view import CommView
+
+_log = log.get("COLL")
+
+
+class OpTracking:
+    if TYPE_CHECKING:
+        _engine: Engine
+        _view: CommView
+        _inflight: set[Work[Any]]
+        _recorder: FlightRecorder
+
+    def _track(self, work: Work[Any], desc: Any, start: Callable[..., Any], *args: Any) -> Work[Any]:
+        """Start ``start(*args)`` for ``work`` (at once, or with its group) and follow it to its end."""
+        eng = self._engine
+        work._engine_thread = thread = eng.placement.thread_id  # wait() there would deadlock
+        work._t0 = time.monotonic()
+        work._desc = desc
+        pending = current_group.get()
+        if pending is None and thread == threading.get_ident():
+            # on the engine's own thread the op starts in this call, and only completions on this
+            # thread can race with it: an op that finishes inside (a small send or an arrived
+            # message over shared memory) is recorded without being tracked first
+            coro = start(*args)
+            if work.done():
+                self._record(work)
+            else:
+                self._inflight.add(work)
+                watchdog.pending.add(work)
+                work.add_done_callback(self._finished)
+            if coro is not None:
+                eng.spawn(coro)
+            return work
+        self._inflight.add(work)
+        watchdog.pending.add(work)
+        work.add_done_callback(self._finished)
+        begin = functools.partial(start, *args) if args else start
+        if pending is not None:
+            pending.append((self, begin, work))  # type: ignore[arg-type]  # self is the Communicator
+        else:
+            eng.launch(begin)
+        return work
+
+    def _finished(self, work: Work[Any]) -> None:
+        """Done callback of every op (engine thread): record it; a timeout gets the recorder's story."""
+        self._inflight.discard(work)
+        watchdog.pending.discard(work)
+        self._record(work)
+
+    def _record(self, work: Work[Any]) -> None:
+        """Into the flight recorder with it (and a failure into the exit report)."""
+        work._probe = None  # it may reference the op, which references the Work: no cycle for the GC
+        self._recorder.add(work)
+        exc = work._exc
+        if exc is not None:
+            watchdog.failed.append(work)  # reported at exit if nobody ever looked at its error
+        if isinstance(exc, CollectiveTimeout):
+            exc.comm = exc.comm or f"{self._view.ctx:x}"
+            now = time.monotonic()
+            exc.recent = self._recorder.lines() + [f"in flight: {pending_op(w, now)}" for w in list(self._inflight)]
+            _log.warning("%s", exc)
+
+    def pending(self) -> list[PendingOp]:
+        """The ops issued on this communicator and not finished yet, oldest first, with the ranks each
+        is waiting for (communicator ranks; ``None`` while queued behind earlier ops)."""
+        now = time.monotonic()
+        return sorted((pending_op(w, now) for w in list(self._inflight)), key=lambda p: -p.age_s)
+
+    def recent(self) -> list[str]:
+        """The flight recorder: the last finished ops (``AIOCCL_FLIGHT_RECORDER`` of them), oldest first."""
+        return self._recorder.lines()
