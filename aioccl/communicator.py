@@ -73,6 +73,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         self._closed: BaseException | None = None
         self._aborted = False
         self._subs: list[Communicator] = []
+        self._groups_made: dict[tuple[tuple[int, ...], str], int] = {}  # create_group's per-group serials
         mine = hosts[view.rank]
         same = [r for r in range(view.size) if hosts[r] == mine]
         self._local = (same.index(view.rank), len(same))

@@ -36,6 +36,7 @@ class LifecycleOps:
         _engine: Engine
         _view: CommView
         _subs: list[Communicator]
+        _groups_made: dict[tuple[tuple[int, ...], str], int]
         _owns_engine: bool
         _lock: threading.Lock
         _closed: BaseException | None
@@ -55,6 +56,8 @@ class LifecycleOps:
         def world_size(self) -> int: ...
 
         def _op_timeout(self, timeout: float | None) -> float: ...
+
+        def _usable(self) -> None: ...
 
         def _usable(self) -> None: ...
 
@@ -102,6 +105,45 @@ class LifecycleOps:
 
         gathered.add_done_callback(finish)
         return result
+
+    def create_group(self, ranks: list[int], *, tag: str = "", timeout: float | None = None) -> Work[Communicator]:
+        """Collective over ``ranks`` only (MPI's ``MPI_Comm_create_group``): the ranks listed, in that
+        order, form a new communicator; the others do not call it.
+
+        Every member passes the same ``ranks`` and ``tag``, and members create their groups in the same
+        order (that is how they agree on the new communicator's identity without asking the others).
+        Like a ``split`` child it shares this communicator's connections and, on one host, gets a
+        shared-memory channel of its own. ``torch.distributed.new_group`` maps to it.
+        """
+        if (not isinstance(ranks, (list, tuple)) or not ranks
+                or any(not isinstance(r, (int, np.integer)) or not 0 <= r < self.world_size for r in ranks)
+                or len(set(ranks)) != len(ranks)):
+            raise InvalidArgument(f"create_group: ranks must be distinct ranks of this communicator "
+                                  f"(0..{self.world_size - 1}), got {ranks!r}")
+        members = [int(r) for r in ranks]
+        if self.rank not in members:
+            raise InvalidArgument(f"create_group: rank {self.rank} is not in {members}; only members call it")
+        t = self._op_timeout(timeout)
+        self._usable()
+        with self._lock:
+            serial = self._groups_made.get((tuple(members), tag), 0)
+            self._groups_made[(tuple(members), tag)] = serial + 1
+        digest = hashlib.blake2b(f"{self._view.ctx}:group:{members}:{tag}:{serial}".encode(), digest_size=8).digest()
+        sub = self._derive(members, int.from_bytes(digest, "little") >> 1, shrunk=False)
+        work: Work[Communicator] = Work("create_group", -1)
+        work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
+
+        async def attach() -> None:
+            try:
+                await sub._open_channel(t, "create_group")
+            except AiocclError as e:
+                work._set_exception(e)
+                return
+            self._subs.append(sub)
+            work._set_result(sub)
+
+        self._engine.launch(attach)
+        return work
 
     def shrink(self, *, timeout: float | None = None) -> Work[Communicator]:
         """After [`PeerLost`][aioccl.errors.PeerLost]: the survivors agree on who is alive and form a new communicator.

@@ -100,6 +100,18 @@ def test_anyio_pipeline_on_both_backends(backend):
     assert "INFO" not in p.stdout + p.stderr  # nothing (pyverbs' import included) turned on INFO logging
 
 
+def test_torch_ddp_tutorial_runs_under_torchrun_with_backend_aioccl():
+    pytest.importorskip("torch", reason="torch is not installed (make test installs the CPU build)")
+    from aioccl.bootstrap.unique_id import free_port
+
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                        str(free_port("127.0.0.1")), str(ROOT / "examples" / "torch_ddp.py")],
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for r in range(2):
+        assert f"basic DDP example on rank {r} (backend aioccl)" in p.stdout and f"rank {r}: loss" in p.stdout
+
+
 def test_every_example_is_run_by_this_file_and_listed_in_the_docs():
     mine = Path(__file__).read_text()
     gallery = (ROOT / "docs" / "examples.md").read_text()

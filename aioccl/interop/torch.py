@@ -57,3 +57,9 @@ def new_tensor(arr: np.ndarray) -> Any:
     if arr.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(arr)
+
+
+if "torch.distributed" in sys.modules:  # torch came first: backend="aioccl" from now on (else its entry point)
+    from .c10d import register
+
+    register()

@@ -1,0 +1,315 @@
+"""``AiocclProcessGroup``: every c10d op of ``torch.distributed`` on an aioccl communicator.
+
+torch 2.13 lets Python subclass ``ProcessGroup`` (not the C++ ``Backend``):
+``dist.*`` calls these methods from Python, and C++ callers (DDP's reducer,
+functional collectives) reach them through torch's trampoline. Each starts
+aioccl ops at once and returns a ``TorchWork``; tensors are viewed in place
+(``aioccl.interop.torch``), so an in-place op writes the caller's tensor.
+Where torch passes a list of tensors that aioccl wants as one array (the
+output list of ``all_gather``, the input list of ``reduce_scatter``), the
+list goes through one flat tensor and a copy.
+
+Method names are torch's (``allreduce``, ``alltoall_base`` ...), camelCase
+where its C++ virtuals are (``getBackendName``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...communicator import Communicator
+from ...errors import InvalidArgument
+from ...work import Work
+from .work import TorchWork, backend_error
+
+_REDUCTIONS = {dist.ReduceOp.RedOpType.SUM: "sum", dist.ReduceOp.RedOpType.PRODUCT: "prod",
+               dist.ReduceOp.RedOpType.MIN: "min", dist.ReduceOp.RedOpType.MAX: "max",
+               dist.ReduceOp.RedOpType.AVG: "avg"}
+
+
+class AiocclProcessGroup(dist.ProcessGroup):
+    """A torch process group whose ops run on ``comm`` (rank ``rank`` of ``size``)."""
+
+    def __init__(self, comm: Communicator, rank: int, size: int, timeout: float) -> None:
+        super().__init__(rank, size)
+        self.comm = comm
+        self._timeout = timeout
+        self._group_name = ""
+        self._group_desc = ""
+        self._exchange: Communicator | None = None  # uneven all-to-alls: sends and receives of their own
+        self._exchanges = itertools.count()
+        self._coalesced: list[TorchWork] | None = None
+
+    # -- identity ----------------------------------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802  (torch's C++ name)
+        return "aioccl"
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def __repr__(self) -> str:
+        return f"<AiocclProcessGroup rank {self.rank()} of {self.size()} over {self.comm!r}>"
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def _deadline(self, opts: Any) -> float:
+        t = getattr(opts, "timeout", None)
+        return t.total_seconds() if t is not None and t.total_seconds() > 0 else self._timeout
+
+    @staticmethod
+    def _reduction(opts: Any) -> str:
+        kind = opts.reduceOp.op if hasattr(opts.reduceOp, "op") else opts.reduceOp
+        name = _REDUCTIONS.get(kind)
+        if name is None:
+            raise InvalidArgument(f"aioccl reduces with sum, product, min, max and avg; not {kind}")
+        return name
+
+    @staticmethod
+    def _single(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
+        if len(tensors) != 1:
+            raise InvalidArgument(f"{what}: aioccl takes one tensor per rank, got {len(tensors)}")
+        return tensors[0]
+
+    @staticmethod
+    def _flat(t: torch.Tensor, what: str) -> torch.Tensor:
+        """``t`` as one dimension, sharing its memory (a copy would lose the results)."""
+        if not t.is_contiguous():
+            raise InvalidArgument(f"{what}: tensors must be contiguous (strides {t.stride()})")
+        return t.reshape(-1)
+
+    def _work(self, works: list[Work[Any]], result: list[torch.Tensor], what: str, finish: Any = None) -> TorchWork:
+        w = TorchWork(works, result, what, finish, self.comm._engine.placement.thread_id)
+        if self._coalesced is not None:
+            self._coalesced.append(w)
+        return w
+
+    # -- reductions and broadcasts -----------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
+        opts = opts or dist.AllreduceOptions()
+        t = self._single(tensors, "allreduce")
+        return self._work([self.comm.all_reduce(t, self._reduction(opts), timeout=self._deadline(opts))],
+                          tensors, "allreduce")
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
+        opts = opts or dist.AllreduceCoalescedOptions()
+        op, t = self._reduction(opts), self._deadline(opts)
+        return self._work([self.comm.all_reduce(x, op, timeout=t) for x in tensors], tensors, "allreduce_coalesced")
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
+        opts = opts or dist.BroadcastOptions()
+        t = self._single(tensors, "broadcast")
+        return self._work([self.comm.broadcast(t, root=opts.rootRank, timeout=self._deadline(opts))], tensors,
+                          "broadcast")
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
+        opts = opts or dist.ReduceOptions()
+        t = self._single(tensors, "reduce")
+        w = self.comm.reduce(t, root=opts.rootRank, op=self._reduction(opts), timeout=self._deadline(opts))
+        return self._work([w], tensors, "reduce")
+
+    # -- gathers ---------------------------------------------------------------------------------------------
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
+        opts = opts or dist.AllgatherOptions()
+        w = self.comm.all_gather(self._flat(input, "all_gather_into_tensor"),
+                                 out=self._flat(output, "all_gather_into_tensor"), timeout=self._deadline(opts))
+        return self._work([w], [output], "all_gather_into_tensor")
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> TorchWork:
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return self._all(works, outputs, "all_gather_into_tensor_coalesced")
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts: Any = None) -> TorchWork:
+        opts = opts or dist.AllgatherOptions()
+        inp = self._single(input_tensors, "allgather")
+        outs = output_tensors[0]
+        flat = torch.empty(len(outs) * inp.numel(), dtype=inp.dtype)
+        w = self.comm.all_gather(self._flat(inp, "allgather"), out=flat, timeout=self._deadline(opts))
+        return self._work([w], outs, "allgather", lambda: _unflatten(flat, outs))
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                            opts: Any = None) -> TorchWork:
+        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs, strict=True)]
+        return self._all(works, [t for o in output_lists for t in o], "allgather_coalesced")
+
+    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts: Any = None) -> TorchWork:
+        opts = opts or dist.GatherOptions()
+        inp = self._single(input_tensors, "gather")
+        root, t = opts.rootRank, self._deadline(opts)
+        if self.rank() != root:
+            return self._work([self.comm.gather(self._flat(inp, "gather"), root, timeout=t)], [], "gather")
+        outs = output_tensors[0]
+        flat = torch.empty(len(outs) * inp.numel(), dtype=inp.dtype)
+        w = self.comm.gather(self._flat(inp, "gather"), root, out=flat, timeout=t)
+        return self._work([w], outs, "gather", lambda: _unflatten(flat, outs))
+
+    # -- scatters --------------------------------------------------------------------------------------------
+    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                opts: Any = None) -> TorchWork:
+        opts = opts or dist.ScatterOptions()
+        out = self._single(output_tensors, "scatter")
+        root, t = opts.rootRank, self._deadline(opts)
+        whole = torch.cat([x.reshape(-1) for x in input_tensors[0]]) if self.rank() == root else None
+        w = self.comm.scatter(whole, root, out=self._flat(out, "scatter"), timeout=t)
+        return self._work([w], output_tensors, "scatter")
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                       opts: Any = None) -> TorchWork:
+        opts = opts or dist.ReduceScatterOptions()
+        out = self._single(output_tensors, "reduce_scatter")
+        whole = torch.cat([x.reshape(-1) for x in input_tensors[0]])
+        w = self.comm.reduce_scatter(whole, self._reduction(opts), out=self._flat(out, "reduce_scatter"),
+                                     timeout=self._deadline(opts))
+        return self._work([w], output_tensors, "reduce_scatter")
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
+        opts = opts or dist.ReduceScatterOptions()
+        w = self.comm.reduce_scatter(self._flat(input, "reduce_scatter_tensor"), self._reduction(opts),
+                                     out=self._flat(output, "reduce_scatter_tensor"), timeout=self._deadline(opts))
+        return self._work([w], [output], "reduce_scatter_tensor")
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> TorchWork:
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return self._all(works, outputs, "reduce_scatter_tensor_coalesced")
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- all to all ------------------------------------------------------------------------------------------
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                          input_split_sizes: list[int], opts: Any = None) -> TorchWork:
+        opts = opts or dist.AllToAllOptions()
+        n, t = self.size(), self._deadline(opts)
+        src, dst = self._flat(input, "all_to_all_single"), self._flat(output, "all_to_all_single")
+        if not output_split_sizes and not input_split_sizes:
+            return self._work([self.comm.all_to_all(src, out=dst, timeout=t)], [output], "all_to_all_single")
+        row_in = input[0].numel() if input.dim() else 1
+        row_out = output[0].numel() if output.dim() else 1
+        ins = _pieces(src, [s * row_in for s in input_split_sizes] if input_split_sizes else None, n)
+        outs = _pieces(dst, [s * row_out for s in output_split_sizes] if output_split_sizes else None, n)
+        return self._exchange_pieces(ins, outs, t, [output], "all_to_all_single")
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> TorchWork:
+        opts = opts or dist.AllToAllOptions()
+        ins = [self._flat(x, "all_to_all") for x in input_tensors]
+        outs = [self._flat(x, "all_to_all") for x in output_tensors]
+        return self._exchange_pieces(ins, outs, self._deadline(opts), output_tensors, "all_to_all")
+
+    def _exchange_pieces(self, ins: list[torch.Tensor], outs: list[torch.Tensor], timeout: float,
+                         result: list[torch.Tensor], what: str) -> TorchWork:
+        """Piece j of ``ins`` to rank j, piece j of ``outs`` from it (any sizes): sends and receives on a
+        group of their own, so they never match the user's point-to-point messages."""
+        me = self.rank()
+        if len(ins) != self.size() or len(outs) != self.size():
+            raise InvalidArgument(f"{what}: {len(ins)} inputs and {len(outs)} outputs for {self.size()} ranks")
+        if self._exchange is None:
+            self._exchange = self.comm.create_group(list(range(self.size())), tag="c10d-all-to-all",
+                                                    timeout=timeout).wait()
+        tag = next(self._exchanges)
+        works: list[Work[Any]] = []
+        for j in range(self.size()):
+            if j == me:
+                continue
+            if outs[j].numel():
+                works.append(self._exchange.irecv(outs[j], j, tag, timeout=timeout))
+            if ins[j].numel():
+                works.append(self._exchange.isend(ins[j], j, tag, timeout=timeout))
+        outs[me].copy_(ins[me])
+        return self._work(works, result, what)
+
+    # -- the rest --------------------------------------------------------------------------------------------
+    def barrier(self, opts: Any = None) -> TorchWork:
+        opts = opts or dist.BarrierOptions()
+        return self._work([self.comm.barrier(timeout=self._deadline(opts))], [], "barrier")
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> TorchWork:
+        t = self._single(tensors, "send")
+        return self._work([self.comm.isend(t, dst, tag)], tensors, f"send(dst={dst}, tag={tag})")
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> TorchWork:
+        t = self._single(tensors, "recv")
+        return self._work([self.comm.irecv(t, src, tag)], tensors, f"recv(src={src}, tag={tag})")
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> TorchWork:
+        raise backend_error(InvalidArgument("aioccl has no receive from any source: pass src= to recv"))
+
+    def start_coalescing(self, device: Any) -> None:
+        """Ops until ``end_coalescing`` are started at once, as always, and waited for together."""
+        self._coalesced = []
+
+    def end_coalescing(self, device: Any) -> TorchWork:
+        works, self._coalesced = self._coalesced or [], None
+        return self._all(works, [t for w in works for t in w.result()], "coalesced ops")
+
+    _start_coalescing = start_coalescing
+    _end_coalescing = end_coalescing
+
+    def _all(self, works: list[TorchWork], result: list[torch.Tensor], what: str) -> TorchWork:
+        """One Work for several already started: done when all are (their aioccl ops, then copies)."""
+        return self._work([_as_aioccl(w) for w in works], result, what)
+
+    def abort(self) -> None:
+        self.comm.abort()
+
+    def shutdown(self) -> None:
+        self.comm.close().wait()
+
+
+def _unflatten(flat: torch.Tensor, outs: list[torch.Tensor]) -> None:
+    """Copy consecutive pieces of ``flat`` into ``outs`` (on the engine thread, once the op is done)."""
+    at = 0
+    for o in outs:
+        o.copy_(flat[at:at + o.numel()].view(o.shape))
+        at += o.numel()
+
+
+def _pieces(flat: torch.Tensor, sizes: list[int] | None, n: int) -> list[torch.Tensor]:
+    """``flat`` cut into ``sizes`` (elements), or into ``n`` equal pieces."""
+    if sizes is None:
+        if flat.numel() % n:
+            raise InvalidArgument(f"all_to_all_single: {flat.numel()} elements do not split evenly over {n} ranks")
+        sizes = [flat.numel() // n] * n
+    if len(sizes) != n or sum(sizes) != flat.numel():
+        raise InvalidArgument(f"all_to_all_single: split sizes {sizes} do not cover {flat.numel()} elements "
+                              f"in {n} pieces")
+    return list(torch.split(flat, sizes))
+
+
+def _as_aioccl(w: TorchWork) -> Work[Any]:
+    """A torch Work of ours as an aioccl Work (done when it is), so several can be waited for as one."""
+    out: Work[Any] = Work(w._what, -1)
+    out._start()
+
+    def done(f: torch.futures.Future[Any]) -> None:
+        try:
+            f.value()
+        except Exception as e:  # noqa: BLE001  (the op's error, already a DistBackendError)
+            out._set_exception(e)
+        else:
+            out._set_result(None)
+
+    w.get_future().add_done_callback(done)
+    return out

@@ -1,0 +1,108 @@
+"""aioccl's ``Work`` as torch's: ``wait()``, ``get_future()``, and errors torch users catch.
+
+One torch ``Work`` may stand for several aioccl ops (a coalesced call, an
+uneven all-to-all made of sends and receives); it completes when the last
+one does, after ``finish`` (copying a gathered result out into the caller's
+list of tensors). Completion happens on aioccl's engine thread, which is
+also where the future's callbacks run (DDP's bucket hooks among them), as
+they run on Gloo's own threads.
+
+Errors arrive as ``torch.distributed.DistBackendError`` carrying aioccl's
+message (the op, its sequence number, the ranks it waited for) with the
+aioccl exception as ``__cause__``: ``except DistBackendError`` catches a
+timeout, a lost peer and a mismatch, and ``e.__cause__`` tells them apart.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...work import Work
+
+
+def backend_error(exc: BaseException) -> dist.DistBackendError:
+    """``exc`` as torch users catch it (a ``DistBackendError`` is already one)."""
+    if isinstance(exc, dist.DistBackendError):
+        return exc
+    err = dist.DistBackendError(f"aioccl: {exc}")
+    err.__cause__ = exc
+    return err
+
+
+class TorchWork(dist.Work):
+    """Done when every aioccl op in ``works`` is, then ``finish()`` has run; its result is ``result``."""
+
+    def __init__(self, works: list[Work[Any]], result: list[torch.Tensor], what: str,
+                 finish: Callable[[], None] | None = None, engine_thread: int | None = None) -> None:
+        super().__init__()
+        self._result, self._what, self._finish = result, what, finish
+        self._future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        self._lock = threading.Lock()
+        self._left = len(works)
+        self._exc: BaseException | None = None
+        self._done = threading.Event()
+        self._engine_thread = engine_thread
+        if not works:
+            self._complete()
+        for w in works:
+            w.add_done_callback(self._one_done)
+
+    def _one_done(self, w: Work[Any]) -> None:
+        exc = w.exception()  # (marks it seen: aioccl's exit report leaves it alone)
+        with self._lock:
+            if exc is not None and self._exc is None:
+                self._exc = backend_error(exc)
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._complete()
+
+    def _complete(self) -> None:
+        if self._exc is None and self._finish is not None:
+            try:
+                self._finish()
+            except Exception as e:  # noqa: BLE001  (a bug here must not leave the future pending)
+                self._exc = backend_error(e)
+        if self._exc is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(self._exc)  # type: ignore[arg-type]  # (the stub wants a T)
+        self._done.set()
+
+    # -- torch's Work ----------------------------------------------------------------------------------
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Block until done (each aioccl op has its own deadline, so this ends); ``timeout`` > 0 bounds
+        the wait itself, as torch's ``Work.wait(timeout)`` does."""
+        if not self._done.is_set() and threading.get_ident() == self._engine_thread:
+            raise RuntimeError(f"{self._what}: wait() on aioccl's engine thread would deadlock; chain "
+                               "on get_future() instead")
+        seconds = timeout.total_seconds() if timeout is not None else 0.0
+        if not self._done.wait(seconds if seconds > 0 else None):
+            raise dist.DistBackendError(f"aioccl: {self._what} not done after wait(timeout={seconds:g}s)")
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._exc is None
+
+    def exception(self) -> BaseException | None:
+        return self._exc
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()

@@ -1,0 +1,132 @@
+"""DDP training steps with backend "aioccl" against "gloo", side by side in one session (torchrun, CPU).
+
+    python benchmarks/torch_ddp.py --ranks 2,4 --repeats 3 --out docs/bench
+
+The model is an MLP of about 25M float32 parameters (2048 -> 4096 -> 4096 -> 16), 16 samples per rank; a
+step is forward, backward (DDP's bucketed all_reduces overlap it) and SGD, timed as the median over steps
+of the slowest rank. Also timed: ``dist.all_reduce`` of 8 bytes through each backend and, for aioccl, the
+same through its own API on the group's communicator. The backends run alternately in each repeat; each
+figure is the median over repeats. Writes torch_ddp.md and torch_ddp.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+SIZES = (2048, 4096, 4096, 16)
+RESULT = re.compile(r"^RESULT (\{.*\})$", re.M)
+
+
+def worker(backend: str, steps: int, warmup: int, calls: int) -> None:
+    dist.init_process_group(backend)
+    r = dist.get_rank()
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for a, b in zip(SIZES, SIZES[1:], strict=False):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers[:-1]))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x, y = torch.randn(16, SIZES[0]), torch.randn(16, SIZES[-1])
+    per = []
+    for step in range(warmup + steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        if step >= warmup:
+            per.append(time.perf_counter() - t0)
+    small = torch.zeros(2)
+    lat = _latency(lambda: dist.all_reduce(small), calls)
+    own = None
+    if backend == "aioccl":
+        comm = dist.distributed_c10d._get_default_group().comm  # the group's aioccl communicator
+        own = _latency(lambda: comm.all_reduce(small).wait(), calls)
+    worst = torch.tensor([statistics.median(per), lat, own or 0.0], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    if r == 0:
+        params = sum(p.numel() for p in model.parameters())
+        print("RESULT " + json.dumps({"step_s": worst[0].item(), "allreduce_8B_us": worst[1].item() * 1e6,
+                                      "aioccl_api_8B_us": worst[2].item() * 1e6 if own else None,
+                                      "params": params}), flush=True)
+    dist.destroy_process_group()
+
+
+def _latency(fn, calls: int) -> float:
+    for _ in range(calls // 10):
+        fn()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
+
+
+def run(backend: str, n: int, args: argparse.Namespace) -> dict:
+    from aioccl.bootstrap.unique_id import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
+           str(free_port("127.0.0.1")), __file__, "--worker", backend, "--steps", str(args.steps),
+           "--calls", str(args.calls)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
+                       env={**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))})
+    found = RESULT.search(p.stdout)
+    if p.returncode or found is None:
+        raise SystemExit(f"{backend} x{n} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return json.loads(found[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.worker, args.steps, 2, args.calls)
+        return
+    runs: dict[str, list[dict]] = {}
+    for rep in range(args.repeats):
+        for n in map(int, args.ranks.split(",")):
+            for backend in (("aioccl", "gloo") if rep % 2 == 0 else ("gloo", "aioccl")):
+                res = run(backend, n, args)
+                runs.setdefault(f"{backend} x{n}", []).append(res)
+                print(f"repeat {rep + 1}/{args.repeats} {backend} x{n}: step {res['step_s'] * 1e3:.1f} ms, "
+                      f"8 B all_reduce {res['allreduce_8B_us']:.1f} us", flush=True)
+    med = {k: {f: statistics.median(r[f] for r in v) for f in ("step_s", "allreduce_8B_us")} for k, v in runs.items()}
+    lines = [f"Command: `benchmarks/torch_ddp.py --ranks {args.ranks} --repeats {args.repeats} --steps {args.steps}`",
+             f"torch {torch.__version__}, {next(iter(runs.values()))[0]['params'] / 1e6:.1f}M parameters, "
+             f"medians of {args.repeats} runs", "",
+             "| ranks | aioccl step | gloo step | gloo / aioccl | aioccl 8 B all_reduce | aioccl API 8 B | "
+             "gloo 8 B all_reduce | gloo / aioccl (8 B) |", "|---|---|---|---|---|---|---|---|"]
+    for n in map(int, args.ranks.split(",")):
+        a, g = med[f"aioccl x{n}"], med[f"gloo x{n}"]
+        api = statistics.median(r["aioccl_api_8B_us"] for r in runs[f"aioccl x{n}"])
+        lines.append(f"| {n} | {a['step_s'] * 1e3:.1f} ms | {g['step_s'] * 1e3:.1f} ms | "
+                     f"{g['step_s'] / a['step_s']:.2f}x | {a['allreduce_8B_us']:.1f} us | {api:.1f} us | "
+                     f"{g['allreduce_8B_us']:.1f} us | {g['allreduce_8B_us'] / a['allreduce_8B_us']:.1f}x |")
+    print("\n".join(lines))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "torch_ddp.md").write_text("\n".join(lines) + "\n")
+        (out / "torch_ddp.json").write_text(json.dumps(runs, indent=1))
+
+
+if __name__ == "__main__":
+    main()

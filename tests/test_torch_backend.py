@@ -1,0 +1,87 @@
+"""backend="aioccl" for torch.distributed, under torchrun with real processes: every c10d op against Gloo,
+DDP and FSDP2 against one process, deadlines and a killed rank, and the registration itself."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, TRANSPORT_ENV, WORKERS
+
+torch = pytest.importorskip("torch", reason="torch is not installed (make test installs the CPU build)")
+dist = pytest.importorskip("torch.distributed")
+
+
+def torchrun(n: int, script: str, *args: str, env: dict[str, str] | None = None,
+             timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``torchrun --nproc-per-node n tests/workers/<script>``: torch's own launcher and store."""
+    from aioccl.bootstrap.unique_id import free_port
+
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
+           str(free_port("127.0.0.1")), str(WORKERS / script), *args]
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("n, transport", [(2, "shm"), (3, "shm"), (2, "tcp")])
+def test_every_c10d_op_equals_gloo_on_every_shared_dtype(n, transport):
+    p = torchrun(n, "torch_c10d.py", "conformance", env=TRANSPORT_ENV[transport])
+    for r in range(n):  # (torchrun interleaves the ranks' output: search, not split into lines)
+        found = re.search(rf"\[rank {r}\] c10d n={n}: (\d+) checks, (\d+) failures", p.stdout)
+        assert found is not None and found[2] == "0", p.stdout[-3000:] + p.stderr[-3000:]
+        assert int(found[1]) > 200, found[0]  # every op ran, for every dtype
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("mode, n", [("ddp", 2), ("fsdp2", 2), ("fsdp2", 4)])
+def test_training_equals_one_process_on_the_whole_batch(mode, n):
+    p = torchrun(n, "torch_ddp_check.py", mode, "5")
+    for r in range(n):
+        assert f"[rank {r}] {mode} n={n}: parameters equal to one process after 5 steps" in p.stdout, \
+            p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.returncode == 0
+
+
+def test_a_silent_rank_is_named_within_the_groups_timeout():
+    p = torchrun(3, "torch_c10d.py", "timeout")  # init_process_group(timeout=2 s); rank 2 never joins
+    for r in (0, 1):
+        assert f"[rank {r}] c10d n=3: 1 checks, 0 failures" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+        assert f"[rank {r}] raised after 2." in p.stdout
+    assert "timed out after 2s waiting for ranks [2]" in p.stdout
+
+
+def test_a_killed_rank_is_named_by_the_survivors_at_once():
+    p = torchrun(3, "torch_c10d.py", "killed")
+    for r in (0, 1):
+        assert f"[rank {r}] c10d n=3: 1 checks, 0 failures" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "lost connection to rank 2" in p.stdout
+
+
+def test_the_backend_is_registered_by_torchs_entry_point_and_by_import():
+    code = ("import torch.distributed as d; print('AIOCCL' in d.Backend._plugins); "
+            "import aioccl.interop.c10d as c; print(c.register())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "1"})
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
+    off = subprocess.run([sys.executable, "-c", "import torch.distributed as d; print('AIOCCL' in d.Backend._plugins)"
+                          "; import aioccl; print('AIOCCL' in d.Backend._plugins)"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert off.stdout.split() == ["False", "True"], off.stdout + off.stderr
+
+
+def test_what_aioccl_cannot_do_is_refused_clearly():
+    from aioccl.errors import InvalidArgument
+    from aioccl.interop.c10d.process_group import AiocclProcessGroup
+
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.BAND
+    with pytest.raises(InvalidArgument, match="sum, product, min, max and avg"):
+        AiocclProcessGroup._reduction(opts)
+    with pytest.raises(InvalidArgument, match="one tensor per rank"):
+        AiocclProcessGroup._single([torch.zeros(1), torch.zeros(1)], "allreduce")
+    with pytest.raises(InvalidArgument, match="contiguous"):
+        AiocclProcessGroup._flat(torch.zeros(4, 4)[:, 1], "all_gather_into_tensor")

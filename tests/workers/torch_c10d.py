@@ -1,0 +1,258 @@
+"""Under torchrun: every c10d op on backend "aioccl", checked element by element against Gloo (a group of
+the same ranks) and against the exact expected values, for every dtype the two share.
+
+Usage: torchrun --nproc-per-node N torch_c10d.py [conformance | timeout | killed]
+Prints "[rank r] c10d n=N: C checks, F failures" and exits 1 on any failure.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.int8,
+          torch.uint8]
+POISON = 99
+checks = 0
+failures: list[str] = []
+
+
+def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    global checks
+    checks += 1
+    if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+        failures.append(f"{what}: got {got.flatten()[:8].tolist()} want {want.flatten()[:8].tolist()}")
+
+
+def values(rank: int, count: int, dtype: torch.dtype, small: bool = False) -> torch.Tensor:
+    """Small integers, exact in every dtype and under every reduction of up to 4 ranks."""
+    v = (torch.arange(count) * 3 + rank * 5) % (3 if small else 7) + 1
+    return v.to(dtype)
+
+
+def poison(count: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.full((count,), POISON).to(dtype)
+
+
+def both(fn, name: str, gloo: dist.ProcessGroup) -> None:
+    """Run ``fn(group)`` on aioccl and on Gloo; it returns tensors to compare pairwise."""
+    mine, theirs = fn(None), fn(gloo)
+    for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        check(f"{name}[{i}] vs gloo", a, b)
+
+
+def conformance() -> None:
+    r, n = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    count = 37
+    for dt in DTYPES:
+        for op, small in ((dist.ReduceOp.SUM, False), (dist.ReduceOp.PRODUCT, True), (dist.ReduceOp.MIN, False),
+                          (dist.ReduceOp.MAX, False)):
+            def all_reduce(g, op=op, small=small, dt=dt):
+                x = values(r, count, dt, small)
+                dist.all_reduce(x, op=op, group=g)
+                return [x]
+            both(all_reduce, f"all_reduce {dt} {op}", gloo)
+            want = values(0, count, dt, small)
+            for k in range(1, n):
+                w = values(k, count, dt, small)
+                want = {dist.ReduceOp.SUM: lambda a, b: a + b, dist.ReduceOp.PRODUCT: lambda a, b: a * b,
+                        dist.ReduceOp.MIN: torch.minimum, dist.ReduceOp.MAX: torch.maximum}[op](want, w)
+            got = values(r, count, dt, small)
+            dist.all_reduce(got, op=op)
+            check(f"all_reduce {dt} {op} exact", got, want)
+        for root in range(n):
+            def broadcast(g, root=root, dt=dt):
+                x = values(r, count, dt) if r == root else poison(count, dt)
+                dist.broadcast(x, root, group=g)
+                return [x]
+            both(broadcast, f"broadcast {dt} root {root}", gloo)
+
+            def reduce(g, root=root, dt=dt):
+                x = values(r, count, dt)
+                dist.reduce(x, root, group=g)
+                return [x] if r == root else []
+            both(reduce, f"reduce {dt} root {root}", gloo)
+
+            def gather(g, root=root, dt=dt):
+                outs = [poison(count, dt) for _ in range(n)] if r == root else None
+                dist.gather(values(r, count, dt), outs, dst=root, group=g)
+                return outs or []
+            both(gather, f"gather {dt} root {root}", gloo)
+
+            def scatter(g, root=root, dt=dt):
+                out = poison(count, dt)
+                ins = [values(k, count, dt) for k in range(n)] if r == root else None
+                dist.scatter(out, ins, src=root, group=g)
+                return [out]
+            both(scatter, f"scatter {dt} root {root}", gloo)
+
+        def all_gather(g, dt=dt):
+            outs = [poison(count, dt) for _ in range(n)]
+            dist.all_gather(outs, values(r, count, dt), group=g)
+            return outs
+        both(all_gather, f"all_gather {dt}", gloo)
+
+        def all_gather_into_tensor(g, dt=dt):
+            out = poison(count * n, dt)
+            dist.all_gather_into_tensor(out, values(r, count, dt), group=g)
+            return [out]
+        both(all_gather_into_tensor, f"all_gather_into_tensor {dt}", gloo)
+
+        def reduce_scatter_tensor(g, dt=dt):
+            out = poison(count, dt)
+            dist.reduce_scatter_tensor(out, values(r, count * n, dt), group=g)
+            return [out]
+        both(reduce_scatter_tensor, f"reduce_scatter_tensor {dt}", gloo)
+
+        def reduce_scatter(g, dt=dt):
+            out = poison(count, dt)
+            dist.reduce_scatter(out, [values(r + k, count, dt) for k in range(n)], group=g)
+            return [out]
+        both(reduce_scatter, f"reduce_scatter {dt}", gloo)
+
+        def all_to_all_single(g, dt=dt):
+            out = poison(count * n, dt)
+            dist.all_to_all_single(out, values(r, count * n, dt), group=g)
+            return [out]
+        both(all_to_all_single, f"all_to_all_single {dt}", gloo)
+
+        def all_to_all_uneven(g, dt=dt):
+            sent = [r + k + 1 for k in range(n)]  # rank r sends r + k + 1 rows of 2 to rank k
+            got = [k + r + 1 for k in range(n)]
+            out = poison(sum(got) * 2, dt).reshape(-1, 2)
+            dist.all_to_all_single(out, values(r, sum(sent) * 2, dt).reshape(-1, 2), got, sent, group=g)
+            return [out]
+        both(all_to_all_uneven, f"all_to_all_single uneven {dt}", gloo)
+
+        def all_to_all(g, dt=dt):
+            outs = [poison(5, dt) for k in range(n)]
+            dist.all_to_all(outs, [values(r * 10 + k, 5, dt) for k in range(n)], group=g)
+            return outs
+        both(all_to_all, f"all_to_all {dt}", gloo)
+        outs = [poison(k + 2, dt) for k in range(n)]  # uneven pieces (Gloo refuses them): against the values
+        dist.all_to_all(outs, [values(r * 10 + k, r + 2, dt) for k in range(n)])
+        for k in range(n):
+            check(f"all_to_all uneven {dt} from {k}", outs[k], values(k * 10 + r, k + 2, dt))
+
+    x = values(r, 8, torch.float32)
+    dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    check("all_reduce avg", x, sum(values(k, 8, torch.float32) for k in range(n)) / n)
+    p2p(r, n)
+    handles(r, n)
+    objects(r, n)
+    if n >= 3:
+        sub = dist.new_group([0, 2])
+        if r in (0, 2):
+            y = values(r, 5, torch.int64)
+            dist.all_reduce(y, group=sub)
+            check("new_group [0, 2]", y, values(0, 5, torch.int64) + values(2, 5, torch.int64))
+    dist.barrier()
+
+
+def p2p(r: int, n: int) -> None:
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    out = poison(11, torch.int32)
+    ops = [dist.P2POp(dist.isend, values(r, 11, torch.int32), nxt, tag=3),
+           dist.P2POp(dist.irecv, out, prv, tag=3)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    check("batch_isend_irecv", out, values(prv, 11, torch.int32))
+    if r == 0:
+        dist.send(values(0, 4, torch.float64), 1, tag=9)
+    elif r == 1:
+        t = poison(4, torch.float64)
+        dist.recv(t, 0, tag=9)
+        check("send/recv", t, values(0, 4, torch.float64))
+
+
+def handles(r: int, n: int) -> None:
+    x = values(r, 1000, torch.float32)
+    w = dist.all_reduce(x, async_op=True)
+    fut = w.get_future()
+    assert w.wait() is True
+    got = fut.wait()
+    check("async all_reduce future", got[0], sum(values(k, 1000, torch.float32) for k in range(n)))
+    check("async all_reduce in place", x, got[0])
+    assert w.is_completed()
+    chained = dist.all_reduce(values(r, 3, torch.int64), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    check("future then", chained.wait(), 2 * sum(values(k, 3, torch.int64) for k in range(n)))
+
+
+def objects(r: int, n: int) -> None:
+    got: list = [None] * n
+    dist.all_gather_object(got, {"rank": r, "pad": "x" * r * 100})
+    global checks
+    checks += 1
+    if got != [{"rank": k, "pad": "x" * k * 100} for k in range(n)]:
+        failures.append(f"all_gather_object: {got}")
+    objs = [f"hello from {r}", r] if r == 0 else [None, None]
+    dist.broadcast_object_list(objs, src=0)
+    checks += 1
+    if objs != ["hello from 0", 0]:
+        failures.append(f"broadcast_object_list: {objs}")
+
+
+def silent_rank() -> None:
+    """Rank n-1 never joins the all_reduce: the others raise DistBackendError naming it, in time."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    global checks
+    if r == n - 1:
+        time.sleep(6)
+        return
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+        failures.append("all_reduce returned without the silent rank")
+    except dist.DistBackendError as e:
+        took = time.monotonic() - t0
+        checks += 1
+        if f"ranks [{n - 1}]" not in str(e) or not 1.5 < took < 6:
+            failures.append(f"error after {took:.1f}s: {e}")
+        print(f"[rank {r}] raised after {took:.1f}s: {str(e).splitlines()[0]}", flush=True)
+
+
+def killed_rank() -> None:
+    """Rank n-1 is killed (SIGKILL) before the all_reduce: the others raise DistBackendError naming it."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    global checks
+    dist.barrier()
+    if r == n - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+        failures.append("all_reduce returned without the killed rank")
+    except dist.DistBackendError as e:
+        took = time.monotonic() - t0
+        checks += 1
+        if f"rank {n - 1}" not in str(e) or took > 10:
+            failures.append(f"error after {took:.1f}s: {e}")
+        print(f"[rank {r}] raised after {took:.1f}s: {str(e).splitlines()[0]}", flush=True)
+
+
+def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "conformance"
+    timeout = timedelta(seconds=2) if mode == "timeout" else None
+    dist.init_process_group(backend="aioccl", **({"timeout": timeout} if timeout else {}))
+    assert dist.get_backend() == "aioccl", dist.get_backend()
+    {"conformance": conformance, "timeout": silent_rank, "killed": killed_rank}[mode]()
+    r, n = dist.get_rank(), dist.get_world_size()
+    print(f"[rank {r}] c10d n={n}: {checks} checks, {len(failures)} failures", flush=True)
+    for f in failures[:10]:
+        print(f"[rank {r}] FAIL {f}", flush=True)
+    if mode == "conformance":
+        dist.destroy_process_group()
+    else:
+        os._exit(1 if failures else 0)  # the silent rank's op is abandoned on purpose
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
