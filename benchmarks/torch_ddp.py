@@ -4,9 +4,10 @@
 
 The model is an MLP of about 25M float32 parameters (2048 -> 4096 -> 4096 -> 16), 16 samples per rank; a
 step is forward, backward (DDP's bucketed all_reduces overlap it) and SGD, timed as the median over steps
-of the slowest rank. Also timed: ``dist.all_reduce`` of 8 bytes through each backend and, for aioccl, the
-same through its own API on the group's communicator. The backends run alternately in each repeat; each
-figure is the median over repeats. Writes torch_ddp.md and torch_ddp.json.
+of the slowest rank, next to the same step without DDP (what communication adds to it). Also timed:
+``dist.all_reduce`` of 8 bytes through each backend and, for aioccl, the same through its own API on the
+group's communicator. The backends run alternately in each repeat; each figure is the median over
+repeats. Writes torch_ddp.md and torch_ddp.json.
 """
 
 from __future__ import annotations
@@ -36,9 +37,29 @@ def worker(backend: str, steps: int, warmup: int, calls: int) -> None:
     layers: list[nn.Module] = []
     for a, b in zip(SIZES, SIZES[1:], strict=False):
         layers += [nn.Linear(a, b), nn.ReLU()]
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers[:-1]))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    plain = nn.Sequential(*layers[:-1])
     x, y = torch.randn(16, SIZES[0]), torch.randn(16, SIZES[-1])
+    compute = _steps(plain, x, y, steps, warmup)  # the same step without DDP: what communication adds to
+    model = nn.parallel.DistributedDataParallel(plain)
+    per = _steps(model, x, y, steps, warmup)
+    small = torch.zeros(2)
+    lat = _latency(lambda: dist.all_reduce(small), calls)
+    own = None
+    if backend == "aioccl":
+        comm = dist.distributed_c10d._get_default_group().comm  # the group's aioccl communicator
+        own = _latency(lambda: comm.all_reduce(small).wait(), calls)
+    worst = torch.tensor([statistics.median(per), lat, own or 0.0, statistics.median(compute)], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    if r == 0:
+        params = sum(p.numel() for p in model.parameters())
+        print("RESULT " + json.dumps({"step_s": worst[0].item(), "allreduce_8B_us": worst[1].item() * 1e6,
+                                      "aioccl_api_8B_us": worst[2].item() * 1e6 if own else None,
+                                      "compute_s": worst[3].item(), "params": params}), flush=True)
+    dist.destroy_process_group()
+
+
+def _steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, warmup: int) -> list[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     per = []
     for step in range(warmup + steps):
         dist.barrier()
@@ -48,20 +69,7 @@ def worker(backend: str, steps: int, warmup: int, calls: int) -> None:
         opt.step()
         if step >= warmup:
             per.append(time.perf_counter() - t0)
-    small = torch.zeros(2)
-    lat = _latency(lambda: dist.all_reduce(small), calls)
-    own = None
-    if backend == "aioccl":
-        comm = dist.distributed_c10d._get_default_group().comm  # the group's aioccl communicator
-        own = _latency(lambda: comm.all_reduce(small).wait(), calls)
-    worst = torch.tensor([statistics.median(per), lat, own or 0.0], dtype=torch.float64)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    if r == 0:
-        params = sum(p.numel() for p in model.parameters())
-        print("RESULT " + json.dumps({"step_s": worst[0].item(), "allreduce_8B_us": worst[1].item() * 1e6,
-                                      "aioccl_api_8B_us": worst[2].item() * 1e6 if own else None,
-                                      "params": params}), flush=True)
-    dist.destroy_process_group()
+    return per
 
 
 def _latency(fn, calls: int) -> float:
@@ -108,17 +116,22 @@ def main() -> None:
                 runs.setdefault(f"{backend} x{n}", []).append(res)
                 print(f"repeat {rep + 1}/{args.repeats} {backend} x{n}: step {res['step_s'] * 1e3:.1f} ms, "
                       f"8 B all_reduce {res['allreduce_8B_us']:.1f} us", flush=True)
-    med = {k: {f: statistics.median(r[f] for r in v) for f in ("step_s", "allreduce_8B_us")} for k, v in runs.items()}
+    med = {k: {f: statistics.median(r[f] for r in v) for f in ("step_s", "allreduce_8B_us", "compute_s")}
+           for k, v in runs.items()}
     lines = [f"Command: `benchmarks/torch_ddp.py --ranks {args.ranks} --repeats {args.repeats} --steps {args.steps}`",
              f"torch {torch.__version__}, {next(iter(runs.values()))[0]['params'] / 1e6:.1f}M parameters, "
              f"medians of {args.repeats} runs", "",
-             "| ranks | aioccl step | gloo step | gloo / aioccl | aioccl 8 B all_reduce | aioccl API 8 B | "
-             "gloo 8 B all_reduce | gloo / aioccl (8 B) |", "|---|---|---|---|---|---|---|---|"]
+             "| ranks | aioccl step | gloo step | gloo / aioccl | step without DDP | added by aioccl | added by gloo "
+             "| aioccl 8 B all_reduce | aioccl API 8 B | gloo 8 B all_reduce | gloo / aioccl (8 B) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in map(int, args.ranks.split(",")):
         a, g = med[f"aioccl x{n}"], med[f"gloo x{n}"]
         api = statistics.median(r["aioccl_api_8B_us"] for r in runs[f"aioccl x{n}"])
+        base = statistics.median([a["compute_s"], g["compute_s"]])
         lines.append(f"| {n} | {a['step_s'] * 1e3:.1f} ms | {g['step_s'] * 1e3:.1f} ms | "
-                     f"{g['step_s'] / a['step_s']:.2f}x | {a['allreduce_8B_us']:.1f} us | {api:.1f} us | "
+                     f"{g['step_s'] / a['step_s']:.2f}x | {base * 1e3:.1f} ms | "
+                     f"{(a['step_s'] - a['compute_s']) * 1e3:.1f} ms | "
+                     f"{(g['step_s'] - g['compute_s']) * 1e3:.1f} ms | {a['allreduce_8B_us']:.1f} us | {api:.1f} us | "
                      f"{g['allreduce_8B_us']:.1f} us | {g['allreduce_8B_us'] / a['allreduce_8B_us']:.1f}x |")
     print("\n".join(lines))
     if args.out:
