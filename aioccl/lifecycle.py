@@ -80,15 +80,6 @@ class LifecycleOps:
         result._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
         eng = self._engine
 
-        async def attach(sub: Communicator) -> None:
-            try:
-                await sub._open_channel(t, "split")
-            except AiocclError as e:
-                result._set_exception(e)
-                return
-            self._subs.append(sub)
-            result._set_result(sub)
-
         def finish(w: Work[Any]) -> None:
             exc = w.exception()
             if exc is not None:
@@ -101,7 +92,7 @@ class LifecycleOps:
             members = sorted((int(table[r, 1]), r) for r in range(self.world_size) if table[r, 0] == color)
             digest = hashlib.blake2b(f"{self._view.ctx}:{w.seq}:{color}".encode(), digest_size=8).digest()
             sub = self._derive([r for _, r in members], int.from_bytes(digest, "little") >> 1, shrunk=False)
-            eng.launch(lambda: attach(sub))
+            eng.launch(lambda: self._adopt(sub, result, t, "split"))
 
         gathered.add_done_callback(finish)
         return result
@@ -133,17 +124,19 @@ class LifecycleOps:
         work: Work[Communicator] = Work("create_group", -1)
         work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
 
-        async def attach() -> None:
-            try:
-                await sub._open_channel(t, "create_group")
-            except AiocclError as e:
-                work._set_exception(e)
-                return
-            self._subs.append(sub)
-            work._set_result(sub)
-
-        self._engine.launch(attach)
+        self._engine.launch(lambda: self._adopt(sub, work, t, "create_group"))
         return work
+
+    async def _adopt(self, sub: Communicator, work: Work[Any], timeout: float, what: str) -> None:
+        """A new child's shared-memory channel (every member at the same point), then the child is this
+        communicator's and ``work``'s result."""
+        try:
+            await sub._open_channel(timeout, what)
+        except AiocclError as e:
+            work._set_exception(e)
+            return
+        self._subs.append(sub)
+        work._set_result(sub)
 
     def shrink(self, *, timeout: float | None = None) -> Work[Communicator]:
         """After [`PeerLost`][aioccl.errors.PeerLost]: the survivors agree on who is alive and form a new communicator.

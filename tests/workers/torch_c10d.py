@@ -201,40 +201,35 @@ def objects(r: int, n: int) -> None:
 
 def silent_rank() -> None:
     """Rank n-1 never joins the all_reduce: the others raise DistBackendError naming it, in time."""
-    r, n = dist.get_rank(), dist.get_world_size()
-    global checks
-    if r == n - 1:
+    n = dist.get_world_size()
+    if dist.get_rank() == n - 1:
         time.sleep(6)
         return
-    t0 = time.monotonic()
-    try:
-        dist.all_reduce(torch.ones(4))
-        failures.append("all_reduce returned without the silent rank")
-    except dist.DistBackendError as e:
-        took = time.monotonic() - t0
-        checks += 1
-        if f"ranks [{n - 1}]" not in str(e) or not 1.5 < took < 6:
-            failures.append(f"error after {took:.1f}s: {e}")
-        print(f"[rank {r}] raised after {took:.1f}s: {str(e).splitlines()[0]}", flush=True)
+    all_reduce_fails(f"ranks [{n - 1}]", 1.5, 6)
 
 
 def killed_rank() -> None:
     """Rank n-1 is killed (SIGKILL) before the all_reduce: the others raise DistBackendError naming it."""
-    r, n = dist.get_rank(), dist.get_world_size()
-    global checks
+    n = dist.get_world_size()
     dist.barrier()
-    if r == n - 1:
+    if dist.get_rank() == n - 1:
         os.kill(os.getpid(), signal.SIGKILL)
+    all_reduce_fails(f"rank {n - 1}", 0, 10)
+
+
+def all_reduce_fails(naming: str, low_s: float, high_s: float) -> None:
+    """An all_reduce raises DistBackendError whose message has ``naming``, within [low_s, high_s]."""
+    global checks
     t0 = time.monotonic()
     try:
         dist.all_reduce(torch.ones(4))
-        failures.append("all_reduce returned without the killed rank")
+        failures.append("all_reduce returned without the missing rank")
     except dist.DistBackendError as e:
         took = time.monotonic() - t0
         checks += 1
-        if f"rank {n - 1}" not in str(e) or took > 10:
+        if naming not in str(e) or not low_s <= took < high_s:
             failures.append(f"error after {took:.1f}s: {e}")
-        print(f"[rank {r}] raised after {took:.1f}s: {str(e).splitlines()[0]}", flush=True)
+        print(f"[rank {dist.get_rank()}] raised after {took:.1f}s: {str(e).splitlines()[0]}", flush=True)
 
 
 def main() -> None:
