@@ -145,6 +145,7 @@ def conformance() -> None:
     dist.all_reduce(x, op=dist.ReduceOp.AVG)
     check("all_reduce avg", x, sum(values(k, 8, torch.float32) for k in range(n)) / n)
     p2p(r, n)
+    coalesced(r, n)
     handles(r, n)
     objects(r, n)
     if n >= 3:
@@ -170,6 +171,26 @@ def p2p(r: int, n: int) -> None:
         t = poison(4, torch.float64)
         dist.recv(t, 0, tag=9)
         check("send/recv", t, values(0, 4, torch.float64))
+
+
+def coalesced(r: int, n: int) -> None:
+    """torch's coalescing manager: all_reduces (and all_gather_into_tensors) issued inside run as one."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    xs = [values(r + k, 20 + k, torch.float32) for k in range(3)]
+    with _coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+        for x in xs:
+            dist.all_reduce(x)
+    cm.wait()
+    for k, x in enumerate(xs):
+        check(f"coalesced all_reduce {k}", x, sum(values(j + k, 20 + k, torch.float32) for j in range(n)))
+    outs = [poison(4 * n, torch.int64) for _ in range(2)]
+    with _coalescing_manager(device=torch.device("cpu")):
+        for k, out in enumerate(outs):
+            dist.all_gather_into_tensor(out, values(r + k, 4, torch.int64))
+    for k, out in enumerate(outs):
+        check(f"coalesced all_gather_into_tensor {k}", out, torch.cat([values(j + k, 4, torch.int64)
+                                                                       for j in range(n)]))
 
 
 def handles(r: int, n: int) -> None:
