@@ -22,13 +22,14 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
-from . import async_libs
+from . import async_libs, log
 from .envvars import check_timeout
 
 T = TypeVar("T")
 _PENDING, _RUNNING, _DONE, _CANCELLED = range(4)
 FAIRNESS_S = 0.001
 _turns = threading.local()  # when this thread's awaiting task last let its loop run
+_log = log.get("COLL")
 
 
 class Work(Generic[T]):
@@ -98,7 +99,10 @@ class Work(Generic[T]):
         if event is not None:
             event.set()
         for cb in callbacks:
-            cb(self)
+            try:
+                cb(self)
+            except Exception:  # a caller's callback must not break the engine that completes the op
+                _log.exception("a done callback of %r raised", self)
         return True
 
     # -- user side --------------------------------------------------------

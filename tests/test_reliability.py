@@ -216,3 +216,41 @@ async def test_close_drains_then_cuts_short_at_its_deadline():
     with pytest.raises(aioccl.CommAborted, match="close"):
         await stuck
     comms[1].abort()
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+async def test_a_bug_behind_the_reader_loses_the_peer_at_once_instead_of_hanging(transport, monkeypatch, caplog):
+    """An exception the reader does not expect (a bug in the mailbox, say) leaves the stream unreadable:
+    the connection is given up at once, naming the peer, instead of every op waiting for its deadline."""
+    a, b = await make_comms(2, transport=transport, timeout=20)
+    try:
+        def broken(peer: int, h: object) -> None:
+            raise KeyError("a bug")
+
+        monkeypatch.setattr(b._engine.mailbox, "on_header", broken)
+        got = np.zeros(4, np.float32)
+        recv = b.irecv(got, 0, timeout=20)
+        t0 = time.monotonic()
+        await a.isend(np.ones(4, np.float32), 1)
+        with pytest.raises(aioccl.PeerLost, match="internal error reading from rank 0"):
+            await asyncio.wait_for(recv, 10)
+        assert time.monotonic() - t0 < 5
+        assert "internal error reading from rank 0" in caplog.text
+    finally:
+        for c in (a, b):
+            c.abort()
+
+
+def test_a_raising_done_callback_is_logged_and_the_others_still_run(caplog):
+    w: aioccl.Work[int] = aioccl.Work("all_reduce", 3)
+    seen: list[int] = []
+
+    def bad(_w: aioccl.Work[int]) -> None:
+        raise RuntimeError("the caller's bug")
+
+    w.add_done_callback(bad)
+    w.add_done_callback(lambda x: seen.append(x.result()))
+    w._start()
+    w._set_result(7)
+    assert seen == [7] and w.result() == 7
+    assert "a done callback of <Work all_reduce seq=3 done> raised" in caplog.text

@@ -210,6 +210,10 @@ class ShmPairConnection:
         except ValueError as e:  # a corrupt header: the stream cannot be trusted any more
             self._ended(e, False)
             return
+        except Exception as e:  # a bug behind the reader: likewise
+            _log.exception("internal error reading from rank %d", self.peer)
+            self._ended(RuntimeError(f"internal error reading from rank {self.peer}: {e!r}"), False)
+            return
         if self.reader.bye_received:
             self.side.reader.bye_received = True
         if before and ctl[BLOCKED]:  # it waits for the space just freed

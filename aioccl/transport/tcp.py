@@ -178,12 +178,18 @@ class TcpConnection:
         try:
             self.reader.feed(self._recv, READ_BUDGET)
         except (Closed, OSError, ValueError) as e:
-            self._stop_reading()
-            if not self.closed:
-                self.closed = True
-                graceful = self.bye_received and isinstance(e, Closed)
-                _log.log(20 if graceful else 30, "connection to rank %d ended: %s", self.peer, e)
-                self.sink.on_lost(self.peer, e, graceful)
+            self._lose(e)
+        except Exception as e:  # a bug behind the reader: the stream is unreadable from here on
+            _log.exception("internal error reading from rank %d", self.peer)
+            self._lose(RuntimeError(f"internal error reading from rank {self.peer}: {e!r}"))
+
+    def _lose(self, e: BaseException) -> None:
+        self._stop_reading()
+        if not self.closed:
+            self.closed = True
+            graceful = self.bye_received and isinstance(e, Closed)
+            _log.log(20 if graceful else 30, "connection to rank %d ended: %s", self.peer, e)
+            self.sink.on_lost(self.peer, e, graceful)
 
     def pause_reading(self, paused: bool) -> None:
         """Backpressure from the receiver's budget: while paused the kernel's window fills and the peer's
