@@ -2,7 +2,7 @@
 
     python benchmarks/torch_ddp.py --ranks 2,4 --repeats 3 --out docs/bench
 
-The model is an MLP of about 25M float32 parameters (2048 -> 4096 -> 4096 -> 16), 16 samples per rank; a
+The model is an MLP of about 25M float32 parameters (2048 -> 4096 -> 4096 -> 16), 16 samples per rank (``--batch``); a
 step is forward, backward (DDP's bucketed all_reduces overlap it) and SGD, timed as the median over steps
 of the slowest rank, next to the same step without DDP (what communication adds to it). Also timed:
 ``dist.all_reduce`` of 8 bytes through each backend and, for aioccl, the same through its own API on the
@@ -30,7 +30,7 @@ SIZES = (2048, 4096, 4096, 16)
 RESULT = re.compile(r"^RESULT (\{.*\})$", re.M)
 
 
-def worker(backend: str, steps: int, warmup: int, calls: int) -> None:
+def worker(backend: str, steps: int, warmup: int, calls: int, batch: int) -> None:
     dist.init_process_group(backend)
     r = dist.get_rank()
     torch.manual_seed(0)
@@ -38,7 +38,7 @@ def worker(backend: str, steps: int, warmup: int, calls: int) -> None:
     for a, b in zip(SIZES, SIZES[1:], strict=False):
         layers += [nn.Linear(a, b), nn.ReLU()]
     plain = nn.Sequential(*layers[:-1])
-    x, y = torch.randn(16, SIZES[0]), torch.randn(16, SIZES[-1])
+    x, y = torch.randn(batch, SIZES[0]), torch.randn(batch, SIZES[-1])
     compute = _steps(plain, x, y, steps, warmup)  # the same step without DDP: what communication adds to
     model = nn.parallel.DistributedDataParallel(plain)
     per = _steps(model, x, y, steps, warmup)
@@ -87,7 +87,7 @@ def run(backend: str, n: int, args: argparse.Namespace) -> dict:
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
            str(free_port("127.0.0.1")), __file__, "--worker", backend, "--steps", str(args.steps),
-           "--calls", str(args.calls)]
+           "--calls", str(args.calls), "--batch", str(args.batch)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
                        env={**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))})
     found = RESULT.search(p.stdout)
@@ -102,11 +102,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--batch", type=int, default=16, help="samples per rank and step")
     ap.add_argument("--out", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker, args.steps, 2, args.calls)
+        worker(args.worker, args.steps, 2, args.calls, args.batch)
         return
     runs: dict[str, list[dict]] = {}
     for rep in range(args.repeats):
@@ -118,7 +119,8 @@ def main() -> None:
                       f"8 B all_reduce {res['allreduce_8B_us']:.1f} us", flush=True)
     med = {k: {f: statistics.median(r[f] for r in v) for f in ("step_s", "allreduce_8B_us", "compute_s")}
            for k, v in runs.items()}
-    lines = [f"Command: `benchmarks/torch_ddp.py --ranks {args.ranks} --repeats {args.repeats} --steps {args.steps}`",
+    lines = [f"Command: `benchmarks/torch_ddp.py --ranks {args.ranks} --repeats {args.repeats} --steps {args.steps} "
+             f"--batch {args.batch}`",
              f"torch {torch.__version__}, {next(iter(runs.values()))[0]['params'] / 1e6:.1f}M parameters, "
              f"medians of {args.repeats} runs", "",
              "| ranks | aioccl step | gloo step | gloo / aioccl | step without DDP | added by aioccl | added by gloo "
