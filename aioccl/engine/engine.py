@@ -349,6 +349,10 @@ class Engine:
             self.ib_port.close()
         if self.pair_hub is not None:
             self.pair_hub.close()
+        self._cancel_waits()
+
+    def _cancel_waits(self) -> None:
+        """Cancel the op tasks and the receive deadlines still pending (at close or abort)."""
         for t in list(self.tasks):
             t.cancel()
         for h in list(self.timers):
@@ -375,9 +379,5 @@ class Engine:
         if self.pair_hub is not None:
             self.pair_hub.close()
         self.mailbox.fail_all(exc)
-        for t in list(self.tasks):
-            t.cancel()
-        for h in list(self.timers):
-            h.cancel()
-        self.timers.clear()
+        self._cancel_waits()
 

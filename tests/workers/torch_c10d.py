@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from datetime import timedelta
 
 import torch
@@ -191,6 +192,20 @@ def coalesced(r: int, n: int) -> None:
     for k, out in enumerate(outs):
         check(f"coalesced all_gather_into_tensor {k}", out, torch.cat([values(j + k, 4, torch.int64)
                                                                        for j in range(n)]))
+    blocks = [poison(3, torch.int32) for _ in range(2)]
+    with _coalescing_manager(device=torch.device("cpu")):
+        for k, out in enumerate(blocks):
+            dist.reduce_scatter_tensor(out, values(r + k, 3 * n, torch.int32))
+    for k, out in enumerate(blocks):
+        want = sum(values(j + k, 3 * n, torch.int32) for j in range(n))[3 * r:3 * r + 3]
+        check(f"coalesced reduce_scatter_tensor {k}", out, want.to(torch.int32))
+    lists = [[poison(2 + k, torch.float64) for _ in range(n)] for k in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated by torch, still a c10d op
+        dist.all_gather_coalesced(lists, [values(r + k, 2 + k, torch.float64) for k in range(2)])
+    for k, outs_k in enumerate(lists):
+        for j in range(n):
+            check(f"all_gather_coalesced {k} from {j}", outs_k[j], values(j + k, 2 + k, torch.float64))
 
 
 def handles(r: int, n: int) -> None:

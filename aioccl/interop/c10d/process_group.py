@@ -122,32 +122,47 @@ class AiocclProcessGroup(dist.ProcessGroup):
     # -- gathers ---------------------------------------------------------------------------------------------
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
         opts = opts or dist.AllgatherOptions()
-        w = self.comm.all_gather(self._flat(input, "all_gather_into_tensor"),
-                                 out=self._flat(output, "all_gather_into_tensor"), timeout=self._deadline(opts))
-        return self._work([w], [output], "all_gather_into_tensor")
+        return self._work([self._gather_into(output, input, self._deadline(opts))], [output],
+                          "all_gather_into_tensor")
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> TorchWork:
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
-        return self._all(works, outputs, "all_gather_into_tensor_coalesced")
+        t = self._deadline(opts or dist.AllgatherOptions())
+        works = [self._gather_into(o, i, t) for o, i in zip(outputs, inputs, strict=True)]
+        return self._work(works, outputs, "all_gather_into_tensor_coalesced")
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def _gather_into(self, output: torch.Tensor, input: torch.Tensor, timeout: float) -> Work[Any]:
+        return self.comm.all_gather(self._flat(input, "all_gather_into_tensor"),
+                                    out=self._flat(output, "all_gather_into_tensor"), timeout=timeout)
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: Any = None) -> TorchWork:
         opts = opts or dist.AllgatherOptions()
-        inp = self._single(input_tensors, "allgather")
         outs = output_tensors[0]
-        flat = torch.empty(len(outs) * inp.numel(), dtype=inp.dtype)
-        w = self.comm.all_gather(self._flat(inp, "allgather"), out=flat, timeout=self._deadline(opts))
+        w, flat = self._gather_list(outs, self._single(input_tensors, "allgather"), self._deadline(opts))
         return self._work([w], outs, "allgather", lambda: _unflatten(flat, outs))
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> TorchWork:
-        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs, strict=True)]
-        return self._all(works, [t for o in output_lists for t in o], "allgather_coalesced")
+        t = self._deadline(opts or dist.AllgatherOptions())
+        started = [self._gather_list(o, i, t) for o, i in zip(output_lists, inputs, strict=True)]
+
+        def finish() -> None:
+            for (_w, flat), outs in zip(started, output_lists, strict=True):
+                _unflatten(flat, outs)
+
+        return self._work([w for w, _ in started], [t for o in output_lists for t in o], "allgather_coalesced",
+                          finish)
+
+    def _gather_list(self, outs: list[torch.Tensor], inp: torch.Tensor,
+                     timeout: float) -> tuple[Work[Any], torch.Tensor]:
+        """All-gather ``inp`` into one flat tensor, which ``_unflatten`` copies into ``outs`` once done."""
+        flat = torch.empty(len(outs) * inp.numel(), dtype=inp.dtype)
+        return self.comm.all_gather(self._flat(inp, "allgather"), out=flat, timeout=timeout), flat
 
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts: Any = None) -> TorchWork:
@@ -181,17 +196,17 @@ class AiocclProcessGroup(dist.ProcessGroup):
         return self._work([w], output_tensors, "reduce_scatter")
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
-        opts = opts or dist.ReduceScatterOptions()
-        w = self.comm.reduce_scatter(self._flat(input, "reduce_scatter_tensor"), self._reduction(opts),
-                                     out=self._flat(output, "reduce_scatter_tensor"), timeout=self._deadline(opts))
-        return self._work([w], [output], "reduce_scatter_tensor")
+        return self.reduce_scatter_single_coalesced([output], [input], opts, "reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                        opts: Any = None) -> TorchWork:
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
-        return self._all(works, outputs, "reduce_scatter_tensor_coalesced")
+                                        opts: Any = None, what: str = "reduce_scatter_tensor_coalesced") -> TorchWork:
+        opts = opts or dist.ReduceScatterOptions()
+        op, t = self._reduction(opts), self._deadline(opts)
+        works = [self.comm.reduce_scatter(self._flat(i, what), op, out=self._flat(o, what), timeout=t)
+                 for o, i in zip(outputs, inputs, strict=True)]
+        return self._work(works, outputs, what)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -261,15 +276,12 @@ class AiocclProcessGroup(dist.ProcessGroup):
         self._coalesced = []
 
     def end_coalescing(self, device: Any) -> TorchWork:
+        """One Work for the ops since ``start_coalescing``: done when all are (their ops, then copies)."""
         works, self._coalesced = self._coalesced or [], None
-        return self._all(works, [t for w in works for t in w.result()], "coalesced ops")
+        return self._work([_as_aioccl(w) for w in works], [t for w in works for t in w.result()], "coalesced ops")
 
     _start_coalescing = start_coalescing
     _end_coalescing = end_coalescing
-
-    def _all(self, works: list[TorchWork], result: list[torch.Tensor], what: str) -> TorchWork:
-        """One Work for several already started: done when all are (their aioccl ops, then copies)."""
-        return self._work([_as_aioccl(w) for w in works], result, what)
 
     def abort(self) -> None:
         self.comm.abort()
