@@ -78,6 +78,8 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         same = [r for r in range(view.size) if hosts[r] == mine]
         self._local = (same.index(view.rank), len(same))
         self._hosts = hosts
+        index: dict[str, int] = {}
+        self._layout = tuple(index.setdefault(h, len(index)) for h in hosts)  # each rank's host, for the tuner
         # the world's channel is made with the engine; a child's by _open_channel, before the user sees it
         world = engine.table is not None and view.ctx == engine.table.comm_id
         self._shm: ShmChannel | None = engine.shm if world else None
@@ -291,8 +293,8 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         if shm is not None and shm_algo is not None:
             cap = max(1, shm.cap_bytes // dt.itemsize)
             return shm_plan(name, count, self.rank, self.world_size, root, cap, shm_algo, same)
-        algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size)
-        return plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place)
+        algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size, self._layout)
+        return plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place, self._layout)
 
     def _launch(self, name: str, sched: Schedule, inp: np.ndarray, out: np.ndarray, op: ReduceOp | None,
                 count: int, root: int, timeout: float, result: Callable[[], Any]) -> Work[Any]:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .algorithms import ALGORITHMS
-from .algorithms.cost import LINKS, Link, predict
+from .algorithms.cost import LINKS, Hosts, Link, predict
+from .algorithms.hierarchy import HIERARCHICAL, spans_hosts, uniform
 from .algorithms.shm import SHM_ALGORITHMS
 from .errors import InvalidArgument
 
@@ -41,7 +42,7 @@ def _check_forced(coll: str, algo: str, raw: str) -> tuple[str, str]:
     colls = [coll] if coll != "*" else list(ALGORITHMS)
     if coll != "*" and coll not in ALGORITHMS:
         raise InvalidArgument(f"AIOCCL_ALGO={raw!r}: no collective {coll!r}; one of {', '.join(ALGORITHMS)}")
-    usable = {a for c in colls for a in (*ALGORITHMS[c], *SHM_ALGORITHMS.get(c, ()))}
+    usable = {a for c in colls for a in (*ALGORITHMS[c], *SHM_ALGORITHMS.get(c, ()), *HIERARCHICAL.get(c, ()))}
     usable |= {a for a, per in _ALIASES.items() if any(c in per for c in colls)}
     if algo not in usable:
         where = f"for {coll}" if coll != "*" else "for any collective"
@@ -62,12 +63,21 @@ def bucket(count: int) -> int:
     return 1 << (high + 1)
 
 
+def candidates(coll: str, layout: tuple[int, ...] = ()) -> tuple[str, ...]:
+    """The algorithms that can run ``coll`` on ranks laid out on hosts as ``layout``."""
+    if not spans_hosts(layout):
+        return ALGORITHMS[coll]
+    hier = tuple(a for a in HIERARCHICAL.get(coll, ()) if a != "rail" or uniform(layout))
+    return ALGORITHMS[coll] + hier
+
+
 @lru_cache(maxsize=4096)
-def best(coll: str, count: int, n: int, link: Link, itemsize: int, chunk: int) -> str:
-    choices = ALGORITHMS[coll]
+def best(coll: str, count: int, n: int, link: Link, itemsize: int, chunk: int, layout: tuple[int, ...] = ()) -> str:
+    choices = candidates(coll, layout)
     if len(choices) == 1 or n == 1:
         return choices[0]
-    return min(choices, key=lambda a: predict(coll, a, count, n, link, itemsize, chunk))
+    hosts = Hosts(layout) if spans_hosts(layout) else None
+    return min(choices, key=lambda a: predict(coll, a, count, n, link, itemsize, chunk, hosts))
 
 
 @dataclass(frozen=True)
@@ -119,11 +129,12 @@ class Tuning:
     def chunk(self, itemsize: int) -> int:
         return max(1, self.buffsize // max(1, itemsize))
 
-    def choose(self, coll: str, count: int, itemsize: int, n: int) -> tuple[str, int]:
-        """(algorithm, chunk in elements) for one call of ``count`` elements on ``n`` ranks."""
+    def choose(self, coll: str, count: int, itemsize: int, n: int, layout: tuple[int, ...] = ()) -> tuple[str, int]:
+        """(algorithm, chunk in elements) for one call of ``count`` elements on ``n`` ranks; ``layout``:
+        each rank's host, when they are on several (the hierarchical algorithms then compete too)."""
         chunk = self.chunk(itemsize)
-        algo = best(coll, bucket(count), n, self.link, itemsize, chunk)
-        choices = ALGORITHMS[coll]
+        algo = best(coll, bucket(count), n, self.link, itemsize, chunk, layout if spans_hosts(layout) else ())
+        choices = candidates(coll, layout) if layout else ALGORITHMS[coll]
         for which, want in self.forced:
             if which in ("*", coll):
                 want = _ALIASES.get(want, {}).get(coll, want)

@@ -13,14 +13,20 @@ SETTINGS = {
     # shared memory with 4 KiB slot halves, so 1000 doubles and every block-wise op run in chunks
     "shm-flat": {"AIOCCL_SHM_BUFFSIZE": "4096", "AIOCCL_ALGO": "flat", "EXPECT_TRANSPORT": "shm"},
     "shm-direct": {"AIOCCL_SHM_BUFFSIZE": "4096", "AIOCCL_ALGO": "direct", "EXPECT_TRANSPORT": "shm"},
+    # ranks on two "hosts" (AIOCCL_HOSTID = rank % 2: 1+1, 2+1, 2+2, 3+2 ranks): hierarchical schedules over
+    # shared-memory pairs inside a host and sockets across; 64 float32 per chunk, so 1000 elements run the
+    # bandwidth phases and the small sizes the latency ones
+    "hosts-rail": {"HOSTS": "interleaved", "AIOCCL_BUFFSIZE": "256",
+                   "AIOCCL_ALGO": "all_reduce:rail,reduce:leader,broadcast:leader"},
+    "hosts-leader": {"HOSTS": "interleaved", "AIOCCL_BUFFSIZE": "256", "AIOCCL_ALGO": "leader"},
 }
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_matrix(n, setting):
-    if n == 1 and setting.startswith("shm"):
-        pytest.skip("one rank has no peers to share memory with (it runs the socket path's n=1 shortcuts)")
+    if n == 1 and setting.startswith(("shm", "hosts")):
+        pytest.skip("one rank has no peers to share memory with or hosts to span (it runs the n=1 shortcuts)")
     env = dict(SETTINGS[setting])
     if setting.startswith("tcp"):
         env["EXPECT_TRANSPORT"] = "tcp"

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from aioccl.algorithms import ALGORITHMS, plan
-from aioccl.algorithms.cost import LINKS, chain_time, lockstep, predict, ring_reduce_time, simulate
-from aioccl.tuning import Tuning
+from aioccl.algorithms.cost import LINKS, Hosts, chain_time, leader_time, lockstep, predict, ring_reduce_time, simulate
+from aioccl.tuning import Tuning, candidates
 
 from conftest import ROOT
 
@@ -92,3 +92,62 @@ def test_sim_cli(tmp_path):
     listing = subprocess.run([sys.executable, "-m", "aioccl.tools.sim", "--links"], capture_output=True, text=True,
                              timeout=60, env={"PYTHONPATH": str(ROOT)})
     assert all(name in listing.stdout for name in LINKS)
+
+
+HOST_GRID = [((0, 0, 1, 1), "tcp"), ((0, 0, 0, 1, 2, 2), "100g"), (tuple(r // 4 for r in range(16)), "100g"),
+             (tuple(r // 8 for r in range(512)), "tcp"), (tuple(r // 8 for r in range(4096)), "100g"),
+             (tuple(r // 8 for r in range(4096)), "400g")]
+
+
+@pytest.mark.parametrize("layout,link", HOST_GRID, ids=lambda v: f"{len(v)}r" if isinstance(v, tuple) else v)
+def test_tuner_within_10_percent_of_the_best_simulated_algorithm_on_several_hosts(layout, link):
+    """Ranks on hosts (same-host link inside, the network across): flat and hierarchical algorithms compete,
+    up to 4096 ranks on 512 hosts x 8."""
+    n, tuning = len(layout), Tuning(link=LINKS[link])
+    hosts = Hosts(layout)
+    for coll in ("all_reduce", "reduce", "broadcast"):
+        for size in GRID_SIZES:
+            count = max(1, size // 4)
+            times = {a: predict(coll, a, count, n, LINKS[link], 4, tuning.chunk(4), hosts)
+                     for a in candidates(coll, layout)}
+            chosen = tuning.choose(coll, count, 4, n, layout)[0]
+            assert times[chosen] <= 1.10 * min(times.values()), (coll, size, n, link, chosen, times)
+    if LINKS[link].beta > hosts.local.beta:  # a network slower than shared memory: crossing it less pays
+        big = {a: predict("all_reduce", a, (1 << 30) // 4, n, LINKS[link], 4, tuning.chunk(4), hosts)
+               for a in candidates("all_reduce", layout)}
+        assert min(big, key=big.__getitem__) in ("rail", "leader"), big
+
+
+def test_leader_phases_back_to_back_bound_the_simulation():
+    """Beyond 16 ranks ``leader`` is priced as its phases in sequence: never below the event simulation,
+    and not far above it (checked where both run: 4 hosts x 4)."""
+    layout = tuple(r // 4 for r in range(16))
+    hosts, link = Hosts(layout), LINKS["100g"]
+    for coll in ("all_reduce", "reduce", "broadcast"):
+        for size in (8, 64 << 10, 16 << 20):
+            count = size // 4
+            exact = simulate([plan(coll, count, r, 16, 0, CHUNK, "leader", layout=layout) for r in range(16)],
+                             link, 4, hosts)
+            bound = leader_time(coll, count, link, 4, CHUNK, hosts)
+            assert exact * 0.999 <= bound <= exact * 1.5, (coll, size, exact, bound)
+
+
+def test_two_links_price_a_flat_ring_at_its_slowest_hop():
+    """A flat ring over 2 hosts x 2 ranks waits for the network hop every step: slower than on shared memory
+    alone, no faster than on the network alone, and lockstep (used beyond 16 ranks) does not price it lower."""
+    layout, link = (0, 0, 1, 1), LINKS["tcp"]
+    count = 1 << 20
+    scheds = [plan("all_reduce", count, r, 4, 0, CHUNK, "ring") for r in range(4)]
+    exact = simulate(scheds, link, 4, Hosts(layout))
+    assert lockstep(scheds[1], link, 4, 1, Hosts(layout)) >= exact
+    assert simulate(scheds, LINKS["same-host"], 4) < exact <= simulate(scheds, link, 4) * 1.001
+
+
+def test_sim_cli_with_hosts():
+    p = subprocess.run([sys.executable, "-m", "aioccl.tools.sim", "all_reduce", "--link", "100g", "--per-host", "8",
+                        "--ranks", "16,4096", "--sizes", "8,64M"], capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr
+    assert "hosts of 8 ranks" in p.stdout and "rail time(us)" in p.stdout and "leader time(us)" in p.stdout
+    lines = [ln for ln in p.stdout.splitlines() if not ln.startswith("#")]
+    assert len(lines) == 4 and all(ln.count("*") == 1 for ln in lines)

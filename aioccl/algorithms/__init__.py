@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from . import direct, doubling, ring, tree
+from . import direct, doubling, hierarchy, ring, tree
 from .schedule import Schedule
 from .table import TABLE
 
@@ -18,9 +18,12 @@ ALGORITHMS = {c.name: c.socket for c in TABLE}  # the socket algorithms of each 
 
 @lru_cache(maxsize=4096)
 def plan(coll: str, count: int, rank: int, n: int, root: int, chunk: int, algo: str,
-         in_place: bool = False) -> Schedule:
+         in_place: bool = False, layout: tuple[int, ...] = ()) -> Schedule:
     """One rank's schedule. ``count`` is the whole buffer for all_reduce, reduce and
-    broadcast, and the per-rank block for the block-wise collectives."""
+    broadcast, and the per-rank block for the block-wise collectives. ``layout`` (the host
+    index of each rank) is what the hierarchical algorithms (``rail``, ``leader``) need."""
+    if algo in ("rail", "leader"):
+        return hierarchy.plan(coll, count, rank, layout, root, chunk, algo)
     if coll == "all_reduce":
         return doubling.all_reduce(count, rank, n) if algo == "rd" else ring.all_reduce(count, rank, n, chunk)
     if coll == "reduce":

@@ -14,6 +14,13 @@ which is exact for rank-symmetric schedules (ring, dissemination, recursive
 doubling on powers of two; the tests prove it against ``simulate()``) and
 lets the model reach thousands of ranks; the pipelined chain has an exact
 recurrence; ring reduce beyond 64 ranks an upper bound.
+
+Ranks on several hosts (``Hosts``): a message between two ranks of one host
+takes the same-host link, any other the network link, each with its own
+egress and ingress (shared memory and the NIC are separate resources). The
+hierarchical ``rail`` schedule is rank-symmetric on a uniform layout
+(lockstep again); ``leader`` beyond the simulated sizes is priced as its
+three phases back to back.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from . import plan
+from .hierarchy import HIERARCHICAL, hosts_of
 from .schedule import RecvReduce, Schedule
 
 DES_MAX_RANKS = 16  # beyond: lockstep for symmetric schedules
@@ -48,15 +56,30 @@ LINKS = {
 }
 
 
-def simulate(schedules: list[Schedule], link: Link, itemsize: int) -> float:
+@dataclass(frozen=True)
+class Hosts:
+    """Where the ranks live: ``layout[r]`` is rank r's host; messages inside a host take ``local``."""
+
+    layout: tuple[int, ...]
+    local: Link = LINKS["same-host"]
+
+    def link(self, net: Link, a: int, b: int) -> Link:
+        return self.local if self.layout[a] == self.layout[b] else net
+
+
+def simulate(schedules: list[Schedule], link: Link, itemsize: int, hosts: Hosts | None = None) -> float:
     """Completion time of the slowest rank, every rank's schedule run event by event."""
     n = len(schedules)
+
+    def via(a: int, b: int) -> Link:
+        return link if hosts is None else hosts.link(link, a, b)
+
     pos = [0] * n
     start = [0.0] * n  # when the current round began
     posted = [False] * n
     sends_done = [0.0] * n
-    egress = [0.0] * n
-    ingress = [0.0] * n
+    egress: dict[tuple[int, str], float] = {}  # (rank, link): when that rank's sends on it are done
+    ingress: dict[tuple[int, str], float] = {}
     wires: dict[tuple[int, int], deque[tuple[float, int]]] = {}
     work = deque(range(n))
     queued = [True] * n
@@ -69,15 +92,17 @@ def simulate(schedules: list[Schedule], link: Link, itemsize: int) -> float:
             if not posted[r]:
                 t0 = start[r] + sum(c.src.count for c in rnd.copies) * itemsize * link.mem_beta
                 start[r] = t0
-                tx = max(t0, egress[r])
+                done = t0
                 for s in rnd.sends:
-                    tx += s.src.count * itemsize * link.beta
-                    wires.setdefault((r, s.peer), deque()).append((tx + link.alpha, s.src.count * itemsize))
+                    lk = via(r, s.peer)
+                    key = (r, lk.name)
+                    tx = egress[key] = max(t0, egress.get(key, 0.0)) + s.src.count * itemsize * lk.beta
+                    done = max(done, tx)
+                    wires.setdefault((r, s.peer), deque()).append((tx + lk.alpha, s.src.count * itemsize))
                     if not queued[s.peer]:
                         queued[s.peer] = True
                         work.append(s.peer)
-                egress[r] = tx
-                sends_done[r] = tx if rnd.sends else t0
+                sends_done[r] = done
                 posted[r] = True
             need: dict[int, int] = {}
             for t in rnd.recvs:
@@ -88,8 +113,9 @@ def simulate(schedules: list[Schedule], link: Link, itemsize: int) -> float:
             reduced = 0
             for t in rnd.recvs:
                 arrive, nbytes = wires[(t.peer, r)].popleft()
-                ingress[r] = max(arrive, ingress[r] + nbytes * link.beta)
-                end = max(end, ingress[r])
+                lk = via(t.peer, r)
+                got = ingress[(r, lk.name)] = max(arrive, ingress.get((r, lk.name), 0.0) + nbytes * lk.beta)
+                end = max(end, got)
                 if isinstance(t, RecvReduce):
                     reduced += t.tmp.count * itemsize
             start[r] = end + reduced * link.gamma
@@ -100,18 +126,25 @@ def simulate(schedules: list[Schedule], link: Link, itemsize: int) -> float:
     return max(start)
 
 
-def lockstep(schedule: Schedule, link: Link, itemsize: int) -> float:
-    """One rank's schedule with every peer in step: exact for rank-symmetric schedules.
+def lockstep(schedule: Schedule, link: Link, itemsize: int, rank: int = 0, hosts: Hosts | None = None) -> float:
+    """Rank ``rank``'s schedule with every peer in step: exact for rank-symmetric schedules.
 
     Ring segments differ by one element when the count does not divide by n;
     then the ranks' steps differ by that element and this is within a hair.
     """
+    def via(peer: int) -> Link:
+        return link if hosts is None else hosts.link(link, rank, peer)
+
     t = 0.0
     for rnd in schedule.steps:
         t += sum(c.src.count for c in rnd.copies) * itemsize * link.mem_beta
-        tx = sum(s.src.count for s in rnd.sends) * itemsize * link.beta
-        rx = sum(r.tmp.count if isinstance(r, RecvReduce) else r.dst.count for r in rnd.recvs) * itemsize * link.beta
-        moved = max(tx + link.alpha if rnd.sends else 0.0, rx + link.alpha if rnd.recvs else 0.0)
+        moved = 0.0
+        for lk in {via(x.peer) for x in (*rnd.sends, *rnd.recvs)}:
+            tx = sum(s.src.count for s in rnd.sends if via(s.peer) is lk) * itemsize * lk.beta
+            rx = sum(r.tmp.count if isinstance(r, RecvReduce) else r.dst.count
+                     for r in rnd.recvs if via(r.peer) is lk) * itemsize * lk.beta
+            has_tx, has_rx = any(via(s.peer) is lk for s in rnd.sends), any(via(r.peer) is lk for r in rnd.recvs)
+            moved = max(moved, tx + lk.alpha if has_tx else 0.0, rx + lk.alpha if has_rx else 0.0)
         t += moved + sum(r.tmp.count for r in rnd.recvs if isinstance(r, RecvReduce)) * itemsize * link.gamma
     return t
 
@@ -169,25 +202,60 @@ def ring_reduce_time(count: int, n: int, chunk: int, link: Link, itemsize: int) 
     return t
 
 
+HIERARCHICAL_ALGOS = {a for algos in HIERARCHICAL.values() for a in algos}
+
 # schedules in which every rank does the same thing (recursive doubling too, when n is a power of two)
 SYMMETRIC = {("all_reduce", "ring"), ("reduce_scatter", "ring"), ("all_gather", "ring"), ("barrier", "dissemination")}
 
 
 @lru_cache(maxsize=8192)
-def predict(coll: str, algo: str, count: int, n: int, link: Link, itemsize: int, chunk: int) -> float:
-    """Predicted seconds for one call; ``count`` as in ``aioccl.algorithms.plan()``.
+def predict(coll: str, algo: str, count: int, n: int, link: Link, itemsize: int, chunk: int,
+            hosts: Hosts | None = None) -> float:
+    """Predicted seconds for one call; ``count`` as in ``aioccl.algorithms.plan()``; ``hosts``: ranks on
+    several hosts (``link`` is then the network between them).
 
     Exact (the event simulation, or a form proven equal to it) everywhere
     except ring reduce beyond ``DES_MAX_RANKS_REDUCE`` ranks, where
-    ``ring_reduce_time()`` is an upper bound.
+    ``ring_reduce_time()`` is an upper bound, and ``leader`` beyond
+    ``DES_MAX_RANKS``, priced as its phases back to back (an upper bound).
     """
     if n == 1:
         return count * itemsize * link.mem_beta
+    layout = hosts.layout if hosts is not None else ()
+    if algo in HIERARCHICAL_ALGOS:
+        assert hosts is not None, f"{algo} needs the hosts"
+        if n <= DES_MAX_RANKS:
+            return simulate([plan(coll, count, r, n, 0, chunk, algo, layout=layout) for r in range(n)], link,
+                            itemsize, hosts)
+        if algo == "rail":
+            return lockstep(plan(coll, count, 0, n, 0, chunk, algo, layout=layout), link, itemsize, 0, hosts)
+        return leader_time(coll, count, link, itemsize, chunk, hosts)
     symmetric = (coll, algo) in SYMMETRIC or ((coll, algo) == ("all_reduce", "rd") and n & (n - 1) == 0)
+    if hosts is not None and n <= DES_MAX_RANKS:
+        return simulate([plan(coll, count, r, n, 0, chunk, algo) for r in range(n)], link, itemsize, hosts)
     if symmetric and n > DES_MAX_RANKS:
-        return lockstep(plan(coll, count, 0, n, 0, chunk, algo), link, itemsize)
+        return lockstep(plan(coll, count, 0, n, 0, chunk, algo), link, itemsize, 0, hosts)
     if (coll, algo) == ("broadcast", "chain"):
         return chain_time(count, n, chunk, link, itemsize)
     if (coll, algo) == ("reduce", "ring") and n > DES_MAX_RANKS_REDUCE:
         return ring_reduce_time(count, n, chunk, link, itemsize)
     return simulate([plan(coll, count, r, n, 0, chunk, algo) for r in range(n)], link, itemsize)
+
+
+def leader_time(coll: str, count: int, link: Link, itemsize: int, chunk: int, hosts: Hosts) -> float:
+    """``leader`` as three phases back to back (inside the largest host, among the leaders, inside again):
+    the schedules of each phase priced on their own link."""
+    groups = hosts_of(hosts.layout)
+    most, leaders = max(map(len, groups)), len(groups)
+    small = count <= chunk
+
+    def inside(c: str) -> float:
+        algo = ("tree" if small else "ring") if c == "reduce" else ("tree" if small else "chain")
+        return predict(c, algo, count, most, hosts.local, itemsize, chunk)
+
+    if coll == "all_reduce":
+        across = predict("all_reduce", "rd" if small else "ring", count, leaders, link, itemsize, chunk)
+        return inside("reduce") + across + inside("broadcast")
+    across = predict(coll, ("tree" if small else "ring" if coll == "reduce" else "chain"), count, leaders, link,
+                     itemsize, chunk)
+    return across + inside(coll)

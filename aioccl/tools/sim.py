@@ -1,10 +1,14 @@
 """``aioccl-sim``: predicted time and bus bandwidth of every algorithm, up to thousands of ranks.
 
     aioccl-sim all_reduce --link 100g --ranks 8,64,512,4096 --sizes 8,64K,1M,64M,1G [--json F] [--plot F.png]
+    aioccl-sim all_reduce --link 100g --per-host 8 --ranks 16,512,4096   # hosts of 8 ranks: hierarchies too
 
 It runs the very schedules the engine runs (``aioccl.algorithms.plan``)
 under the alpha-beta model of ``aioccl.algorithms.cost``, and marks with
 ``*`` the algorithm the tuner picks. ``--links`` lists the link models.
+With ``--per-host N`` the ranks sit on hosts of N (the last one may hold
+fewer): messages inside a host take the ``same-host`` link, the others
+``--link``, and the hierarchical algorithms (``rail``, ``leader``) compete.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import sys
 from typing import Any
 
 from ..algorithms import ALGORITHMS
-from ..algorithms.cost import LINKS, predict
+from ..algorithms.cost import LINKS, Hosts, predict
+from ..algorithms.hierarchy import HIERARCHICAL, spans_hosts
 from ..algorithms.table import TABLE
-from ..tuning import Tuning
+from ..tuning import Tuning, candidates
 from .perf import DTYPES, parse_size
 from .perf_cases import busbw_factor
 
@@ -32,6 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ranks", default="2,8,64,512,4096")
     p.add_argument("--sizes", default="8,1K,64K,1M,16M,256M,1G", help="bytes of the whole buffer, as nccl-tests")
     p.add_argument("-d", "--datatype", default="float32", choices=list(DTYPES))
+    p.add_argument("--per-host", type=int, default=0, metavar="N", help="ranks per host (0: the --link between all)")
     p.add_argument("--buffsize", type=parse_size, default=parse_size("4M"), help="chunk in bytes (AIOCCL_BUFFSIZE)")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png")
@@ -44,6 +50,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(str(e))
     if min(ns.rank_list) < 1 or max(ns.rank_list) > 8192:
         p.error("ranks must be in 1..8192")
+    if ns.per_host < 0:
+        p.error("--per-host must be >= 0")
     return ns
 
 
@@ -60,13 +68,20 @@ def points(ns: argparse.Namespace) -> list[dict[str, Any]]:
             if count == 0:
                 continue
             nbytes = count * item * (n if ns.coll in BLOCKWISE else 1)
+            layout = layout_of(n, ns.per_host)
+            hosts = Hosts(layout) if spans_hosts(layout) else None
             algos = {}
-            for algo in ALGORITHMS[ns.coll]:
-                t = predict(ns.coll, algo, count, n, link, item, chunk)
+            for algo in candidates(ns.coll, layout):
+                t = predict(ns.coll, algo, count, n, link, item, chunk, hosts)
                 algos[algo] = {"time_us": t * 1e6, "busbw": nbytes / t / 1e9 * busbw_factor(ns.coll, n) if t else 0}
-            chosen = tuning.choose(ns.coll, count, item, n)[0]
+            chosen = tuning.choose(ns.coll, count, item, n, layout)[0]
             out.append({"ranks": n, "bytes": nbytes, "algos": algos, "tuner": chosen})
     return out
+
+
+def layout_of(n: int, per_host: int) -> tuple[int, ...]:
+    """Ranks filling hosts of ``per_host`` in order (``()``: no hosts, one link between all)."""
+    return tuple(r // per_host for r in range(n)) if per_host else ()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,17 +91,20 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{link.name:>10}  alpha {link.alpha * 1e6:6.1f} us  {1 / link.beta / 1e9:6.2f} GB/s  "
                   f"reduce {1 / link.gamma / 1e9:5.1f} GB/s  {link.description}")
         return
-    algos = ALGORITHMS[ns.coll]
     link = LINKS[ns.link]
+    algos = ALGORITHMS[ns.coll] + (HIERARCHICAL.get(ns.coll, ()) if ns.per_host > 1 else ())
+    where = f", hosts of {ns.per_host} ranks (same-host link inside)" if ns.per_host else ""
     print(f"# aioccl-sim {ns.coll} {ns.datatype} on '{link.name}' (alpha {link.alpha * 1e6:g} us, "
-          f"{1 / link.beta / 1e9:g} GB/s); * = the tuner's choice")
+          f"{1 / link.beta / 1e9:g} GB/s){where}; * = the tuner's choice; - = not for this layout")
     print(f"# {'ranks':>6} {'size(B)':>12}" + "".join(f" {a + ' time(us)':>18} {'busbw':>8}" for a in algos))
     rows = points(ns)
     for row in rows:
         cells = "".join(f" {('*' if a == row['tuner'] else '') + format(row['algos'][a]['time_us'], '.1f'):>18}"
-                        f" {row['algos'][a]['busbw']:>8.2f}" for a in algos)
+                        f" {row['algos'][a]['busbw']:>8.2f}" if a in row["algos"] else f" {'-':>18} {'-':>8}"
+                        for a in algos)
         print(f"  {row['ranks']:>6} {row['bytes']:>12}{cells}")
     report = {"tool": "aioccl-sim", "coll": ns.coll, "dtype": ns.datatype, "link": link.__dict__,
+              "per_host": ns.per_host,
               "buffsize": ns.buffsize, "rows": rows}
     if ns.json:
         with open(ns.json, "w") as f:

@@ -161,6 +161,9 @@ async def registered(comm: aioccl.Communicator, ck: Checker) -> None:
 
 
 async def main() -> None:
+    hosts = os.environ.get("HOSTS") == "interleaved"  # rank r on "host" r % 2: shm pairs inside, tcp across
+    if hosts:
+        os.environ["AIOCCL_HOSTID"] = f"host{int(os.environ['AIOCCL_RANK']) % 2}"
     comm = await aioccl.init(timeout=60)
     ck = Checker(comm.rank)
     expect = os.environ.get("EXPECT_TRANSPORT")
@@ -168,8 +171,17 @@ async def main() -> None:
         ck.true(f"transport is {expect} (got {comm.transport})", comm.transport == expect)
     await registered(comm, ck)
     ck.true("rank and size", comm.world_size == int(os.environ["AIOCCL_WORLD_SIZE"]))
-    ck.true("local rank", comm.local_rank == comm.rank and comm.local_world_size == comm.world_size)
+    if hosts:
+        ck.true("local rank on interleaved hosts", comm.local_rank == comm.rank // 2
+                and comm.local_world_size == len(range(comm.rank % 2, comm.world_size, 2)))
+    else:
+        ck.true("local rank", comm.local_rank == comm.rank and comm.local_world_size == comm.world_size)
     await matrix(comm, ck, DTYPES, SIZES)
+    if hosts and comm.world_size > 2:  # the hierarchies ran (a host with several ranks: n > 2)
+        used = {s.algo for s in comm._plans.values()}
+        rail = "rail" in os.environ.get("AIOCCL_ALGO", "") and comm.world_size == 4  # needs equal hosts
+        want = {"leader", "rail"} if rail else {"leader"}
+        ck.true(f"hierarchical schedules ran: {sorted(used)}", want <= used)
     # second communicator, engine on a proxy thread, formed from a broadcast UniqueId
     uid = np.frombuffer(str(aioccl.UniqueId.new(host="127.0.0.1")).encode().ljust(128), np.uint8).copy() \
         if comm.rank == 0 else np.zeros(128, np.uint8)
