@@ -13,6 +13,7 @@ NCCL. Point-to-point ops do not take sequence numbers; they match by
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import weakref
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import async_libs, log
+from . import async_libs, log, topology
 from .algorithms import plan
 from .algorithms.schedule import Schedule
 from .algorithms.shm import shm_plan
@@ -41,6 +42,7 @@ from .group import Group
 from .introspection import FlightRecorder
 from .lifecycle import LifecycleOps
 from .p2p import PointToPointOps
+from .topology import Topology
 from .tracking import OpTracking
 from .transport.ib.connection import IbConnection
 from .transport.shm_pair import ShmPairConnection
@@ -163,6 +165,8 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         comm = cls(eng, view, hosts, timeout, Tuning.from_env(os.environ))
         _log.info("rank %d/%d ready (engine %s, local %d/%d)", eng.rank, eng.size, eng.placement.kind,
                   *comm._local)
+        if _log.isEnabledFor(logging.INFO):
+            _log.info("%s", comm.topology().line())
         return comm
 
     # -- properties ----------------------------------------------------------
@@ -211,6 +215,11 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
             return "self"
         conn = self._engine.conns.get(self._view.ranks[peer])
         return "ib" if isinstance(conn, IbConnection) else "shm" if isinstance(conn, ShmPairConnection) else "tcp"
+
+    def topology(self) -> Topology:
+        """Hosts, ranks per host, this rank's transport to each peer, and how collectives run
+        (see ``aioccl.topology``)."""
+        return topology.of(self)
 
     def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """A zeroed array in this rank's registered shared memory (like ``ncclMemAlloc``).

@@ -81,6 +81,32 @@ def test_two_hosts_two_ranks_each(two_hosts):
     assert text.count(", 0 failures") == 4, text
 
 
+def test_topology_across_two_hosts(two_hosts):
+    """``aioccl-info --topology`` under aioccl-run on two namespace hosts prints the hosts and every pair's
+    transport; ``AIOCCL_DEBUG=INFO`` logs each rank's topology line."""
+    ns, dev, addrs = two_hosts
+    secret = secrets.token_hex(16)
+    procs = []
+    for node in range(2):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "AIOCCL_DEBUG": "INFO", "AIOCCL_DEBUG_SUBSYS": "COLL"}
+        cmd = ["ip", "netns", "exec", ns[node], sys.executable, "-m", "aioccl.run", "--nnodes", "2",
+               "--node-rank", str(node), "--master-addr", addrs[0], "--master-port", "29613",
+               "--nproc-per-node", "2", "--secret", secret, "-m", "aioccl.tools.info", "--topology"]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-2000:] + err[-2000:]
+    text = "".join(o + e for o, e in outs)
+    print(text)
+    assert "topology 2 host(s), ranks per host 2x2" in outs[0][0]
+    assert "hierarchical where the tuner finds it faster (rail, leader)" in outs[0][0]
+    for row in ("0 self  shm  tcp  tcp", "1  shm self  tcp  tcp", "2  tcp  tcp self  shm", "3  tcp  tcp  shm self"):
+        assert row in outs[0][0], outs[0][0]
+    for r in range(4):
+        assert f"rank {r}: topology 2 host(s), ranks per host 2x2" in text
+    assert "my pairs: shm 1, tcp 2" in text
+
+
 @pytest.fixture
 def three_hosts(tmp_path):
     """Three namespaces on a bridge (in a fourth), each with a decoy interface (a veth pair inside it, as this

@@ -1,6 +1,7 @@
 """``aioccl-info``: what this machine gives aioccl, one line each, with the reason where a feature is off.
 
     aioccl-info [--json]
+    aioccl-run --nnodes 2 ... -m aioccl.tools.info --topology   # the job's hosts and every pair's transport
 
 Meant to be pasted into bug reports: versions, optional libraries (and why
 one is missing or unusable), network interfaces and the one a rank would
@@ -180,10 +181,43 @@ def render(info: dict[str, Any]) -> list[str]:
     return lines
 
 
+PAIR_CODES = ("self", "shm", "tcp", "ib")
+
+
+def topology() -> list[str]:
+    """Join the launcher's job and return, on rank 0, every host and the transport of every pair
+    (``aioccl-run ... -m aioccl.tools.info --topology``); other ranks return nothing."""
+    import numpy as np
+
+    import aioccl
+
+    comm = aioccl.init_sync()
+    try:
+        n = comm.world_size
+        mine = np.array([PAIR_CODES.index(comm.transport_to(p)) for p in range(n)], np.int8)
+        every = comm.all_gather(mine).wait().reshape(n, n)
+        if comm.rank:
+            return []
+        top = comm.topology()
+        lines = [top.line().split(": ", 1)[1].split("; my pairs")[0], f"collectives: {top.collectives}",
+                 "pairs (row: from rank, column: to rank):", "      " + " ".join(f"{j:>4}" for j in range(n))]
+        lines += [f"  {i:>3} " + " ".join(f"{PAIR_CODES[c]:>4}" for c in every[i]) for i in range(n)]
+        return lines
+    finally:
+        comm.close().wait()
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="aioccl-info", description=(__doc__ or "").splitlines()[0])
     p.add_argument("--json", action="store_true", help="print JSON (for bug reports) instead of lines")
+    p.add_argument("--topology", action="store_true",
+                   help="under a launcher: join the job; rank 0 prints its hosts and every pair's transport")
     ns = p.parse_args(argv)
+    if ns.topology:
+        lines = topology()
+        if lines:
+            print("\n".join(lines), flush=True)
+        return
     info = collect()
     try:
         if ns.json:

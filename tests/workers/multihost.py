@@ -10,6 +10,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import aioccl  # noqa: E402
+from aioccl.tuning import Tuning  # noqa: E402
 
 from _check import Checker  # noqa: E402
 
@@ -21,10 +22,29 @@ async def main() -> None:
     per_node = int(os.environ["AIOCCL_LOCAL_WORLD_SIZE"])
     ck.true(f"local rank {comm.local_rank}/{comm.local_world_size}",
             comm.local_world_size == per_node and comm.local_rank == r % per_node)
-    for count in (7, 300_000):  # recursive doubling, then the pipelined ring
+    for count in (7, 300_000, 4_000_000):  # latency, then bandwidth algorithms (the tuner's choice)
         x = ((np.arange(count) % 5) + r).astype(np.float32)
         await comm.all_reduce(x)
         ck.same(f"all_reduce {count}", x, (n * (np.arange(count) % 5) + n * (n - 1) // 2).astype(np.float32))
+    used = sorted({s.algo for s in comm._plans.values()})
+    ck.true(f"the hierarchy ran across hosts: {used}", "rail" in used)
+    for algo in ("rail", "leader", "ring"):  # forced, so each runs across real hosts whatever the tuner says
+        comm._tuning = Tuning(comm._tuning.buffsize, (("all_reduce", algo), ("reduce", "leader"),
+                                                      ("broadcast", "leader")))
+        comm._plans.clear()
+        x = ((np.arange(300_001) % 5) + r).astype(np.float32)
+        await comm.all_reduce(x)
+        ck.same(f"all_reduce {algo}", x, (n * (np.arange(300_001) % 5) + n * (n - 1) // 2).astype(np.float32))
+        for root in range(n):
+            y = np.full(1001, r + 1, np.int64)
+            out = np.full(1001, -1, np.int64)
+            await comm.reduce(y, root=root, out=out)
+            ck.same(f"reduce leader root {root}", out, np.full(1001, n * (n + 1) // 2 if r == root else -1))
+            z = np.arange(999, dtype=np.int32) if r == root else np.zeros(999, np.int32)
+            await comm.broadcast(z, root=root)
+            ck.same(f"broadcast leader root {root}", z, np.arange(999, dtype=np.int32))
+    comm._tuning = Tuning()
+    comm._plans.clear()
     g = await comm.all_gather(np.array([r, 10 * r], np.int64))
     ck.same("all_gather", g, np.stack([np.arange(n), 10 * np.arange(n)], 1).reshape(-1))
     b = np.arange(50_000, dtype=np.float64) if r == n - 1 else np.zeros(50_000)
