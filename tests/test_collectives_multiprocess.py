@@ -17,7 +17,7 @@ SETTINGS = {
     # shared-memory pairs inside a host and sockets across; 64 float32 per chunk, so 1000 elements run the
     # bandwidth phases and the small sizes the latency ones
     "hosts-rail": {"HOSTS": "interleaved", "AIOCCL_BUFFSIZE": "256",
-                   "AIOCCL_ALGO": "all_reduce:rail,reduce:leader,broadcast:leader"},
+                   "AIOCCL_ALGO": "all_reduce:rail,all_gather:rail,reduce_scatter:rail,reduce:leader,broadcast:leader"},
     "hosts-leader": {"HOSTS": "interleaved", "AIOCCL_BUFFSIZE": "256", "AIOCCL_ALGO": "leader"},
 }
 

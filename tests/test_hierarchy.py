@@ -19,6 +19,7 @@ LAYOUTS = {
     "interleaved 3x2": (0, 1, 2, 0, 1, 2),
     "4x3": (0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3),
     "one host": (0, 0, 0),
+    "hosts not numbered by first rank": (2, 0, 2, 1, 0, 1),
 }
 
 
@@ -111,3 +112,38 @@ def test_rail_crosses_hosts_with_a_fraction_of_the_flat_ring():
     flat = plan("all_reduce", count, 3, 16, 0, chunk, "ring")  # rank 3's right neighbour is on host 1
     flat_cross = sum(x.src.count for st in flat.steps for x in st.sends)
     assert crossing("rail") * 4 <= flat_cross * 1.01
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("seed", [None, 4])
+def test_all_gather(name, seed):
+    layout = LAYOUTS[name]
+    n = len(layout)
+    for algo in algos("all_gather", layout):
+        for block in (0, 1, 3, 40):
+            for chunk in (CHUNK, 10_000):
+                ins = [data(r, block) for r in range(n)]
+                outs = [poison(n * block) for _ in range(n)]
+                run([plan("all_gather", block, r, n, 0, chunk, algo, layout=layout) for r in range(n)], ins, outs,
+                    seed=seed)
+                for r in range(n):
+                    np.testing.assert_array_equal(outs[r], np.concatenate(ins), err_msg=f"{algo} rank {r}")
+                    np.testing.assert_array_equal(ins[r], data(r, block))
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("seed", [None, 5])
+def test_reduce_scatter(name, seed):
+    layout = LAYOUTS[name]
+    n = len(layout)
+    for algo in algos("reduce_scatter", layout):
+        for block in (0, 1, 3, 40):
+            for chunk in (CHUNK, 10_000):
+                ins = [data(r, n * block) for r in range(n)]
+                full = np.sum(ins, axis=0) / n
+                outs = [poison(block) for _ in range(n)]
+                run([plan("reduce_scatter", block, r, n, 0, chunk, algo, layout=layout) for r in range(n)], ins, outs,
+                    seed=seed)
+                for r in range(n):
+                    np.testing.assert_array_equal(outs[r], full[r * block:(r + 1) * block], err_msg=f"{algo} rank {r}")
+                    np.testing.assert_array_equal(ins[r], data(r, n * block), err_msg="input intact")

@@ -246,16 +246,23 @@ def leader_time(coll: str, count: int, link: Link, itemsize: int, chunk: int, ho
     """``leader`` as three phases back to back (inside the largest host, among the leaders, inside again):
     the schedules of each phase priced on their own link."""
     groups = hosts_of(hosts.layout)
-    most, leaders = max(map(len, groups)), len(groups)
-    small = count <= chunk
+    most, leaders, n = max(map(len, groups)), len(groups), len(hosts.layout)
 
-    def inside(c: str) -> float:
-        algo = ("tree" if small else "ring") if c == "reduce" else ("tree" if small else "chain")
-        return predict(c, algo, count, most, hosts.local, itemsize, chunk)
+    def inside(c: str, size: int) -> float:
+        small = size <= chunk
+        algo = {"reduce": "tree" if small else "ring", "broadcast": "tree" if small else "chain"}.get(c, "direct")
+        return predict(c, algo, size, most, hosts.local, itemsize, chunk)
+
+    def across(c: str, size: int) -> float:
+        small = size <= chunk
+        algo = {"all_reduce": "rd" if small else "ring", "reduce": "tree" if small else "ring",
+                "broadcast": "tree" if small else "chain"}.get(c, "ring")
+        return predict(c, algo, size, leaders, link, itemsize, chunk)
 
     if coll == "all_reduce":
-        across = predict("all_reduce", "rd" if small else "ring", count, leaders, link, itemsize, chunk)
-        return inside("reduce") + across + inside("broadcast")
-    across = predict(coll, ("tree" if small else "ring" if coll == "reduce" else "chain"), count, leaders, link,
-                     itemsize, chunk)
-    return across + inside(coll)
+        return inside("reduce", count) + across("all_reduce", count) + inside("broadcast", count)
+    if coll == "all_gather":  # count: one rank's block
+        return inside("gather", count) + across("all_gather", count * most) + inside("broadcast", count * n)
+    if coll == "reduce_scatter":
+        return inside("reduce", count * n) + across("reduce_scatter", count * most) + inside("scatter", count)
+    return across(coll, count) + inside(coll, count)

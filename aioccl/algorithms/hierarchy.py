@@ -13,6 +13,8 @@ Two shapes, chosen by the tuner (``aioccl.tuning``) from the cost model:
   ranks with local index i on every host (a *rail*, NCCL's term) all-reduce
   that segment across hosts; a same-host all-gather completes the buffer.
   Each rank crosses the network with ``1/L`` of the data, all rails at once.
+  all_gather and reduce_scatter go the same way with each rank's block:
+  across the rail, then inside the host (or the reverse).
 - ``leader``: one rank per host (local index 0, or the root on the root's
   host) crosses the network: reduce to it inside the host, the leaders run
   the flat algorithm among themselves, then it broadcasts inside the host.
@@ -30,10 +32,13 @@ bandwidth ones: a pure rule, so that every rank picks the same.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from . import doubling, ring, tree
 from .schedule import IN, OUT, SCRATCH, Copy, Recv, RecvReduce, Region, Schedule, Send, Step, build, split
 
-HIERARCHICAL = {"all_reduce": ("rail", "leader"), "broadcast": ("leader",), "reduce": ("leader",)}
+HIERARCHICAL = {"all_reduce": ("rail", "leader"), "broadcast": ("leader",), "reduce": ("leader",),
+                "all_gather": ("rail", "leader"), "reduce_scatter": ("rail", "leader")}
 Where = dict[int, tuple[int, int]]  # a sub-schedule's buffer -> (this schedule's buffer, element offset)
 SAME: Where = {IN: (IN, 0), OUT: (OUT, 0), SCRATCH: (SCRATCH, 0)}
 
@@ -44,6 +49,12 @@ def hosts_of(layout: tuple[int, ...]) -> list[list[int]]:
     for r, h in enumerate(layout):
         hosts.setdefault(h, []).append(r)
     return list(hosts.values())
+
+
+def numbered(layout: tuple[int, ...]) -> tuple[int, ...]:
+    """The same layout with hosts numbered by their first rank (what the schedules index by)."""
+    index: dict[int, int] = {}
+    return tuple(index.setdefault(h, len(index)) for h in layout)
 
 
 def spans_hosts(layout: tuple[int, ...]) -> bool:
@@ -161,10 +172,115 @@ def _leader_reduce(count: int, rank: int, layout: tuple[int, ...], root: int, ch
     return build(steps, scratch=base + max(up.scratch, across.scratch), scale=scale, algo="leader")
 
 
+def _ring_gather_sets(sets: list[list[int]], me: int, members: list[int], at: Callable[[int], Region]) -> list[Step]:
+    """Ring all-gather where member j starts with the blocks ``sets[j]`` (``at(block)``: where one lies)."""
+    m = len(sets)
+    left, right = members[(me - 1) % m], members[(me + 1) % m]
+    return [Step(sends=tuple(Send(right, at(b)) for b in sets[(me - t) % m]),
+                 recvs=tuple(Recv(left, at(b)) for b in sets[(me - t - 1) % m])) for t in range(m - 1)]
+
+
+def _ring_reduce_sets(sets: list[list[int]], me: int, members: list[int], src: Callable[[int], Region],
+                      dst: Callable[[int], Region], tmp_at: int) -> list[Step]:
+    """Ring reduce-scatter where segment j is the blocks ``sets[j]``: member ``me`` ends with set ``me``
+    reduced in ``dst``. At step t it sends set me-t-1 (from ``src`` at first, then from ``dst``) and
+    reduces set me-t-2 as ``dst = op(src, incoming)``; ``dst`` may be ``src`` (accumulate in place)."""
+    m = len(sets)
+    left, right = members[(me - 1) % m], members[(me + 1) % m]
+    steps = []
+    for t in range(m - 1):
+        recvs, off = [], tmp_at
+        for b in sets[(me - t - 2) % m]:
+            d = dst(b)
+            recvs.append(RecvReduce(left, d, src(b), Region(SCRATCH, off, off + d.count)))
+            off += d.count
+        steps.append(Step(sends=tuple(Send(right, (src if t == 0 else dst)(b)) for b in sets[(me - t - 1) % m]),
+                          recvs=tuple(recvs)))
+    return steps
+
+
+def _rail_all_gather(block: int, rank: int, layout: tuple[int, ...]) -> Schedule:
+    hosts = hosts_of(layout)
+    local = hosts[layout[rank]]
+    i = local.index(rank)
+
+    def at(b: int) -> Region:
+        return Region(OUT, b * block, (b + 1) * block)
+
+    steps = [Step(copies=(Copy(Region(IN, 0, block), at(rank)),))]
+    steps += _ring_gather_sets([[g[i]] for g in hosts], hosts.index(local), [g[i] for g in hosts], at)
+    steps += _ring_gather_sets([[g[j] for g in hosts] for j in range(len(local))], i, local, at)
+    return Schedule(tuple(steps), algo="rail")
+
+
+def _leader_all_gather(block: int, rank: int, layout: tuple[int, ...], chunk: int) -> Schedule:
+    hosts = hosts_of(layout)
+    local, leaders = hosts[layout[rank]], _leaders(hosts, 0)
+    n, lead = len(layout), local[0]
+
+    def at(b: int) -> Region:
+        return Region(OUT, b * block, (b + 1) * block)
+
+    if rank != lead:
+        steps = [Step(sends=(Send(lead, Region(IN, 0, block)),))]
+    else:
+        steps = [Step(copies=(Copy(Region(IN, 0, block), at(rank)),),
+                      recvs=tuple(Recv(m, at(m)) for m in local if m != rank))]
+        steps += _ring_gather_sets(hosts, leaders.index(rank), leaders, at)
+    down = _broadcast_in(n * block, local.index(rank), len(local), 0, chunk)
+    steps += relabel(down, local, {IN: (OUT, 0), OUT: (OUT, 0), SCRATCH: (SCRATCH, 0)})
+    return Schedule(tuple(steps), scratch=down.scratch, algo="leader")
+
+
+def _rail_reduce_scatter(block: int, rank: int, layout: tuple[int, ...]) -> Schedule:
+    """Host sums accumulate in scratch (a block per rank), so IN is only read."""
+    hosts = hosts_of(layout)
+    local, n = hosts[layout[rank]], len(layout)
+    i, n_local, n_hosts = local.index(rank), len(local), len(hosts)
+
+    def inp(b: int) -> Region:
+        return Region(IN, b * block, (b + 1) * block)
+
+    def acc(b: int) -> Region:
+        return Region(SCRATCH, b * block, (b + 1) * block)
+
+    tmp_at = n * block
+    steps = _ring_reduce_sets([[g[j] for g in hosts] for j in range(n_local)], i, local, inp, acc, tmp_at)
+    rail = [g[i] for g in hosts]
+    steps += _ring_reduce_sets([[r] for r in rail], hosts.index(local), rail, acc if n_local > 1 else inp, acc,
+                               tmp_at)
+    mine = acc(rank) if n_local > 1 or n_hosts > 1 else inp(rank)
+    steps.append(Step(copies=(Copy(mine, Region(OUT, 0, block)),)))
+    tmp = (n_hosts if n_local > 1 else 1) * block
+    return build(steps, scratch=tmp_at + tmp, scale=(Region(OUT, 0, block),), algo="rail")
+
+
+def _leader_reduce_scatter(block: int, rank: int, layout: tuple[int, ...], chunk: int) -> Schedule:
+    hosts = hosts_of(layout)
+    local, leaders = hosts[layout[rank]], _leaders(hosts, 0)
+    n, lead = len(layout), local[0]
+    up = _reduce_in(n * block, local.index(rank), len(local), 0, chunk)
+    if rank != lead:  # a partial sum in scratch, then my block from the leader
+        steps = relabel(up, local) + [Step(recvs=(Recv(lead, Region(OUT, 0, block)),))]
+        return build(steps, scratch=up.scratch, scale=(Region(OUT, 0, block),), algo="leader")
+
+    def part(b: int) -> Region:  # the host's sum, then the whole job's for this host's blocks
+        return Region(SCRATCH, b * block, (b + 1) * block)
+
+    base = n * block
+    steps = relabel(up, local, {IN: (IN, 0), OUT: (SCRATCH, 0), SCRATCH: (SCRATCH, base)})
+    steps += _ring_reduce_sets(hosts, leaders.index(rank), leaders, part, part, base)
+    steps.append(Step(copies=(Copy(part(rank), Region(OUT, 0, block)),),
+                      sends=tuple(Send(m, part(m)) for m in local if m != rank)))
+    tmp = max(map(len, hosts)) * block
+    return build(steps, scratch=base + max(up.scratch, tmp), scale=(Region(OUT, 0, block),), algo="leader")
+
+
 def plan(coll: str, count: int, rank: int, layout: tuple[int, ...], root: int, chunk: int, algo: str) -> Schedule:
     """This rank's hierarchical schedule (``algorithms.plan`` routes here for ``rail`` and ``leader``)."""
     if len(layout) <= rank:
         raise ValueError(f"{algo}: a layout of {len(layout)} ranks has no rank {rank}")
+    layout = numbered(layout)
     if coll == "all_reduce" and algo == "rail":
         if not uniform(layout):
             raise ValueError("rail needs the same number of ranks on every host")
@@ -175,4 +291,12 @@ def plan(coll: str, count: int, rank: int, layout: tuple[int, ...], root: int, c
         return _leader_broadcast(count, rank, layout, root, chunk)
     if coll == "reduce" and algo == "leader":
         return _leader_reduce(count, rank, layout, root, chunk)
+    if coll in ("all_gather", "reduce_scatter") and algo == "rail":
+        if not uniform(layout):
+            raise ValueError("rail needs the same number of ranks on every host")
+        return (_rail_all_gather if coll == "all_gather" else _rail_reduce_scatter)(count, rank, layout)
+    if coll == "all_gather" and algo == "leader":
+        return _leader_all_gather(count, rank, layout, chunk)
+    if coll == "reduce_scatter" and algo == "leader":
+        return _leader_reduce_scatter(count, rank, layout, chunk)
     raise ValueError(f"no hierarchical {algo!r} for {coll}")

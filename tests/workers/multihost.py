@@ -29,12 +29,18 @@ async def main() -> None:
     used = sorted({s.algo for s in comm._plans.values()})
     ck.true(f"the hierarchy ran across hosts: {used}", "rail" in used)
     for algo in ("rail", "leader", "ring"):  # forced, so each runs across real hosts whatever the tuner says
+        gathers = "leader" if algo == "leader" else "rail"
         comm._tuning = Tuning(comm._tuning.buffsize, (("all_reduce", algo), ("reduce", "leader"),
-                                                      ("broadcast", "leader")))
+                                                      ("broadcast", "leader"), ("all_gather", gathers),
+                                                      ("reduce_scatter", gathers)))
         comm._plans.clear()
         x = ((np.arange(300_001) % 5) + r).astype(np.float32)
         await comm.all_reduce(x)
         ck.same(f"all_reduce {algo}", x, (n * (np.arange(300_001) % 5) + n * (n - 1) // 2).astype(np.float32))
+        g = await comm.all_gather(np.full(10_001, r, np.int32))
+        ck.same(f"all_gather {gathers}", g, np.repeat(np.arange(n, dtype=np.int32), 10_001))
+        rs = await comm.reduce_scatter(np.tile(np.arange(n * 5, dtype=np.float64), 1) + r, out=np.full(5, -1.0))
+        ck.same(f"reduce_scatter {gathers}", rs, n * np.arange(5 * r, 5 * r + 5, dtype=np.float64) + n * (n - 1) / 2)
         for root in range(n):
             y = np.full(1001, r + 1, np.int64)
             out = np.full(1001, -1, np.int64)
