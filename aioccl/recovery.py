@@ -6,6 +6,9 @@ the set of ranks it believes dead to every rank it believes alive and
 receives theirs; a peer that fails to answer (connection lost, or silent
 until the deadline) joins the dead set. A round in which every answer equals
 this rank's own set ends it; otherwise the union is the next round's set.
+Each round has the whole ``timeout``: a silent peer (a cut link) uses up the
+first round's, and the survivors, who all waited for it the same time, then
+agree in the next round instead of finding each other out of time.
 Sets only grow and there are at most ``n`` ranks, so there are at most
 ``n + 1`` rounds. If every survivor started the same round with the same set,
 they all stop in that round with it (this is not a consensus protocol
@@ -38,8 +41,8 @@ async def agree_on_survivors(engine: Engine, view: CommView, timeout: float) -> 
     n, me = view.size, view.rank
     dead = {r for r in range(n) if view.ranks[r] in engine.mailbox.lost}
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
     for rnd in range(n + 1):
+        deadline = loop.time() + timeout
         others = [r for r in range(n) if r != me and r not in dead]
         mine = np.zeros(n, dtype=np.uint8)
         mine[list(dead)] = 1

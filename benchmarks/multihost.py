@@ -9,7 +9,8 @@ and ranks of different hosts over TCP across the veths (what aioccl sees as
 another host). aioccl-perf runs under ``aioccl-run --nnodes H`` once per
 variant and size: ``auto`` (the tuner's choice, hierarchical here),
 ``ring`` (the flat socket ring over all ranks, forced with ``AIOCCL_ALGO``),
-``rail`` and ``leader`` forced. The variants run back to back in rotating
+``rail`` and ``leader`` forced, and ``ring-tcp`` (the flat ring with same-host
+pairs over sockets too, ``AIOCCL_SHM_DISABLE=1``). The variants run back to back in rotating
 order in each repeat; each figure is the median over repeats of a run's
 median per-iteration time. Open MPI across namespaces would need its
 launcher to reach each namespace (ssh); it is not run here. Needs root.
@@ -38,7 +39,11 @@ from _sweep import iterations  # noqa: E402
 
 from aioccl.tools.perf import parse_size  # noqa: E402
 
-VARIANTS = {"auto": None, "ring": "all_reduce:ring", "rail": "all_reduce:rail", "leader": "all_reduce:leader"}
+VARIANTS: dict[str, dict[str, str]] = {
+    "auto": {}, "ring": {"AIOCCL_ALGO": "all_reduce:ring"}, "rail": {"AIOCCL_ALGO": "all_reduce:rail"},
+    "leader": {"AIOCCL_ALGO": "all_reduce:leader"},
+    "ring-tcp": {"AIOCCL_ALGO": "all_reduce:ring", "AIOCCL_SHM_DISABLE": "1"},  # every pair over sockets
+}
 
 
 def _sh(*cmd: str) -> None:
@@ -78,8 +83,7 @@ def run_once(ns: list[str], addrs: list[str], per_host: int, variant: str, size:
     secret = secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOCCL_")}
     env["PYTHONPATH"] = str(ROOT)
-    if VARIANTS[variant]:
-        env["AIOCCL_ALGO"] = VARIANTS[variant]
+    env.update(VARIANTS[variant])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
         procs = []

@@ -250,3 +250,36 @@ async def test_a_peers_notice_that_lands_with_the_deadline_is_the_error_raised()
     told = aioccl.CollectiveTimeout("all_reduce", 0, [2], 0.5, "reported by rank 0")
     failed.set_exception(told)
     assert progress.told() is told and progress.waiting_for() == [1]
+
+
+def test_a_timeouts_chain_is_followed_to_the_silent_ranks():
+    from aioccl.engine.blame import Reports, follow
+    from aioccl.transport.frames import TIMEOUT
+
+    # a ring 0 -> 1 -> 2 -> 3 -> 4 (4 and 5 cut off): each waits for its left neighbour; 4 and 5 said nothing
+    reports = {1: [0], 2: [1], 3: [2], 0: [5]}
+    assert follow([2], reports, me=3) == ([5], [0, 1, 2])
+    assert follow([0], {**reports, 1: [0]}, me=1) == ([5], [0])
+    # the chain comes back to this rank: it goes on through this rank's own wait, which names nobody new
+    assert follow([1], {2: [1], 1: [2]}, me=2) == ([], [1])
+    assert follow([1], {1: [0], 0: [1]}, me=0) == ([], [1])
+    assert follow([3], {}, me=0) == ([3], [])  # nobody reported: the rank named stays named
+    r = Reports()
+    r.record((1, 7), 4, TIMEOUT, [2])
+    r.record((1, 7), 4, TIMEOUT, [9])  # a notice passed on by rank 4 carries another's culprits: the first word stays
+    assert r.of((1, 7)) == {4: [2]} and r.of((1, 6)) == {}
+
+
+def test_a_rank_stuck_one_collective_behind_is_followed_there():
+    """Cut off mid-op, some ranks finish op 25 and wait in op 26 for rank 0, which still waits in op 25 for
+    rank 5: the chain for op 26 goes through rank 0's report for op 25 (never through a later op's)."""
+    from aioccl.engine.blame import Reports, follow
+    from aioccl.transport.frames import TIMEOUT
+
+    r = Reports()
+    r.record((1, 25), 0, TIMEOUT, [5])
+    r.record((1, 27), 0, TIMEOUT, [3])  # later than the op asked about: ignored
+    r.record((2, 26), 0, TIMEOUT, [4])  # another communicator: ignored
+    r.record((1, 26), 3, TIMEOUT, [2])
+    assert r.of((1, 26)) == {0: [5], 3: [2]}
+    assert follow([0], r.of((1, 26)), me=2) == ([5], [0])

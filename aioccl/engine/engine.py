@@ -39,6 +39,7 @@ from ..transport.shm_pair import PairHub, ShmPairConnection
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
 from ..tuning import Tuning
 from ..watchdog import Watchdog, report_unfinished, watchdog_seconds
+from . import blame
 from .executor import drive, execute
 from .mailbox import Mailbox
 from .notices import Active, Fingerprint, failure_frame
@@ -244,8 +245,11 @@ class Engine:
             if self.running.pop(key, None) is not None:
                 self._probed.discard(key)
             if err is not None:
-                work._set_exception(err)
                 self.report_failure(comm.ctx, comm.ranks, comm.rank, op.seq, op.fp, err)
+                if isinstance(err, CollectiveTimeout) and self.aborted is None:  # name the end of the chain
+                    err = await blame.named(err, comm.ranks, self.rank, op.progress.blocked_on(),
+                                            lambda: self.mailbox.reports.of(key), self.mailbox.lost)
+                work._set_exception(err)
             if ok and scratch_raw is not None:  # a failed op's scratch may still be written by a late frame
                 self.pool.release(scratch_raw)
 

@@ -46,7 +46,8 @@ from ..transport.frames import (
     unpack_failure,
 )
 from ..work import Work
-from .notices import Active, Fingerprint, failure_error, passed_on
+from .blame import Reports
+from .notices import Active, Fingerprint, failure_error, own_wait, passed_on
 from .pool import BufferPool
 from .receives import Budget, Early, Posted, drop_unfinished
 from .rendezvous import Rendezvous
@@ -65,6 +66,7 @@ class Mailbox:
         self.p2p_posted: dict[tuple[int, int, int], deque[Posted]] = {}
         self.p2p_early: dict[tuple[int, int, int], deque[Early]] = {}
         self.lost: dict[int, PeerLost] = {}
+        self.reports = Reports()  # per failed collective, whom each reporting rank waited for
         self.rdv = Rendezvous(loop)  # large p2p messages: their ready-to-send, clear-to-send and data
         self.closed_peers: set[int] = set()  # lost by a graceful close (after finishing their part of every op)
         self.lost_listeners: list[Callable[[int, PeerLost], None]] = []  # e.g. the shared-memory channel
@@ -238,14 +240,18 @@ class Mailbox:
         finally:
             self.pool.release(buf)
         op_key = (h.ctx, h.seq)
+        self.reports.record(op_key, h.k - 1 if h.k else reporter, cause, culprits)  # for blame.py's chains
         if op_key in self._dead or op_key in self._doomed:
             return
         active = self.active.get(op_key) or self._finished.get(op_key)
         ranks = active.ranks if active is not None else ()
         exc = failure_error(h, reporter, ranks, cause, culprits, seconds, message)
         if active is not None and ranks:  # whom this rank waits for itself: its receives still posted
-            mine = [ranks.index(k[0]) for k in self.posted if k[1:3] == op_key and k[0] in ranks and k[0] != reporter]
-            exc = passed_on(exc, active.rank, mine)
+            waits = [ranks.index(k[0]) for k in self.posted if k[1:3] == op_key and k[0] in ranks]
+            exc = passed_on(exc, active.rank, [w for w in waits if ranks[w] != reporter])
+            own = own_wait(h, active, cause, waits, seconds)
+            if own is not None and self.forward is not None:
+                self.forward(ranks, own, -1)
         if op_key in self._finished:
             _log.warning("%s (after this rank's part of it had finished)", exc)
         self.fail_op(h.ctx, h.seq, exc)

@@ -71,7 +71,17 @@ def failure_frame(ctx: int, ranks: tuple[int, ...], rank: int, seq: int, fp: Fin
         cause, culprits, seconds, message = ABORTED, [], 0.0, f"{type(exc).__name__}: {exc}"
     payload = pack_failure(cause, culprits, seconds, message)
     op, dtype, redop, count, root = fp
-    return Header(FAIL, op, dtype, 0, ctx, seq, len(payload), count, root, redop).pack() + payload
+    # k: the reporting world rank + 1, kept when the frame is passed on (blame.py attributes it by this)
+    return Header(FAIL, op, dtype, ranks[rank] + 1, ctx, seq, len(payload), count, root, redop).pack() + payload
+
+
+def own_wait(h: Header, active: Active, cause: int, mine: list[int], seconds: float) -> bytes | None:
+    """A rank failed by a peer's timeout notice tells the others whom it was waiting for itself (communicator
+    ranks ``mine``), so that their chains (``blame.py``) go on through it to the silent ranks."""
+    if cause != TIMEOUT or not mine:
+        return None
+    exc = CollectiveTimeout(name_of(h.op), h.seq, mine, seconds)
+    return failure_frame(h.ctx, active.ranks, active.rank, h.seq, active.fp, exc)
 
 
 def failure_error(h: Header, reporter: int, ranks: tuple[int, ...], cause: int, culprits: list[int],

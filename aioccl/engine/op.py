@@ -43,6 +43,12 @@ class Progress:
     def waiting_for(self) -> list[int]:
         return sorted({p for p, f in self.recvs if not f.done() or f.cancelled()} | self.sends)
 
+    def blocked_on(self) -> list[int]:
+        """Whom this op still needs: ``waiting_for`` plus receives a peer's notice failed (their data
+        never came either), for following a timeout's chain (``blame.py``)."""
+        return sorted({p for p, f in self.recvs if not f.done() or f.cancelled() or f.exception() is not None}
+                      | self.sends)
+
     def told(self) -> BaseException | None:
         """The error a peer's notice already set on a receive, if any. The notice and this rank's own
         deadline may land in one loop turn; the notice is then the root cause, and the receives it

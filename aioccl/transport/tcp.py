@@ -30,7 +30,7 @@ from .shm import stop_reader
 _log = log.get("NET")
 READ_BUDGET = 4 << 20
 SEND_NOW_MAX = 64 << 10  # a larger payload is sent by a task: a remainder the kernel refuses is not copied
-DEFAULT_PEER_TIMEOUT = 2.0
+DEFAULT_PEER_TIMEOUT = 10.0  # a link may flap for seconds (a switch failing over) and come back
 
 
 def peer_timeout(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
