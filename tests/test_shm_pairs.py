@@ -68,6 +68,24 @@ def test_point_to_point_runs_over_shared_memory_pairs_bit_exact(n, cma):
     assert all(k == (n - 1 if cma == "1" and CMA_HERE else 0) for k in reads), (reads, CMA_HERE)
 
 
+@pytest.mark.parametrize("cma", ["1", "0"])
+def test_collectives_over_pairs_send_large_messages_as_offers_read_in_place(cma):
+    """Collectives on messages (ring, chain) over shared-memory pairs: a message of 256 KiB or more is offered
+    and read in place where the kernel allows it (one copy, not two through the ring); exact either way."""
+    p = run("coll_offers", 3, AIOCCL_SHM_CMA=cma, AIOCCL_ALGO="ring,chain")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    reads = [int(m) for m in re.findall(r" coll_offers, (\d+) read in place", p.stdout)]
+    assert len(reads) == 3, p.stdout
+    assert all(k > 10 for k in reads) if cma == "1" and CMA_HERE else all(k == 0 for k in reads), reads
+
+
+@pytest.mark.skipif(not CMA_HERE, reason="the kernel refuses cross-memory attach (process_vm_readv) here")
+def test_a_collective_offer_withdrawn_at_its_deadline_is_never_read():
+    p = run("coll_withdrawn", 2, AIOCCL_ALGO="ring")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.stdout.count("coll_withdrawn") == 2, p.stdout
+
+
 @pytest.mark.skipif(not CMA_HERE, reason="the kernel refuses cross-memory attach (process_vm_readv) here")
 def test_a_large_send_withdrawn_at_its_deadline_is_never_read():
     p = run("withdrawn", 2)

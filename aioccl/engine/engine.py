@@ -245,6 +245,8 @@ class Engine:
             if self.running.pop(key, None) is not None:
                 self._probed.discard(key)
             if err is not None:
+                if op.progress.offering:  # a peer may be reading this op's buffers in place: let it finish
+                    await op.progress.let_go()
                 self.report_failure(comm.ctx, comm.ranks, comm.rank, op.seq, op.fp, err)
                 if isinstance(err, CollectiveTimeout) and self.aborted is None:  # name the end of the chain
                     err = await blame.named(err, comm.ranks, self.rank, op.progress.blocked_on(),

@@ -39,6 +39,7 @@ from ..kernels import UFUNCS, combine, scale
 from ..transport.frames import COLL
 from ..transport.frames import pack as pack_header
 from .op import Op, Progress, Wait
+from .rendezvous import OFFER_MIN, send_offered
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -229,7 +230,11 @@ class _MessageState:
 async def _send(eng: Engine, view: CommView, peer: int, hdr: bytes, payload: memoryview,
                 progress: Progress) -> None:
     progress.sends.add(peer)
-    await eng.send(view.ranks[peer], hdr, payload)
+    world = view.ranks[peer]
+    if len(payload) >= OFFER_MIN and getattr(eng.conns.get(world), "memory", None) is not None:
+        await send_offered(eng, world, hdr, payload, progress)  # read in place by the same-host peer
+    else:
+        await eng.send(world, hdr, payload)
     progress.sends.discard(peer)
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from .. import log
 from ..errors import AiocclError, PeerLost
 from ..transport.frames import (
+    COFFER,
     COLL,
     CTS,
     FAIL,
@@ -106,13 +107,18 @@ class Mailbox:
                 else:
                     self._attach(e, p)
                 return e.view(), e.finish
-        elif kind == COLL:
+        elif kind in (COLL, COFFER):  # a collective's message, or its offer to be read in place
             if self._screen(peer, h):
                 return self._discard(h)
             key = (peer, h.ctx, h.seq, h.k)
             p = self.posted.pop(key, None)
-            if p is None:
-                e = self.early[key] = Early(peer, h, self.pool, self.budget)
+            if p is None or kind == COFFER:
+                e = Early(peer, h, self.pool, self.budget, None if kind == COLL else
+                          lambda p, offer: self.rdv.match_offer(peer, h, p, self.lost.get(peer), offer))
+                if p is None:
+                    self.early[key] = e
+                else:
+                    self._attach(e, p)
                 return e.view(), e.finish
         elif kind == MISMATCH:
             buf = self.pool.acquire(h.nbytes)
@@ -169,7 +175,7 @@ class Mailbox:
                 if self.notify is not None:
                     self.notify(h.ctx, h.seq, active, peer, h.fingerprint())
                 return True
-            return h.kind != COLL
+            return h.kind not in (COLL, COFFER)
         seen = self._foreign.get(op_key)
         if seen is None:
             if len(self._foreign) >= 4096:  # fingerprints of ops never begun here stay bounded
@@ -177,7 +183,7 @@ class Mailbox:
             self._foreign[op_key] = {peer: h.fingerprint()}
         elif peer not in seen:
             seen[peer] = h.fingerprint()
-        return h.kind != COLL
+        return h.kind not in (COLL, COFFER)
 
     def _discard(self, h: Header) -> tuple[memoryview, Callable[[], None]]:
         buf = self.pool.acquire(h.nbytes)

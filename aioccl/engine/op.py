@@ -13,6 +13,7 @@ waited for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -34,11 +35,27 @@ NO_SCHEDULE = Schedule(())
 class Progress:
     """The messages an op is blocked on right now (read when its deadline passes)."""
 
-    __slots__ = ("recvs", "sends")
+    __slots__ = ("held", "offering", "recvs", "sends")
 
     def __init__(self) -> None:
         self.recvs: list[tuple[int, asyncio.Future[None]]] = []
         self.sends: set[int] = set()
+        self.offering = False  # some send went as an offer (``rendezvous.send_offered``)
+        self.held: list[tuple[asyncio.Future[Any], Callable[[], None]]] = []
+
+    def hold(self, read: asyncio.Future[Any], over: Callable[[], None]) -> None:
+        """An offer a peer was reading when this op gave up: ``read`` ends with the read."""
+        self.held.append((read, over))
+
+    async def let_go(self, within: float = 1.0) -> None:
+        """Before a failed op hands its buffers back: wait (at most ``within`` s each) for the reads of
+        its offers that were under way, so no peer reads a buffer the caller is writing again."""
+        await asyncio.sleep(0)  # the op's cancelled sends run their ends first
+        while self.held:
+            read, over = self.held.pop()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(read), within)
+            over()
 
     def waiting_for(self) -> list[int]:
         return sorted({p for p, f in self.recvs if not f.done() or f.cancelled()} | self.sends)

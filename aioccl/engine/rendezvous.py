@@ -15,6 +15,11 @@ also carries an *offer* and the receiver reads the data in place, answering
 RDONE instead of CTS (``offers.py``: the offer, and the handshake that keeps
 a read from overlapping a sender that has given up).
 
+A collective's large message to such a peer goes the same way (``send_offered``):
+its header (fingerprint and all) comes as a COFFER frame whose payload is the
+offer, and it is matched like any collective frame; the receiver reads the
+data in place (one copy instead of two through the pair's ring).
+
 This module keeps both sides' state; the mailbox routes the frames here.
 """
 
@@ -22,18 +27,26 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ..envvars import env_int
 from ..errors import AiocclError, PeerLost
 from ..transport.cma import PeerMemory
-from ..transport.frames import CTS, RDATA, RDONE, RTS, Header
-from .offers import DECLINED, OFFER, READ, Taker
+from ..transport.frames import COFFER, CTS, RDATA, RDONE, RTS, Header, unpack
+from .offers import DECLINED, OFFER, READ, Offer, Taker
 from .receives import Posted
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .op import Progress
 
 SEND_DATA, WAS_READ, WAS_DECLINED = 0, 1, 2  # a sender's answer: CTS, RDONE (read in place), RDONE (declined)
 DEFAULT_EAGER = 1 << 20
 DEFAULT_UNEXPECTED = 64 << 20
+OFFER_MIN = 256 << 10  # a collective message this large to a peer that can read our memory goes as an offer
+OFFER_TAIL = struct.Struct("<iq")  # after a COFFER's offer: its id (for RDONE / CTS) and the data's bytes
 
 
 def eager_limit(env: Mapping[str, str] = os.environ) -> int:
@@ -116,6 +129,14 @@ class Rendezvous:
             self.send_control(peer, Header(RDONE, 0, 0, h.k, h.ctx, h.seq, 0, int(outcome == READ)).pack())
         return True
 
+    def match_offer(self, peer: int, h: Header, p: Posted, lost: PeerLost | None, payload: bytes) -> None:
+        """A collective's offer (COFFER) met its receive: read it in place, or clear it to send."""
+        if len(payload) != OFFER.size + OFFER_TAIL.size:
+            p.fail(AiocclError(f"rank {peer} sent a corrupt offer for collective seq {h.seq}"))
+            return
+        rid, nbytes = OFFER_TAIL.unpack_from(payload, OFFER.size)
+        self.match(peer, h._replace(k=rid, nbytes=nbytes, count=nbytes), p, lost, payload[:OFFER.size])
+
     def clear(self, peer: int, h: Header, p: Posted | None) -> None:
         """Receive ``h``'s data into ``p`` (None: discard it, the receive failed) and tell the sender."""
         self.matched[(peer, h.k)] = p
@@ -141,3 +162,35 @@ class Rendezvous:
             p = self.matched.pop(key)
             if p is not None:
                 p.fail(lost)
+
+
+async def send_offered(eng: Engine, world: int, hdr: bytes, payload: memoryview, progress: Progress) -> None:
+    """A collective's message to a same-host peer that may read this process's memory: the header with an
+    offer instead of the data; the peer reads it in place (RDONE) or clears it to send (CTS, then RDATA).
+    An offer a peer was reading when the op gave up is handed to ``progress``, which waits for the read to
+    end before the op lets its buffers go."""
+    offer = Offer.make(payload)
+    if offer is None:  # every offer slot in use
+        await eng.send(world, hdr, payload)
+        return
+    rdv = eng.mailbox.rdv
+    rid, cts = rdv.expect_cts(world)
+    h = unpack(hdr)
+    extra = offer.packed + OFFER_TAIL.pack(rid, len(payload))
+    progress.offering = True
+    done = False
+    try:
+        await eng.send(world, h._replace(kind=COFFER, nbytes=len(extra)).pack(), memoryview(extra))
+        if await asyncio.shield(cts) == SEND_DATA:
+            await eng.send(world, data(h.ctx, h.seq, h.dtype, len(payload), rid), payload)
+        done = True
+    finally:
+        def over() -> None:
+            rdv.forget(world, rid)
+            offer.release()
+
+        if done or offer.withdraw():
+            over()
+        else:
+            progress.hold(cts, over)
+

@@ -30,9 +30,12 @@ RTS, CTS, RDATA = 7, 8, 9
 PAUSE = 10
 # the receiver read a rendezvous message in place, out of the sender's memory (same host): no data follows
 RDONE = 11
+# a large collective message to a same-host peer that may read this process's memory: an offer (where the data
+# lies) instead of the data; the receiver reads it in place and answers RDONE, or clears it (CTS) for RDATA
+COFFER = 12
 KIND_NAMES = {COLL: "collective", P2P: "p2p", BYE: "bye", MISMATCH: "mismatch notice", FAIL: "failure notice",
               PROBE: "fingerprint probe", RTS: "ready to send", CTS: "clear to send", RDATA: "rendezvous data",
-              PAUSE: "reading paused", RDONE: "read in place"}
+              PAUSE: "reading paused", RDONE: "read in place", COFFER: "collective offer"}
 LOST, TIMEOUT, ABORTED = 1, 2, 3  # a FAIL frame's causes
 
 

@@ -259,6 +259,52 @@ async def mixed(comm: aioccl.Communicator) -> None:
     print(f"OK {me} mixed schedule on the channel", flush=True)
 
 
+async def coll_offers(comm: aioccl.Communicator) -> None:
+    """Collectives forced onto the pairs' messages (AIOCCL_ALGO=ring/chain): their large messages go as
+    offers the peer reads in place; every result exact, the late rank's timed-out op never reads a buffer
+    its peer has handed back."""
+    r, n = comm.rank, comm.world_size
+    for count in (1 << 16, 3 << 18, (1 << 20) + 5):  # int64: 512 KiB to 8 MiB
+        x = (np.arange(count, dtype=np.int64) % 1009) * (r + 1)
+        out = np.full(count, -1, np.int64)
+        await comm.all_reduce(x, out=out)
+        assert (out == (np.arange(count) % 1009) * (n * (n + 1) // 2)).all(), count
+        g = await comm.all_gather(np.full(count // n, r, np.int64))
+        assert (g == np.repeat(np.arange(n), count // n)).all(), count
+        b = x.copy() if r == n - 1 else np.zeros(count, np.int64)
+        await comm.broadcast(b, root=n - 1)
+        assert (b == (np.arange(count) % 1009) * n).all(), count
+    print(f"OK {r} coll_offers, {comm._engine.mailbox.rdv.read_in_place} read in place", flush=True)
+
+
+async def coll_withdrawn(comm: aioccl.Communicator) -> None:
+    """Rank 0's all_reduce offers its half and passes its deadline before rank 1 even calls: it withdraws the
+    offer and overwrites its buffer; rank 1's late call fails at once (the timeout's notice), never reading
+    it; the next all_reduce is exact."""
+    big = 1 << 20  # int64: 8 MiB, halves of 4 MiB by offer
+    if comm.rank == 0:
+        x = np.arange(big, dtype=np.int64)
+        try:
+            await comm.all_reduce(x, timeout=0.5)
+            raise AssertionError("rank 1 was not there: the all_reduce must time out")
+        except aioccl.CollectiveTimeout as e:
+            assert e.waiting_for == [1], e
+        x[:] = -1  # the buffer is the user's again
+    else:
+        await asyncio.sleep(1.5)
+        y = np.arange(big, dtype=np.int64)
+        t0 = time.monotonic()
+        try:
+            await comm.all_reduce(y, timeout=10)
+            raise AssertionError("the op rank 0 gave up completed here")
+        except aioccl.AiocclError as e:
+            assert time.monotonic() - t0 < 2, (e, time.monotonic() - t0)
+    z = np.full(big, comm.rank + 1, np.int64)
+    await comm.all_reduce(z)
+    assert (z == 3).all()
+    print(f"OK {comm.rank} coll_withdrawn", flush=True)
+
+
 async def main() -> None:
     comm = await aioccl.init(timeout=60, engine=os.environ.get("SHM_PAIRS_ENGINE", "auto"))
     await globals()[sys.argv[1]](comm)
