@@ -50,6 +50,7 @@ class Link:
 LINKS = {
     "same-host": Link("same-host", 2e-6, 1 / 10e9, description="shared memory between processes of one host"),
     "tcp": Link("tcp", 100e-6, 1 / 2.5e9, description="aioccl over TCP loopback today (fit to make demo)"),
+    "25g": Link("25g", 10e-6, 1 / 3.125e9, description="25 Gb/s Ethernet, TCP (a kernel stack's latency)"),
     "100g": Link("100g", 5e-6, 1 / 12.5e9, description="100 Gb/s network"),
     "200g": Link("200g", 4e-6, 1 / 25e9, description="200 Gb/s network"),
     "400g": Link("400g", 3e-6, 1 / 50e9, description="400 Gb/s network"),
@@ -58,13 +59,30 @@ LINKS = {
 
 @dataclass(frozen=True)
 class Hosts:
-    """Where the ranks live: ``layout[r]`` is rank r's host; messages inside a host take ``local``."""
+    """Where the ranks live: ``layout[r]`` is rank r's host; messages inside a host take ``local``; the
+    ranks of a host share its ``nics`` network interfaces (local rank i uses NIC i % nics), so ranks that
+    cross the network at once divide its bandwidth."""
 
     layout: tuple[int, ...]
     local: Link = LINKS["same-host"]
+    nics: int = 1
 
     def link(self, net: Link, a: int, b: int) -> Link:
         return self.local if self.layout[a] == self.layout[b] else net
+
+    def nic(self, r: int) -> tuple[str, int, int]:
+        """The network port rank ``r`` sends and receives through (shared with its host's other ranks)."""
+        return ("nic", self.layout[r], _local_index(self.layout)[r] % self.nics)
+
+
+@lru_cache(maxsize=64)
+def _local_index(layout: tuple[int, ...]) -> tuple[int, ...]:
+    seen: dict[int, int] = {}
+    out = []
+    for h in layout:
+        out.append(seen.get(h, 0))
+        seen[h] = out[-1] + 1
+    return tuple(out)
 
 
 def simulate(schedules: list[Schedule], link: Link, itemsize: int, hosts: Hosts | None = None) -> float:
@@ -78,8 +96,12 @@ def simulate(schedules: list[Schedule], link: Link, itemsize: int, hosts: Hosts 
     start = [0.0] * n  # when the current round began
     posted = [False] * n
     sends_done = [0.0] * n
-    egress: dict[tuple[int, str], float] = {}  # (rank, link): when that rank's sends on it are done
-    ingress: dict[tuple[int, str], float] = {}
+    egress: dict[tuple[object, ...], float] = {}  # (rank, link) or a host's NIC: when its sends are done
+    ingress: dict[tuple[object, ...], float] = {}
+
+    def port(r: int, lk: Link) -> tuple[object, ...]:
+        return (r, lk.name) if hosts is None or lk is hosts.local else hosts.nic(r)
+
     wires: dict[tuple[int, int], deque[tuple[float, int]]] = {}
     work = deque(range(n))
     queued = [True] * n
@@ -95,7 +117,7 @@ def simulate(schedules: list[Schedule], link: Link, itemsize: int, hosts: Hosts 
                 done = t0
                 for s in rnd.sends:
                     lk = via(r, s.peer)
-                    key = (r, lk.name)
+                    key = port(r, lk)
                     tx = egress[key] = max(t0, egress.get(key, 0.0)) + s.src.count * itemsize * lk.beta
                     done = max(done, tx)
                     wires.setdefault((r, s.peer), deque()).append((tx + lk.alpha, s.src.count * itemsize))
@@ -114,7 +136,8 @@ def simulate(schedules: list[Schedule], link: Link, itemsize: int, hosts: Hosts 
             for t in rnd.recvs:
                 arrive, nbytes = wires[(t.peer, r)].popleft()
                 lk = via(t.peer, r)
-                got = ingress[(r, lk.name)] = max(arrive, ingress.get((r, lk.name), 0.0) + nbytes * lk.beta)
+                key = port(r, lk)
+                got = ingress[key] = max(arrive, ingress.get(key, 0.0) + nbytes * lk.beta)
                 end = max(end, got)
                 if isinstance(t, RecvReduce):
                     reduced += t.tmp.count * itemsize
@@ -126,27 +149,47 @@ def simulate(schedules: list[Schedule], link: Link, itemsize: int, hosts: Hosts 
     return max(start)
 
 
-def lockstep(schedule: Schedule, link: Link, itemsize: int, rank: int = 0, hosts: Hosts | None = None) -> float:
+def lockstep(schedule: Schedule, link: Link, itemsize: int, rank: int = 0, hosts: Hosts | None = None,
+             crowd: list[tuple[int, int]] | None = None) -> float:
     """Rank ``rank``'s schedule with every peer in step: exact for rank-symmetric schedules.
 
     Ring segments differ by one element when the count does not divide by n;
     then the ranks' steps differ by that element and this is within a hair.
+    ``crowd[s]``: how many ranks send, and receive, through this rank's NIC in step s (``nic_crowd``).
     """
     def via(peer: int) -> Link:
         return link if hosts is None else hosts.link(link, rank, peer)
 
     t = 0.0
-    for rnd in schedule.steps:
+    for i, rnd in enumerate(schedule.steps):
         t += sum(c.src.count for c in rnd.copies) * itemsize * link.mem_beta
         moved = 0.0
         for lk in {via(x.peer) for x in (*rnd.sends, *rnd.recvs)}:
-            tx = sum(s.src.count for s in rnd.sends if via(s.peer) is lk) * itemsize * lk.beta
+            out, into = crowd[i] if crowd is not None and hosts is not None and lk is not hosts.local else (1, 1)
+            tx = sum(s.src.count for s in rnd.sends if via(s.peer) is lk) * itemsize * lk.beta * out
             rx = sum(r.tmp.count if isinstance(r, RecvReduce) else r.dst.count
-                     for r in rnd.recvs if via(r.peer) is lk) * itemsize * lk.beta
+                     for r in rnd.recvs if via(r.peer) is lk) * itemsize * lk.beta * into
             has_tx, has_rx = any(via(s.peer) is lk for s in rnd.sends), any(via(r.peer) is lk for r in rnd.recvs)
             moved = max(moved, tx + lk.alpha if has_tx else 0.0, rx + lk.alpha if has_rx else 0.0)
         t += moved + sum(r.tmp.count for r in rnd.recvs if isinstance(r, RecvReduce)) * itemsize * link.gamma
     return t
+
+
+def nic_crowd(coll: str, algo: str, count: int, n: int, chunk: int, hosts: Hosts) -> list[tuple[int, int]]:
+    """Per step of rank 0's schedule: the ranks on rank 0's NIC that send, and that receive, over the network in
+    that step (at least 1 each), from their own schedules (a flat ring crosses from one rank of a host each
+    way, rail and recursive doubling from all)."""
+    layout = hosts.layout
+    mates = [r for r in range(n) if hosts.nic(r) == hosts.nic(0)]
+    scheds = [plan(coll, count, r, n, 0, chunk, algo, layout=layout if algo in HIERARCHICAL_ALGOS else ())
+              for r in mates]
+    steps = len(scheds[0].steps)
+    out, into = [0] * steps, [0] * steps
+    for r, s in zip(mates, scheds, strict=True):
+        for i, st in enumerate(s.steps[:steps]):
+            out[i] += any(layout[x.peer] != layout[r] for x in st.sends)
+            into[i] += any(layout[x.peer] != layout[r] for x in st.recvs)
+    return [(max(1, a), max(1, b)) for a, b in zip(out, into, strict=True)]
 
 
 def chain_time(count: int, n: int, chunk: int, link: Link, itemsize: int) -> float:
@@ -228,13 +271,15 @@ def predict(coll: str, algo: str, count: int, n: int, link: Link, itemsize: int,
             return simulate([plan(coll, count, r, n, 0, chunk, algo, layout=layout) for r in range(n)], link,
                             itemsize, hosts)
         if algo == "rail":
-            return lockstep(plan(coll, count, 0, n, 0, chunk, algo, layout=layout), link, itemsize, 0, hosts)
+            crowd = nic_crowd(coll, algo, count, n, chunk, hosts)
+            return lockstep(plan(coll, count, 0, n, 0, chunk, algo, layout=layout), link, itemsize, 0, hosts, crowd)
         return leader_time(coll, count, link, itemsize, chunk, hosts)
     symmetric = (coll, algo) in SYMMETRIC or ((coll, algo) == ("all_reduce", "rd") and n & (n - 1) == 0)
     if hosts is not None and n <= DES_MAX_RANKS:
         return simulate([plan(coll, count, r, n, 0, chunk, algo) for r in range(n)], link, itemsize, hosts)
     if symmetric and n > DES_MAX_RANKS:
-        return lockstep(plan(coll, count, 0, n, 0, chunk, algo), link, itemsize, 0, hosts)
+        sharing = nic_crowd(coll, algo, count, n, chunk, hosts) if hosts is not None else None
+        return lockstep(plan(coll, count, 0, n, 0, chunk, algo), link, itemsize, 0, hosts, sharing)
     if (coll, algo) == ("broadcast", "chain"):
         return chain_time(count, n, chunk, link, itemsize)
     if (coll, algo) == ("reduce", "ring") and n > DES_MAX_RANKS_REDUCE:
