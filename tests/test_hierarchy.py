@@ -3,6 +3,8 @@ host, interleaved host numbering, every root, in place and not."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -66,38 +68,30 @@ def test_all_reduce(name, in_place, seed):
 def test_reduce_every_root(name, seed):
     layout = LAYOUTS[name]
     n = len(layout)
-    for count in COUNTS:
-        for chunk in (CHUNK, 10_000):
-            for root in range(n):
-                ins = [data(r, count) for r in range(n)]
-                saved = [x.copy() for x in ins]
-                outs = [poison(count) for _ in range(n)]
-                run([plan("reduce", count, r, n, root, chunk, "leader", layout=layout) for r in range(n)],
-                    ins, outs, seed=seed)
-                np.testing.assert_array_equal(outs[root], np.sum(ins, axis=0) / n)
-                for r in range(n):
-                    np.testing.assert_array_equal(ins[r], saved[r])
-                    if r != root:
-                        assert np.isnan(outs[r]).all(), "non-root output must stay untouched"
+    for count, chunk, root in itertools.product(COUNTS, (CHUNK, 10_000), range(n)):
+        ins = [data(r, count) for r in range(n)]
+        saved = [x.copy() for x in ins]
+        outs = [poison(count) for _ in range(n)]
+        run([plan("reduce", count, r, n, root, chunk, "leader", layout=layout) for r in range(n)], ins, outs, seed=seed)
+        np.testing.assert_array_equal(outs[root], np.sum(ins, axis=0) / n)
+        for r in range(n):
+            np.testing.assert_array_equal(ins[r], saved[r])
+            if r != root:
+                assert np.isnan(outs[r]).all(), "non-root output must stay untouched"
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
 @pytest.mark.parametrize("in_place", [False, True])
 def test_broadcast_every_root(name, in_place):
-    layout = LAYOUTS[name]
-    n = len(layout)
-    for count in COUNTS:
-        for chunk in (CHUNK, 10_000):
-            for root in range(n):
-                outs = [data(root, count) if r == root else poison(count) for r in range(n)]
-                ins = outs if in_place else [data(root, count) if r == root else poison(count) for r in range(n)]
-                if not in_place:
-                    outs = [poison(count) for _ in range(n)]
-                run([plan("broadcast", count, r, n, root, chunk, "leader", layout=layout) for r in range(n)],
-                    ins, outs, in_place=in_place, seed=root)
-                for r in range(n):
-                    np.testing.assert_array_equal(outs[r], data(root, count), err_msg=f"root {root} rank {r}")
-                np.testing.assert_array_equal(ins[root], data(root, count))
+    n = len(LAYOUTS[name])
+    for count, chunk, root in itertools.product(COUNTS, (CHUNK, 10_000), range(n)):
+        ins = [data(root, count) if r == root else poison(count) for r in range(n)]
+        outs = ins if in_place else [poison(count) for _ in range(n)]
+        scheds = [plan("broadcast", count, r, n, root, chunk, "leader", layout=LAYOUTS[name]) for r in range(n)]
+        run(scheds, ins, outs, in_place=in_place, seed=root)
+        for r in range(n):
+            np.testing.assert_array_equal(outs[r], data(root, count), err_msg=f"root {root} rank {r}")
+        np.testing.assert_array_equal(ins[root], data(root, count))
 
 
 def test_rail_crosses_hosts_with_a_fraction_of_the_flat_ring():
@@ -114,21 +108,27 @@ def test_rail_crosses_hosts_with_a_fraction_of_the_flat_ring():
     assert crossing("rail") * 4 <= flat_cross * 1.01
 
 
+def blockwise(coll: str, layout: tuple[int, ...], seed: int | None, inputs, out_len):
+    """Run ``coll`` for every algorithm, block size and chunk on ``layout``; yield what each run had and made."""
+    n = len(layout)
+    for algo in algos(coll, layout):
+        for block in (0, 1, 3, 40):
+            for chunk in (CHUNK, 10_000):
+                ins = inputs(n, block)
+                outs = [poison(out_len(n, block)) for _ in range(n)]
+                run([plan(coll, block, r, n, 0, chunk, algo, layout=layout) for r in range(n)], ins, outs, seed=seed)
+                yield algo, block, ins, outs
+
+
 @pytest.mark.parametrize("name", LAYOUTS)
 @pytest.mark.parametrize("seed", [None, 4])
 def test_all_gather(name, seed):
     layout = LAYOUTS[name]
-    n = len(layout)
-    for algo in algos("all_gather", layout):
-        for block in (0, 1, 3, 40):
-            for chunk in (CHUNK, 10_000):
-                ins = [data(r, block) for r in range(n)]
-                outs = [poison(n * block) for _ in range(n)]
-                run([plan("all_gather", block, r, n, 0, chunk, algo, layout=layout) for r in range(n)], ins, outs,
-                    seed=seed)
-                for r in range(n):
-                    np.testing.assert_array_equal(outs[r], np.concatenate(ins), err_msg=f"{algo} rank {r}")
-                    np.testing.assert_array_equal(ins[r], data(r, block))
+    cases = blockwise("all_gather", layout, seed, lambda n, b: [data(r, b) for r in range(n)], lambda n, b: n * b)
+    for algo, block, ins, outs in cases:
+        for r in range(len(layout)):
+            np.testing.assert_array_equal(outs[r], np.concatenate(ins), err_msg=f"{algo} rank {r}")
+            np.testing.assert_array_equal(ins[r], data(r, block))
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -136,14 +136,9 @@ def test_all_gather(name, seed):
 def test_reduce_scatter(name, seed):
     layout = LAYOUTS[name]
     n = len(layout)
-    for algo in algos("reduce_scatter", layout):
-        for block in (0, 1, 3, 40):
-            for chunk in (CHUNK, 10_000):
-                ins = [data(r, n * block) for r in range(n)]
-                full = np.sum(ins, axis=0) / n
-                outs = [poison(block) for _ in range(n)]
-                run([plan("reduce_scatter", block, r, n, 0, chunk, algo, layout=layout) for r in range(n)], ins, outs,
-                    seed=seed)
-                for r in range(n):
-                    np.testing.assert_array_equal(outs[r], full[r * block:(r + 1) * block], err_msg=f"{algo} rank {r}")
-                    np.testing.assert_array_equal(ins[r], data(r, n * block), err_msg="input intact")
+    cases = blockwise("reduce_scatter", layout, seed, lambda n, b: [data(r, n * b) for r in range(n)], lambda n, b: b)
+    for algo, block, ins, outs in cases:
+        full = np.sum(ins, axis=0) / n
+        for r in range(n):
+            np.testing.assert_array_equal(outs[r], full[r * block:(r + 1) * block], err_msg=f"{algo} rank {r}")
+            np.testing.assert_array_equal(ins[r], data(r, n * block), err_msg="input intact")

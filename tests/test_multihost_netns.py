@@ -9,37 +9,19 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
+from netns_hosts import can_netns, sh
 
 from conftest import ROOT, WORKERS
 
 
-def _sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True)
-
-
-def _can_netns() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if shutil.which("ip") is None:
-        return "needs iproute2 ('ip')"
-    probe = f"aioprobe{os.getpid() % 100000}"
-    try:
-        _sh("ip", "netns", "add", probe)
-        _sh("ip", "netns", "del", probe)
-    except (subprocess.CalledProcessError, OSError) as e:
-        return f"cannot create network namespaces here: {e}"
-    return None
-
-
 @pytest.fixture
 def two_hosts():
-    reason = _can_netns()
+    reason = can_netns()
     if reason:
         pytest.skip(reason)
     tag = os.getpid() % 10000
@@ -49,12 +31,12 @@ def two_hosts():
     addrs = [f"{subnet}.1", f"{subnet}.2"]
     try:
         for n in ns:
-            _sh("ip", "netns", "add", n)
-        _sh("ip", "link", "add", dev[0], "netns", ns[0], "type", "veth", "peer", "name", dev[1], "netns", ns[1])
+            sh("ip", "netns", "add", n)
+        sh("ip", "link", "add", dev[0], "netns", ns[0], "type", "veth", "peer", "name", dev[1], "netns", ns[1])
         for n, d, a in zip(ns, dev, addrs, strict=True):
-            _sh("ip", "-n", n, "addr", "add", f"{a}/24", "dev", d)
-            _sh("ip", "-n", n, "link", "set", d, "up")
-            _sh("ip", "-n", n, "link", "set", "lo", "up")
+            sh("ip", "-n", n, "addr", "add", f"{a}/24", "dev", d)
+            sh("ip", "-n", n, "link", "set", d, "up")
+            sh("ip", "-n", n, "link", "set", "lo", "up")
         yield ns, dev, addrs
     finally:
         for n in ns:
@@ -111,7 +93,7 @@ def test_topology_across_two_hosts(two_hosts):
 def three_hosts(tmp_path):
     """Three namespaces on a bridge (in a fourth), each with a decoy interface (a veth pair inside it, as this
     kernel may lack the dummy module) that must not be chosen."""
-    reason = _can_netns()
+    reason = can_netns()
     if reason:
         pytest.skip(reason)
     tag = os.getpid() % 1000
@@ -121,22 +103,22 @@ def three_hosts(tmp_path):
     subnet = f"10.214.{tag % 250}"
     addrs = [f"{subnet}.{i + 1}" for i in range(3)]
     try:
-        _sh("ip", "netns", "add", bridge_ns)
-        _sh("ip", "-n", bridge_ns, "link", "add", "br0", "type", "bridge")
-        _sh("ip", "-n", bridge_ns, "link", "set", "br0", "up")
+        sh("ip", "netns", "add", bridge_ns)
+        sh("ip", "-n", bridge_ns, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", bridge_ns, "link", "set", "br0", "up")
         for i, n in enumerate(ns):
-            _sh("ip", "netns", "add", n)
-            _sh("ip", "-n", n, "link", "set", "lo", "up")
+            sh("ip", "netns", "add", n)
+            sh("ip", "-n", n, "link", "set", "lo", "up")
             decoy = f"dm{tag}h{i}"  # created first: a naive "first interface" choice would take it
-            _sh("ip", "-n", n, "link", "add", decoy, "type", "veth", "peer", "name", f"dz{tag}h{i}")  # no dummy module
-            _sh("ip", "-n", n, "addr", "add", f"10.215.{tag % 250}.{i + 1}/24", "dev", decoy)
-            _sh("ip", "-n", n, "link", "set", decoy, "up")
-            _sh("ip", "link", "add", dev[i], "netns", n, "type", "veth", "peer", "name", f"b{tag}h{i}",
+            sh("ip", "-n", n, "link", "add", decoy, "type", "veth", "peer", "name", f"dz{tag}h{i}")  # no dummy module
+            sh("ip", "-n", n, "addr", "add", f"10.215.{tag % 250}.{i + 1}/24", "dev", decoy)
+            sh("ip", "-n", n, "link", "set", decoy, "up")
+            sh("ip", "link", "add", dev[i], "netns", n, "type", "veth", "peer", "name", f"b{tag}h{i}",
                 "netns", bridge_ns)
-            _sh("ip", "-n", bridge_ns, "link", "set", f"b{tag}h{i}", "master", "br0")
-            _sh("ip", "-n", bridge_ns, "link", "set", f"b{tag}h{i}", "up")
-            _sh("ip", "-n", n, "addr", "add", f"{addrs[i]}/24", "dev", dev[i])
-            _sh("ip", "-n", n, "link", "set", dev[i], "up")
+            sh("ip", "-n", bridge_ns, "link", "set", f"b{tag}h{i}", "master", "br0")
+            sh("ip", "-n", bridge_ns, "link", "set", f"b{tag}h{i}", "up")
+            sh("ip", "-n", n, "addr", "add", f"{addrs[i]}/24", "dev", dev[i])
+            sh("ip", "-n", n, "link", "set", dev[i], "up")
         yield ns, dev, addrs, subnet
     finally:
         for n in [*ns, bridge_ns]:
@@ -170,7 +152,7 @@ def test_three_hosts_interface_choice_and_a_cut_link(three_hosts, tmp_path):
             time.sleep(0.05)
         time.sleep(0.3)  # well inside the loop of all_reduces
         cut = time.time()
-        _sh("ip", "-n", ns[2], "link", "set", dev[2], "down")
+        sh("ip", "-n", ns[2], "link", "set", dev[2], "down")
         outs = [p.communicate(timeout=60) for p in procs]
     finally:
         for p in procs:
