@@ -145,7 +145,7 @@ class RootServer:
             reply: dict[str, Any] = {"ok": True, "comm_id": comm_id, "peers": table}
         else:
             missing = sorted(set(range(size)) - set(ranks))
-            reply = {"ok": False, "error": f"ranks {missing} of {size} did not reach the root "
+            reply = {"ok": False, "error": f"ranks {missing} of {size}{_nodes(missing)} did not reach the root "
                                            f"within {self.timeout:g}s (arrived: {sorted(ranks)})"}
             _log.warning("root: %s", reply["error"])
         for conn, _ in ranks.values():
@@ -155,3 +155,14 @@ class RootServer:
                 _log.warning("root: could not answer a rank: %s", e)
             finally:
                 conn.close()
+
+
+def _nodes(missing: list[int]) -> str:
+    """`` (node 2 of aioccl-run's)``: where the missing ranks were to start, when the launcher put the same
+    number of ranks on every node (it says how many in AIOCCL_LOCAL_WORLD_SIZE)."""
+    per = os.environ.get("AIOCCL_LOCAL_WORLD_SIZE", "")
+    if not per.isdigit() or int(per) < 1:
+        return ""
+    nodes = sorted({r // int(per) for r in missing})
+    return f" (node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))} of aioccl-run's, {per} per node)"
+
