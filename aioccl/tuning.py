@@ -25,7 +25,7 @@ from functools import lru_cache
 
 from .algorithms import ALGORITHMS
 from .algorithms.cost import LINKS, Hosts, Link, predict
-from .algorithms.hierarchy import HIERARCHICAL, spans_hosts, uniform
+from .algorithms.hierarchy import HIER_SCRATCH_MAX, HIERARCHICAL, spans_hosts, uniform
 from .algorithms.shm import SHM_ALGORITHMS
 from .errors import InvalidArgument
 
@@ -71,9 +71,17 @@ def candidates(coll: str, layout: tuple[int, ...] = ()) -> tuple[str, ...]:
     return ALGORITHMS[coll] + hier
 
 
+def allowed(coll: str, count: int, n: int, itemsize: int, layout: tuple[int, ...] = ()) -> tuple[str, ...]:
+    """``candidates`` for one call: a hierarchical reduce_scatter needs scratch as large as its input, so
+    above ``HIER_SCRATCH_MAX`` bytes of input only the flat ones."""
+    if coll == "reduce_scatter" and count * n * itemsize > HIER_SCRATCH_MAX:
+        return ALGORITHMS[coll]
+    return candidates(coll, layout)
+
+
 @lru_cache(maxsize=4096)
 def best(coll: str, count: int, n: int, link: Link, itemsize: int, chunk: int, layout: tuple[int, ...] = ()) -> str:
-    choices = candidates(coll, layout)
+    choices = allowed(coll, count, n, itemsize, layout)
     if len(choices) == 1 or n == 1:
         return choices[0]
     hosts = Hosts(layout) if spans_hosts(layout) else None

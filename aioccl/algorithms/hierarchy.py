@@ -12,12 +12,17 @@ Two shapes, chosen by the tuner (``aioccl.tuning``) from the cost model:
   reduce-scatter leaves local rank i with segment i of the host's sum; the
   ranks with local index i on every host (a *rail*, NCCL's term) all-reduce
   that segment across hosts; a same-host all-gather completes the buffer.
-  Each rank crosses the network with ``1/L`` of the data, all rails at once.
-  all_gather and reduce_scatter go the same way with each rank's block:
-  across the rail, then inside the host (or the reverse).
+  Each rank crosses the network with ``1/L`` of the data, all rails at once
+  (through one NIC a host then sends ``2(H-1)/H`` of the buffer for H hosts,
+  against the flat ring's ``2(n-1)/n``). all_gather and reduce_scatter go the
+  same way with each rank's block: across the rail, then inside the host (or
+  the reverse); reduce_scatter keeps the host's partial sums in scratch, as
+  much as its input (the tuner leaves it to the flat ring above
+  ``HIER_SCRATCH_MAX``).
 - ``leader``: one rank per host (local index 0, or the root on the root's
-  host) crosses the network: reduce to it inside the host, the leaders run
-  the flat algorithm among themselves, then it broadcasts inside the host.
+  host) crosses the network: reduce (or gather) to it inside the host, the
+  leaders run the flat algorithm among themselves, then it broadcasts (or
+  scatters) inside the host.
   Any layout (3+1+2 ranks), and the fewest messages for small buffers.
 
 Each phase is an existing flat schedule (ring, doubling, tree, chain), built
@@ -39,6 +44,7 @@ from .schedule import IN, OUT, SCRATCH, Copy, Recv, RecvReduce, Region, Schedule
 
 HIERARCHICAL = {"all_reduce": ("rail", "leader"), "broadcast": ("leader",), "reduce": ("leader",),
                 "all_gather": ("rail", "leader"), "reduce_scatter": ("rail", "leader")}
+HIER_SCRATCH_MAX = 64 << 20  # bytes of input above which a hierarchical reduce_scatter is not chosen (its scratch)
 Where = dict[int, tuple[int, int]]  # a sub-schedule's buffer -> (this schedule's buffer, element offset)
 SAME: Where = {IN: (IN, 0), OUT: (OUT, 0), SCRATCH: (SCRATCH, 0)}
 
