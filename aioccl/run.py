@@ -210,17 +210,8 @@ async def launch(ns: argparse.Namespace) -> int:
 async def _launch(ns: argparse.Namespace, error_dir: str) -> int:
     cmd = [sys.executable, *(["-m"] if ns.module else []), ns.target, *ns.args]
     envs = child_envs(ns, dict(os.environ), error_dir)
-    procs, pumps = [], []
-    for env in envs:
-        rank = int(env["AIOCCL_RANK"])
-        proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE,
-                                                    preexec_fn=functools.partial(_die_with_parent, os.getpid()))
-        prefix = b"" if ns.no_prefix else f"[rank {rank}] ".encode()
-        pumps += [asyncio.create_task(_pump(proc.stdout, sys.stdout, prefix)),  # type: ignore[arg-type]
-                  asyncio.create_task(_pump(proc.stderr, sys.stderr, prefix))]  # type: ignore[arg-type]
-        procs.append((rank, proc))
-
+    procs: list[tuple[int, asyncio.subprocess.Process]] = []
+    pumps = []
     loop = asyncio.get_running_loop()
     signalled: list[int] = []
 
@@ -232,8 +223,21 @@ async def _launch(ns: argparse.Namespace, error_dir: str) -> int:
         if len(signalled) == 1:  # ranks that ignore it are terminated, then killed, after the grace period
             loop.call_later(GRACE, lambda: asyncio.ensure_future(_stop([q for _, q in procs if q.returncode is None])))
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before the first rank starts: a signal then is never lost
         loop.add_signal_handler(sig, forward, sig)
+    for env in envs:
+        if signalled:  # stopped while starting: start no more
+            break
+        rank = int(env["AIOCCL_RANK"])
+        proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE,
+                                                    preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+        prefix = b"" if ns.no_prefix else f"[rank {rank}] ".encode()
+        pumps += [asyncio.create_task(_pump(proc.stdout, sys.stdout, prefix)),  # type: ignore[arg-type]
+                  asyncio.create_task(_pump(proc.stderr, sys.stderr, prefix))]  # type: ignore[arg-type]
+        procs.append((rank, proc))
+        if signalled:  # the signal came while this one was starting: it has to hear it too
+            proc.send_signal(signalled[0])
 
     waits = {asyncio.create_task(p.wait()): (rank, p) for rank, p in procs}
     failures: list[Failure] = []
