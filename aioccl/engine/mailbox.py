@@ -25,8 +25,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from .. import log
 from ..errors import AiocclError, PeerLost
 from ..transport.frames import (
@@ -36,7 +34,6 @@ from ..transport.frames import (
     FAIL,
     MAX_FAILURE_BYTES,
     MISMATCH,
-    NOTICE,
     P2P,
     PAUSE,
     PROBE,
@@ -44,11 +41,11 @@ from ..transport.frames import (
     RDONE,
     RTS,
     Header,
-    unpack_failure,
 )
 from ..work import Work
 from .blame import Reports
-from .notices import Active, Fingerprint, failure_error, own_wait, passed_on
+from .notice_handling import NoticeHandling
+from .notices import Active, Fingerprint
 from .pool import BufferPool
 from .receives import Budget, Early, Posted, drop_unfinished
 from .rendezvous import Rendezvous
@@ -56,7 +53,7 @@ from .rendezvous import Rendezvous
 _log = log.get("COLL")
 
 
-class Mailbox:
+class Mailbox(NoticeHandling):
     def __init__(self, loop: asyncio.AbstractEventLoop, pool: BufferPool, budget: int = 64 << 20) -> None:
         self.loop = loop
         self.pool = pool
@@ -212,59 +209,6 @@ class Mailbox:
                 self.fail_op(ctx, seq, PeerLost(peer, f"{lost.detail} (during seq {seq} on comm {ctx:x})"))
         for listener in self.lost_listeners:
             listener(peer, lost)
-
-    def _on_notice(self, reporter: int, h: Header, buf: np.ndarray) -> None:
-        """``reporter`` found that ``offender`` issued another call at (ctx, seq): fail ours too."""
-        try:
-            if h.nbytes != NOTICE.size:
-                return
-            notice = bytes(buf.data[:NOTICE.size])
-            offender, *theirs = NOTICE.unpack_from(notice)
-        finally:
-            self.pool.release(buf)
-        op_key = (h.ctx, h.seq)
-        if op_key in self._dead or op_key in self._doomed:
-            return
-        done = self._finished.get(op_key)
-        active = self.active.get(op_key) or done or Active(h.fingerprint(), (), 0)
-        offender_fp = (theirs[0], theirs[1], theirs[2], theirs[3], theirs[4])
-        exc = active.mismatch(h.ctx, h.seq, offender, offender_fp, reporter, h.fingerprint())
-        if done is not None:
-            _log.error("%s (reported by a peer after this rank's part had finished)", exc)
-        self.fail_op(h.ctx, h.seq, exc)
-        if self.forward is not None and active.ranks:
-            self.forward(active.ranks, h.pack() + notice, reporter)
-
-    def _on_failure(self, reporter: int, h: Header, buf: np.ndarray) -> None:
-        """``reporter`` gave up the collective (ctx, seq) and says why: fail ours with that root cause."""
-        try:
-            payload = bytes(buf.data[:h.nbytes])
-            cause, culprits, seconds, message = unpack_failure(payload)
-        except (ValueError, UnicodeError) as e:
-            _log.warning("dropped a corrupt failure notice from rank %d: %s", reporter, e)
-            return
-        finally:
-            self.pool.release(buf)
-        op_key = (h.ctx, h.seq)
-        self.reports.record(op_key, h.k - 1 if h.k else reporter, cause, culprits)  # for blame.py's chains
-        if op_key in self._dead or op_key in self._doomed:
-            return
-        active = self.active.get(op_key) or self._finished.get(op_key)
-        ranks = active.ranks if active is not None else ()
-        exc = failure_error(h, reporter, ranks, cause, culprits, seconds, message)
-        if active is not None and ranks:  # whom this rank waits for itself: its receives still posted
-            waits = [ranks.index(k[0]) for k in self.posted if k[1:3] == op_key and k[0] in ranks]
-            exc = passed_on(exc, active.rank, [w for w in waits if ranks[w] != reporter])
-            own = own_wait(h, active, cause, waits, seconds)
-            if own is not None and self.forward is not None:
-                self.forward(ranks, own, -1)
-        if op_key in self._finished:
-            _log.warning("%s (after this rank's part of it had finished)", exc)
-        self.fail_op(h.ctx, h.seq, exc)
-        if self.forward is not None and ranks:
-            self.forward(ranks, h.pack() + payload, reporter)
-        for listener in self.failure_listeners:
-            listener(h.ctx, h.seq, exc)
 
     # -- collectives: fingerprints and mismatches ----------------------------
     def begin(self, ctx: int, seq: int, fp: Fingerprint, ranks: tuple[int, ...], rank: int

@@ -41,17 +41,19 @@ class Progress:
         self.recvs: list[tuple[int, asyncio.Future[None]]] = []
         self.sends: set[int] = set()
         self.offering = False  # some send went as an offer (``rendezvous.send_offered``)
-        self.held: list[tuple[asyncio.Future[Any], Callable[[], None]]] = []
+        self.held: list[tuple[asyncio.Future[Any], Callable[[], None]]] | None = None  # made when first needed
 
     def hold(self, read: asyncio.Future[Any], over: Callable[[], None]) -> None:
         """An offer a peer was reading when this op gave up: ``read`` ends with the read."""
+        if self.held is None:
+            self.held = []
         self.held.append((read, over))
 
     async def let_go(self, within: float = 1.0) -> None:
         """Before a failed op hands its buffers back: wait (at most ``within`` s each) for the reads of
         its offers that were under way, so no peer reads a buffer the caller is writing again."""
         await asyncio.sleep(0)  # the op's cancelled sends run their ends first
-        while self.held:
+        while self.held:  # None or empty: nothing to wait for
             read, over = self.held.pop()
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(read), within)
