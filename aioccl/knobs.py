@@ -36,6 +36,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_ALGO", "auto", "behaviour", "force algorithms, e.g. ring, rail or all_reduce:ring,broadcast:tree"),
     Knob("AIOCCL_BUFFSIZE", "4194304", "behaviour", "chunk bytes of pipelined socket algorithms"),
     Knob("AIOCCL_TUNE_LINK", "tcp", "behaviour", "link model the tuner simulates"),
+    Knob("AIOCCL_NSOCKS", "1", "behaviour", "TCP streams per pair of ranks on different hosts (1-16)"),
     Knob("AIOCCL_SHM_DISABLE", "0", "shm", "1: sockets even between ranks of one host"),
     Knob("AIOCCL_SHM_BUFFSIZE", "1048576", "shm", "bytes per staging slot half"),
     Knob("AIOCCL_NET_SPIN_US", "50", "p2p", "microseconds a p2p receive over TCP polls its socket first"),

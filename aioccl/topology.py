@@ -22,7 +22,7 @@ class Topology:
 
     rank: int
     hosts: tuple[tuple[str, tuple[int, ...]], ...]  # (host identity, its ranks), hosts by first rank
-    pairs: dict[int, str]  # peer -> "shm", "tcp" or "ib" (this rank's connections)
+    pairs: dict[int, str]  # peer -> "shm", "tcp", "tcp x3" (three streams: AIOCCL_NSOCKS) or "ib"
     collectives: str  # "shm channel", "flat", or "hierarchical (rail, leader)" / "(leader)"
 
     @property
@@ -56,7 +56,7 @@ def of(comm: Any) -> Topology:
     layout: tuple[int, ...] = comm._layout
     names: list[str] = comm._hosts
     hosts = tuple((names[g[0]], tuple(g)) for g in hosts_of(layout))
-    pairs = {p: comm.transport_to(p) for p in range(comm.world_size) if p != comm.rank}
+    pairs = {p: _transport(comm, p) for p in range(comm.world_size) if p != comm.rank}
     if comm._shm is not None:
         how = "on the shared-memory channel"
     elif spans_hosts(layout):
@@ -64,3 +64,9 @@ def of(comm: Any) -> Topology:
     else:
         how = "flat over the pairs"
     return Topology(comm.rank, hosts, pairs, how)
+
+
+def _transport(comm: Any, peer: int) -> str:
+    kind: str = comm.transport_to(peer)
+    lanes = getattr(comm._engine.conns.get(comm._view.ranks[peer]), "lanes", None)
+    return f"{kind} x{lanes.parts}" if kind == "tcp" and lanes is not None else kind

@@ -5,7 +5,8 @@
    later than us), prove the secret, send our address and host identity,
    and receive everyone's;
 3. connect to every lower rank and accept from every higher one; each data
-   connection is authenticated too, then names its comm id and rank.
+   connection is authenticated too, then names its comm id, its rank and
+   which of the pair's streams it is (a pair may use several: ``streams``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -47,6 +49,10 @@ class Table:
     comm_id: int
     peers: list[dict[str, Any]]  # per rank: addr, port, host, pid
     conns: dict[int, socket.socket]  # peer rank -> authenticated data socket
+    lanes: dict[int, list[socket.socket]]  # peer rank -> its extra streams, when the pair has several
+
+
+Streams = Callable[[list[dict[str, Any]], int, int], int]  # (table, rank i, rank j) -> streams, same both ways
 
 
 async def _connect(host: str, port: int, deadline: float, what: str) -> socket.socket:
@@ -82,20 +88,20 @@ class Gate:
     def __init__(self, listener: socket.socket, secret: bytes, rank: int) -> None:
         self.listener, self.secret, self.rank = listener, secret, rank
         self.comm_id: int | None = None
-        self.want: set[int] = set()
-        self.conns: dict[int, socket.socket] = {}
+        self.want: set[tuple[int, int]] = set()  # (rank, stream) still to arrive
+        self.conns: dict[tuple[int, int], socket.socket] = {}
         self._table = asyncio.Event()
         self._arrived = asyncio.Event()
         self._pending: set[asyncio.Task[None]] = set()
         self._acceptor = asyncio.get_running_loop().create_task(self._accept_loop())
 
-    def expect(self, comm_id: int, want: set[int]) -> None:
+    def expect(self, comm_id: int, want: set[tuple[int, int]]) -> None:
         self.comm_id, self.want = comm_id, set(want)
         self._table.set()
         if not self.want:
             self._arrived.set()
 
-    async def arrived(self) -> dict[int, socket.socket]:
+    async def arrived(self) -> dict[tuple[int, int], socket.socket]:
         await self._arrived.wait()
         return self.conns
 
@@ -126,9 +132,9 @@ class Gate:
             await auth.as_server(sock, self.secret, timeout=HANDSHAKE_S)
             async with asyncio.timeout(HANDSHAKE_S):
                 hello = await recv_json(sock)
-            j, comm_id = int(hello["rank"]), int(hello["comm_id"])
+            j, comm_id, stream = int(hello["rank"]), int(hello["comm_id"]), int(hello.get("stream", 0))
             await self._table.wait()  # a peer that knows the secret may get the table before us
-            if comm_id != self.comm_id or j not in self.want:
+            if comm_id != self.comm_id or (j, stream) not in self.want:
                 raise ValueError(f"unexpected data connection {hello}")
             ok = True
         except (auth.AuthError, Closed, ValueError, KeyError, TypeError, OSError, TimeoutError) as e:
@@ -137,15 +143,16 @@ class Gate:
         finally:
             if not ok:
                 sock.close()
-        self.conns[j] = sock
-        self.want.discard(j)
+        self.conns[j, stream] = sock
+        self.want.discard((j, stream))
         if not self.want:
             self._arrived.set()
 
 
 async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float,
-                     extra: dict[str, Any] | None = None) -> Table:
-    """``extra`` joins this rank's entry in the table every rank gets (e.g. what transports it can use)."""
+                     extra: dict[str, Any] | None = None, streams: Streams | None = None) -> Table:
+    """``extra`` joins this rank's entry in the table every rank gets (e.g. what transports it can use);
+    ``streams`` says from that table how many connections each pair opens (one when not given)."""
     deadline = time.monotonic() + timeout
     addr = local_address(uid.host, uid.port, os.environ.get("AIOCCL_SOCKET_IFNAME"))
     listener = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
@@ -171,38 +178,43 @@ async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float,
             raise BootstrapError(f"rank {rank}: the root refused: {reply.get('error')}")
         comm_id, peers = int(reply["comm_id"]), reply["peers"]
         _log.info("rank %d: got the table of %d ranks (comm %x)", rank, len(peers), comm_id)
-        conns = await _mesh(gate, uid.secret, comm_id, rank, peers, deadline)
-        return Table(comm_id, peers, conns)
+        conns, lanes = await _mesh(gate, uid.secret, comm_id, rank, peers, deadline, streams)
+        return Table(comm_id, peers, conns, lanes)
     finally:
         gate.close()
         listener.close()
 
 
-async def _mesh(gate: Gate, secret: bytes, comm_id: int, rank: int,
-                peers: list[dict[str, Any]], deadline: float) -> dict[int, socket.socket]:
-    """Dial every lower rank; the gate admits every higher one."""
+async def _mesh(gate: Gate, secret: bytes, comm_id: int, rank: int, peers: list[dict[str, Any]], deadline: float,
+                streams: Streams | None) -> tuple[dict[int, socket.socket], dict[int, list[socket.socket]]]:
+    """Dial every lower rank; the gate admits every higher one (each as many streams as the pair uses)."""
     n = len(peers)
-    conns: dict[int, socket.socket] = {}
+    count = {j: streams(peers, rank, j) if streams is not None else 1 for j in range(n) if j != rank}
+    got: dict[tuple[int, int], socket.socket] = {}
 
-    async def dial(j: int) -> None:
+    async def dial(j: int, stream: int) -> None:
         p = peers[j]
         sock = await _connect(p["addr"], p["port"], deadline, f"rank {j}")
         try:
             await auth.as_client(sock, secret, timeout=max(1.0, deadline - time.monotonic()))
-            await send_json(sock, {"comm_id": comm_id, "rank": rank})
+            await send_json(sock, {"comm_id": comm_id, "rank": rank, **({"stream": stream} if stream else {})})
         except BaseException:
             sock.close()
             raise
-        conns[j] = sock
+        got[j, stream] = sock
 
-    gate.expect(comm_id, set(range(rank + 1, n)))
+    gate.expect(comm_id, {(j, s) for j in range(rank + 1, n) for s in range(count[j])})
     try:
         async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
-            accepted, *_ = await asyncio.gather(gate.arrived(), *(dial(j) for j in range(rank)))
-        conns.update(cast("dict[int, socket.socket]", accepted))
+            accepted, *_ = await asyncio.gather(gate.arrived(), *(dial(j, s) for j in range(rank)
+                                                                   for s in range(count[j])))
+        got.update(cast("dict[tuple[int, int], socket.socket]", accepted))
     except (TimeoutError, BootstrapError, OSError, auth.AuthError, Closed) as e:
-        for s in [*conns.values(), *gate.conns.values()]:
-            s.close()
-        missing = sorted(set(range(n)) - set(conns) - set(gate.conns) - {rank})
+        for sk in [*got.values(), *gate.conns.values()]:
+            sk.close()
+        have = {*got, *gate.conns}
+        missing = sorted(j for j in count if any((j, s) not in have for s in range(count[j])))
         raise BootstrapError(f"rank {rank}: could not connect to ranks {missing}: {e!r}") from e
-    return conns
+    conns = {j: sk for (j, s), sk in got.items() if s == 0}
+    lanes = {j: [got[j, s] for s in range(1, count[j])] for j in count if count[j] > 1}
+    return conns, lanes

@@ -34,6 +34,9 @@ from ..transport.ib import setup as ib_setup
 from ..transport.ib.connection import IbConnection
 from ..transport.ib.detect import detect as ib_detect
 from ..transport.ib.port import Port
+from ..transport.lanes import streams_setting
+from ..transport.pairing import hello as streams_hello
+from ..transport.pairing import tcp_streams
 from ..transport.shm import LoopBell
 from ..transport.shm_pair import PairHub, ShmPairConnection
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
@@ -61,7 +64,7 @@ def _check_agreement(table: Table) -> None:
     for name in sorted({k for p in table.peers for k in p.get("agreed", {})}):
         values = [p.get("agreed", {}).get(name) for p in table.peers]
         if len(set(values)) > 1:
-            for sock in table.conns.values():
+            for sock in [*table.conns.values(), *(s for lane in table.lanes.values() for s in lane)]:
                 sock.close()
             by_value: dict[str, list[int]] = {}
             for r, v in enumerate(values):
@@ -111,7 +114,8 @@ class Engine:
         ib_settings, verdict = ib_setup.settings(), ib_detect()
         agreed = Tuning.from_env(os.environ).agreed()
         self.table = await rendezvous(uid, rank, size, timeout,
-                                      {**ib_setup.hello(verdict), **pair_setup.hello(), "agreed": agreed})
+                                      {**ib_setup.hello(verdict), **pair_setup.hello(), "agreed": agreed,
+                                       **streams_hello(streams_setting())}, tcp_streams(ib_settings.net))
         _check_agreement(self.table)
         ib_peers = ib_setup.choose(self.table.peers, rank, ib_settings.net)
         ib_conns: dict[int, IbConnection] = {}
@@ -124,7 +128,8 @@ class Engine:
         shm_peers = pair_setup.choose(self.table.peers, rank, exclude=set(ib_conns))
         self.pair_hub, shm_conns = await pair_setup.connect(self, self.table.comm_id, shm_peers, liveness, timeout)
         for peer, sock in self.table.conns.items():
-            conn = ib_conns.get(peer) or shm_conns.get(peer) or TcpConnection(sock, peer, self.mailbox, liveness)
+            conn = (ib_conns.get(peer) or shm_conns.get(peer)
+                    or TcpConnection(sock, peer, self.mailbox, liveness, self.table.lanes.get(peer)))
             conn.start()
             self.conns[peer] = conn
         self.conns[rank] = SelfConnection(rank, self.mailbox)

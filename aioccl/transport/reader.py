@@ -22,12 +22,20 @@ class Sink(Protocol):
     def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None: ...
 
 
+class Striper(Protocol):
+    """Where a large frame's parts go when it is striped over several streams (``.lanes``)."""
+
+    def striped(self, nbytes: int) -> bool: ...
+    def receive(self, target: memoryview, done: Callable[[], None]) -> tuple[memoryview, Callable[[], None]]: ...
+
+
 class FrameReader:
-    __slots__ = ("peer", "sink", "bye_received", "_hbuf", "_hview", "_view", "_got", "_done")
+    __slots__ = ("peer", "sink", "bye_received", "stripe", "_hbuf", "_hview", "_view", "_got", "_done")
 
     def __init__(self, peer: int, sink: Sink) -> None:
         self.peer, self.sink = peer, sink
         self.bye_received = False
+        self.stripe: Striper | None = None  # a connection's lanes, when it has some
         self._hbuf = bytearray(HEADER_SIZE)
         self._hview = memoryview(self._hbuf)
         self._view = self._hview  # where the bytes being read go: the header, or a payload target
@@ -92,6 +100,8 @@ class FrameReader:
             return
         target, done = self.sink.on_header(self.peer, h)
         if h.nbytes:
+            if self.stripe is not None and self.stripe.striped(h.nbytes):
+                target, done = self.stripe.receive(target, done)  # this stream carries part 0 only
             self._view, self._done = target, done
         else:
             done()

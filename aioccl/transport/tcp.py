@@ -24,6 +24,7 @@ from .. import log
 from ..bootstrap.sockio import Closed
 from ..envvars import env_float
 from .frames import BYE, Header, unpack
+from .lanes import Lanes, bounds
 from .reader import FrameReader, Sink
 from .shm import stop_reader
 
@@ -59,10 +60,15 @@ def watch_liveness(sock: socket.socket, timeout: float) -> None:
 
 
 class TcpConnection:
-    def __init__(self, sock: socket.socket, peer: int, sink: Sink, liveness: float | None = None) -> None:
+    """``lanes``: the pair's extra streams (``aioccl.transport.lanes``), none for one stream."""
+
+    def __init__(self, sock: socket.socket, peer: int, sink: Sink, liveness: float | None = None,
+                 lanes: list[socket.socket] | None = None) -> None:
         self.sock = sock
-        if liveness is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            watch_liveness(sock, liveness)
+        if liveness is not None:
+            for s in [sock, *(lanes or ())]:
+                if s.family in (socket.AF_INET, socket.AF_INET6):
+                    watch_liveness(s, liveness)
         self.peer = peer
         self.sink = sink
         self.liveness = liveness
@@ -71,6 +77,9 @@ class TcpConnection:
         self.closed = False
         self._reading = False
         self.reader = FrameReader(peer, sink)
+        self.lanes = Lanes(lanes, self._lose) if lanes else None
+        if self.lanes is not None:
+            self.reader.stripe = self.lanes
         self._control = bytearray()  # control frames (failure notices) waiting for the socket
         self._flusher: asyncio.Task[None] | None = None
 
@@ -81,24 +90,47 @@ class TcpConnection:
     async def send(self, header: bytes, payload: memoryview | None) -> None:
         if self.closed:
             raise Closed("connection already closed")
+        lanes = self.lanes
+        if lanes is not None and payload is not None and lanes.striped(len(payload)):
+            await self._send_striped(lanes, header, payload)
+            return
+        async with self._lock:
+            await self._write(header, payload)
+
+    async def _send_striped(self, lanes: Lanes, header: bytes, payload: memoryview) -> None:
+        """The header and part 0 on this stream, the other parts on the lanes, all at once. The lanes'
+        order lock is taken under this stream's lock, so lanes carry parts in their headers' order."""
+        cut = bounds(len(payload), lanes.parts)[0][1]
+        async with self._lock:
+            await lanes.order.acquire()
+            rest = self.loop.create_task(lanes.send_parts(payload))
+            rest.add_done_callback(lambda _: lanes.order.release())
+            try:
+                await self._write(header, payload[:cut])
+            except BaseException:
+                rest.cancel()
+                raise
+        await rest
+
+    async def _write(self, header: bytes, payload: memoryview | None) -> None:
+        """One frame, whole (the caller holds the lock)."""
         sock = self.sock
         bufs: list[bytes | memoryview] = [header, payload] if payload is not None and len(payload) else [header]
-        async with self._lock:
-            if self._control:
-                await self._flush_control()
-            try:
-                sent = sock.sendmsg(bufs)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            for b in bufs:
-                n = len(b)
-                if sent >= n:
-                    sent -= n
-                    continue
-                await self.loop.sock_sendall(sock, memoryview(b)[sent:])
-                sent = 0
-            if self._control:
-                await self._flush_control()
+        if self._control:
+            await self._flush_control()
+        try:
+            sent = sock.sendmsg(bufs)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        for b in bufs:
+            n = len(b)
+            if sent >= n:
+                sent -= n
+                continue
+            await self.loop.sock_sendall(sock, memoryview(b)[sent:])
+            sent = 0
+        if self._control:
+            await self._flush_control()
 
     def send_now(self, header: bytes, payload: memoryview) -> bool:
         """Write a small frame from synchronous code (a task and a loop turn cost more than the message)
@@ -173,6 +205,8 @@ class TcpConnection:
         """Read what has arrived, if anything (a receive that spins on the socket)."""
         if self._reading:
             self._on_readable()
+        if self.lanes is not None and not self.closed:
+            self.lanes.poll()
 
     def _on_readable(self) -> None:
         try:
@@ -185,6 +219,13 @@ class TcpConnection:
 
     def _lose(self, e: BaseException) -> None:
         self._stop_reading()
+        lanes = self.lanes
+        if lanes is not None and lanes.busy() and self.bye_received and isinstance(e, Closed) and not self.closed:
+            lanes.on_idle = lambda: self._lose(e)  # a peer that said goodbye: its last parts are still coming
+            return
+        if lanes is not None:
+            for lane in lanes.lanes:
+                lane.stop()
         if not self.closed:
             self.closed = True
             graceful = self.bye_received and isinstance(e, Closed)
@@ -207,11 +248,11 @@ class TcpConnection:
         data while it is (a send blocked on it still ends at its op's deadline, naming the peer)."""
         if self.liveness is None or self.closed or self.sock.family not in (socket.AF_INET, socket.AF_INET6):
             return
-        try:
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
-                                 0 if paused else int(self.liveness * 1000))
-        except (OSError, AttributeError):
-            pass
+        for s in [self.sock, *(lane.sock for lane in (self.lanes.lanes if self.lanes else ()))]:
+            try:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 0 if paused else int(self.liveness * 1000))
+            except (OSError, AttributeError):
+                pass
 
     def _stop_reading(self) -> None:
         if self._reading:
@@ -238,6 +279,8 @@ class TcpConnection:
                 pass
         self.closed = True
         self._stop_reading()
+        if self.lanes is not None:
+            self.lanes.close()
         try:
             self.sock.close()
         except OSError:
