@@ -35,10 +35,11 @@ LIBS = ("aioccl", "aioccl-reg", "aioccl-tcp", "gloo", "mpi")
 PEERS = ("gloo", "mpi")
 
 
-def run_aioccl(lib: str, op: str, n: int, sizes: list[int]) -> list[dict]:
+def run_aioccl(lib: str, op: str, n: int, sizes: list[int], extra_env: dict[str, str] | None = None) -> list[dict]:
     """aioccl-perf once per size, with the iteration and warm-up counts the peers' loop uses for that
     size (``_sweep.iterations``), so every library is timed the same way."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOCCL_") or k == "AIOCCL_ALGO"}
+    env.update(extra_env or {})
     extra = ["--registered"] if lib == "aioccl-reg" else []
     if lib == "aioccl-tcp":
         env["AIOCCL_SHM_DISABLE"] = "1"

@@ -9,7 +9,8 @@ and ranks of different hosts over TCP across the veths (what aioccl sees as
 another host). aioccl-perf runs under ``aioccl-run --nnodes H`` once per
 variant and size: ``auto`` (the tuner's choice, hierarchical here),
 ``ring`` (the flat socket ring over all ranks, forced with ``AIOCCL_ALGO``),
-``rail`` and ``leader`` forced, and ``ring-tcp`` (the flat ring with same-host
+``rail`` and ``leader`` forced, ``auto-x2`` (two TCP streams per pair
+across hosts, ``AIOCCL_NSOCKS=2``), and ``ring-tcp`` (the flat ring with same-host
 pairs over sockets too, ``AIOCCL_SHM_DISABLE=1``). The variants run back to back in rotating
 order in each repeat; each figure is the median over repeats of a run's
 median per-iteration time. Open MPI across namespaces would need its
@@ -43,6 +44,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "auto": {}, "ring": {"AIOCCL_ALGO": "all_reduce:ring"}, "rail": {"AIOCCL_ALGO": "all_reduce:rail"},
     "leader": {"AIOCCL_ALGO": "all_reduce:leader"},
     "ring-tcp": {"AIOCCL_ALGO": "all_reduce:ring", "AIOCCL_SHM_DISABLE": "1"},  # every pair over sockets
+    "auto-x2": {"AIOCCL_NSOCKS": "2"},  # the tuner's choice, two TCP streams per pair across hosts
+    "mpi": {},  # Open MPI, not aioccl (run_mpi)
 }
 
 
@@ -78,7 +81,36 @@ def namespaces(n: int, rate: str | None) -> Iterator[tuple[list[str], list[str]]
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
+def run_mpi(ns: list[str], addrs: list[str], per_host: int, size: int) -> dict:
+    """Open MPI's all_reduce across the namespace hosts (see the module's docstring)."""
+    subnet = addrs[0].rsplit(".", 1)[0] + ".0/24"
+    with tempfile.TemporaryDirectory() as tmp:
+        agent = Path(tmp) / "nsrsh"
+        cases = "".join(f"  {a}) ns={n}; name=h{i};;\n" for i, (a, n) in enumerate(zip(addrs, ns, strict=True)))
+        agent.write_text("#!/bin/sh\n# mpirun's remote shell: the daemon in the named host's namespace\n"
+                         f'host="$1"; shift\ncase "$host" in\n{cases}  *) echo "unknown host $host" >&2; exit 1;;\n'
+                         'esac\nexec ip netns exec "$ns" unshare --uts sh -c "hostname $name; $*"\n')
+        agent.chmod(0o755)
+        mpirun = ["mpirun", "--allow-run-as-root", "-np", str(len(ns) * per_host),
+                  "--host", ",".join(f"{a}:{per_host}" for a in addrs), "--mca", "plm_rsh_agent", str(agent),
+                  "--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include", subnet,
+                  "--mca", "oob_tcp_if_include", subnet,
+                  # the hosts share 2 cores: yield when idle, as compare.py's --oversubscribe does on one host
+                  "--mca", "mpi_yield_when_idle", "1", sys.executable, str(HERE / "peer_mpi.py"),
+                  "--op", "all_reduce", "--sizes", str(size)]
+        cmd = ["ip", "netns", "exec", ns[0], "unshare", "--uts", "sh", "-c", 'hostname h0; exec "$@"', "sh", *mpirun]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if proc.returncode:
+        raise SystemExit(f"mpi {size}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    row = next(json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{"))
+    n = len(ns) * per_host
+    return {"variant": "mpi", "bytes": size, "median_us": row["median_us"],
+            "busbw": size / (row["median_us"] * 1e-6) / 1e9 * 2 * (n - 1) / n}
+
+
 def run_once(ns: list[str], addrs: list[str], per_host: int, variant: str, size: int, port: int) -> dict:
+    if variant == "mpi":
+        return run_mpi(ns, addrs, per_host, size)
     iters, warm = iterations(size)
     secret = secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOCCL_")}
@@ -112,7 +144,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--per-host", type=int, default=2)
     ap.add_argument("--sizes", default="1M,64M")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "mpi"), help=", ".join(VARIANTS))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rate", default=None, help="cap each host's link (tc tbf rate, e.g. 1gbit)")
     ap.add_argument("--out", default=None)
@@ -135,16 +167,19 @@ def main() -> None:
                           f"busbw {res['busbw']:.3f} GB/s", flush=True)
     link = f", each host's link capped at {args.rate}" if args.rate else ""
     lines = [f"Command: `benchmarks/multihost.py --hosts {args.hosts} --per-host {args.per_host} --sizes {args.sizes} "
-             f"--repeats {args.repeats}" + (f" --rate {args.rate}" if args.rate else "") + "`",
+             f"--variants {args.variants} --repeats {args.repeats}"
+             + (f" --rate {args.rate}" if args.rate else "") + "`",
              f"{args.hosts} namespace hosts x {args.per_host} ranks{link}; all_reduce float32 in place, "
              f"medians of {args.repeats} runs", "",
-             "| size | " + " | ".join(f"{v} us | {v} busbw" for v in variants) + " | ring / auto |",
-             "|---" * (2 * len(variants) + 2) + "|"]
+             "| size | " + " | ".join(f"{v} us | {v} busbw" for v in variants) + " | ring / auto | mpi / auto |",
+             "|---" * (2 * len(variants) + 3) + "|"]
     for size in sizes:
         med = {v: statistics.median(r["median_us"] for r in runs[(v, size)]) for v in variants}
         bw = {v: statistics.median(r["busbw"] for r in runs[(v, size)]) for v in variants}
         ratio = f"{med['ring'] / med['auto']:.2f}x" if "ring" in med and "auto" in med else "-"
-        lines.append(f"| {size} | " + " | ".join(f"{med[v]:.1f} | {bw[v]:.3f}" for v in variants) + f" | {ratio} |")
+        mpi = f"{med['mpi'] / med['auto']:.2f}x" if "mpi" in med and "auto" in med else "-"
+        lines.append(f"| {size} | " + " | ".join(f"{med[v]:.1f} | {bw[v]:.3f}" for v in variants)
+                     + f" | {ratio} | {mpi} |")
     print("\n".join(lines))
     if args.out:
         out = Path(args.out)
