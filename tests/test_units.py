@@ -283,3 +283,20 @@ def test_a_rank_stuck_one_collective_behind_is_followed_there():
     r.record((1, 26), 3, TIMEOUT, [2])
     assert r.of((1, 26)) == {0: [5], 3: [2]}
     assert follow([0], r.of((1, 26)), me=2) == ([5], [0])
+
+
+def test_a_reduction_runs_early_only_when_later_receives_cannot_touch_it():
+    """The executor reduces a message as soon as it lands unless a later receive of the same step lands
+    in what that reduction reads or writes (then the step's reductions wait for all, in order)."""
+    from aioccl.algorithms.schedule import IN, OUT, SCRATCH, Recv, RecvReduce, Region
+    from aioccl.engine.executor import _safe_early
+
+    t = RecvReduce(1, Region(OUT, 0, 10), Region(IN, 0, 10), Region(SCRATCH, 0, 10))
+    assert _safe_early(t, ())
+    assert _safe_early(t, (RecvReduce(2, Region(OUT, 10, 20), Region(IN, 10, 20), Region(SCRATCH, 10, 20)),))
+    assert not _safe_early(t, (RecvReduce(2, Region(OUT, 0, 10), Region(IN, 0, 10), Region(SCRATCH, 5, 15)),))
+    # a later reduction into the same destination: still applied after this one, in order
+    assert _safe_early(t, (RecvReduce(2, Region(OUT, 0, 10), Region(OUT, 0, 10), Region(SCRATCH, 10, 20)),))
+    assert not _safe_early(t, (Recv(2, Region(OUT, 5, 6)),))  # lands in its destination
+    assert not _safe_early(t, (Recv(2, Region(IN, 9, 12)),))  # lands in its source
+    assert _safe_early(t, (Recv(2, Region(IN, 10, 12)),))

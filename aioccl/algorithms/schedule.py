@@ -29,7 +29,11 @@ The executor's contract, in this order, for each step:
    issued the same op;
 5. once *all* receives have arrived, each ``RecvReduce`` applies
    ``dst = op(src, incoming)`` in order (so a region may be sent and reduced
-   into in the same step without a race); then each read, in order;
+   into in the same step without a race); then each read, in order. (An
+   executor may apply a ``RecvReduce`` as soon as its own message is in, once
+   the step's sends are out, when no later receive of the step lands in what
+   it reads or writes: the result is the same, and the reduction overlaps
+   the arrival of the rest.)
 6. ``scale`` regions are divided by the number of ranks (``avg`` only).
 """
 

@@ -114,7 +114,7 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
                         zero_copy = zero_copy or d[D_IN] >= 0 or d[D_OUT] >= 0
                     zero_copy = zero_copy or in_off >= 0 or out_off >= 0
             if messages:
-                for t in step.recvs:
+                for t in step.recvs[msg.applied:]:
                     if isinstance(t, RecvReduce) and op.op is not None:
                         combine(op.op, _typed(bufs, t.dst), _typed(bufs, t.src), _typed(bufs, t.tmp))
             for rd in step.reads:
@@ -188,15 +188,16 @@ class _MessageState:
     """What an op's message steps share: its buffers as bytes, and the number of the next message
     to or from each peer (messages between a pair are numbered per op, in schedule order)."""
 
-    __slots__ = ("eng", "view", "op", "bytes", "item", "what", "sent_k", "recv_k")
+    __slots__ = ("eng", "view", "op", "bufs", "bytes", "item", "what", "sent_k", "recv_k", "applied")
 
     def __init__(self, eng: Engine, view: CommView, op: Op[np.ndarray], bufs: tuple[np.ndarray, ...]) -> None:
-        self.eng, self.view, self.op = eng, view, op
+        self.eng, self.view, self.op, self.bufs = eng, view, op, bufs
         self.bytes = tuple(byte_view(b) for b in bufs)
         self.item = op.out.itemsize
         self.what = op.what(view.ctx)
         self.sent_k: dict[int, int] = {}
         self.recv_k: dict[int, int] = {}
+        self.applied = 0  # the step's leading receives whose reductions ``run`` already applied
 
     def raw(self, r: Region) -> memoryview:
         return self.bytes[r.buf][r.start * self.item:r.stop * self.item]
@@ -206,6 +207,7 @@ class _MessageState:
         eng, op, ranks, ctx = self.eng, self.op, self.view.ranks, self.view.ctx
         progress, sent_k, recv_k = op.progress, self.sent_k, self.recv_k
         progress.recvs.clear()
+        self.applied = 0
         for t in step.recvs:
             k = recv_k.get(t.peer, 0)
             recv_k[t.peer] = k + 1
@@ -222,9 +224,34 @@ class _MessageState:
                 hdr = pack_header(COLL, code, dtype_code, k, ctx, op.seq, len(payload), count, root, redop)
                 sends.append(_send(eng, self.view, snd.peer, hdr, payload, progress))
             yield sends[0] if len(sends) == 1 else asyncio.gather(*sends)
-        for _peer, fut in progress.recvs:
+        reduce_op = op.op
+        early = len(step.recvs) > 1 and not step.lockstep and reduce_op is not None
+        for i, (_peer, fut) in enumerate(progress.recvs):
             if not fut.done():
                 yield fut
+            if early:  # reduce what has landed while the rest still arrives (its sends are out: no race)
+                t = step.recvs[i]
+                if isinstance(t, RecvReduce) and _safe_early(t, step.recvs[i + 1:]):
+                    fut.result()  # a failed receive raises here, before its scratch is read
+                    assert reduce_op is not None
+                    combine(reduce_op, _typed(self.bufs, t.dst), _typed(self.bufs, t.src), _typed(self.bufs, t.tmp))
+                    self.applied = i + 1
+                else:
+                    early = False  # the rest in order, once all have arrived
+
+
+def _overlap(a: Region, b: Region) -> bool:
+    return a.buf == b.buf and a.start < b.stop and b.start < a.stop
+
+
+def _safe_early(t: RecvReduce, later: tuple[Recv | RecvReduce, ...]) -> bool:
+    """May ``t`` be applied before the ``later`` receives of its step land? Only if none of them lands
+    in what ``t`` reads or writes."""
+    for u in later:
+        into = u.dst if isinstance(u, Recv) else u.tmp
+        if _overlap(into, t.dst) or _overlap(into, t.src) or _overlap(into, t.tmp):
+            return False
+    return True
 
 
 async def _send(eng: Engine, view: CommView, peer: int, hdr: bytes, payload: memoryview,
