@@ -167,3 +167,20 @@ def test_ranks_of_a_host_share_its_nic():
     t = [simulate([plan("all_reduce", 1 << 20, r, 4, 0, CHUNK, "rail", layout=(0, 0, 1, 1)) for r in range(4)],
                   LINKS["tcp"], 4, h) for h in small]
     assert t[0] > 1.1 * t[1]
+
+
+def test_streams_lift_a_link_faster_than_one_stream_until_the_nic_caps_it():
+    """``--streams``: one TCP stream's copies move about one core's worth; a 100 Gb/s NIC needs four,
+    a 25 Gb/s one is already its own limit with one."""
+    from aioccl.algorithms.cost import STREAM_RATE, with_streams
+
+    count = (64 << 20) // 4
+    t = {k: predict("all_reduce", "ring", count, 2, with_streams(LINKS["100g"], k), 4, 1 << 20) for k in (1, 2, 4, 8)}
+    assert t[1] > 1.6 * t[2] > 1.6 * 1.3 * t[4]  # each doubling helps while the streams are the limit
+    assert t[8] == pytest.approx(t[4])  # four streams (13.6 GB/s) already pass the NIC (12.5 GB/s)
+    assert with_streams(LINKS["100g"], 8).beta == LINKS["100g"].beta
+    assert with_streams(LINKS["25g"], 1).beta == LINKS["25g"].beta  # 3.125 GB/s < one stream's 3.4
+    assert with_streams(LINKS["100g"], 1).beta == pytest.approx(1 / STREAM_RATE)
+    out = subprocess.run([sys.executable, "-m", "aioccl.tools.sim", "all_reduce", "--link", "100g", "--ranks", "2",
+                          "--sizes", "64M", "--streams", "4"], capture_output=True, text=True, check=True).stdout
+    assert "'100g x4'" in out

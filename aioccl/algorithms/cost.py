@@ -26,7 +26,7 @@ three phases back to back.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from . import plan
@@ -55,6 +55,16 @@ LINKS = {
     "200g": Link("200g", 4e-6, 1 / 25e9, description="200 Gb/s network"),
     "400g": Link("400g", 3e-6, 1 / 50e9, description="400 Gb/s network"),
 }
+
+
+STREAM_RATE = 3.4e9  # bytes/s through one TCP stream, its copies on one core (benchmarks/socket_path.py)
+
+
+def with_streams(link: Link, streams: int, rate: float = STREAM_RATE) -> Link:
+    """``link`` as ``streams`` TCP streams per pair drive it (``AIOCCL_NSOCKS``): each stream's copies
+    run on a core of their own and move at most ``rate``, so a NIC faster than one stream needs several
+    (given the cores: one per stream per rank crossing the network at once)."""
+    return replace(link, name=f"{link.name} x{streams}", beta=max(link.beta, 1 / (streams * rate)))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ under the alpha-beta model of ``aioccl.algorithms.cost``, and marks with
 With ``--per-host N`` the ranks sit on hosts of N (the last one may hold
 fewer): messages inside a host take the ``same-host`` link, the others
 ``--link``, and the hierarchical algorithms (``rail``, ``leader``) compete.
+``--streams K`` caps the network at K times what one TCP stream's copies
+move (``--stream-rate``, one core's worth): what ``AIOCCL_NSOCKS`` buys.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from typing import Any
 
 from ..algorithms import ALGORITHMS
-from ..algorithms.cost import LINKS, Hosts, predict
+from ..algorithms.cost import LINKS, STREAM_RATE, Hosts, Link, predict, with_streams
 from ..algorithms.hierarchy import HIERARCHICAL, spans_hosts
 from ..algorithms.table import TABLE
 from ..tuning import Tuning, candidates
@@ -38,6 +40,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sizes", default="8,1K,64K,1M,16M,256M,1G", help="bytes of the whole buffer, as nccl-tests")
     p.add_argument("-d", "--datatype", default="float32", choices=list(DTYPES))
     p.add_argument("--per-host", type=int, default=0, metavar="N", help="ranks per host (0: the --link between all)")
+    p.add_argument("--streams", type=int, default=1, metavar="K",
+                   help="TCP streams per pair (AIOCCL_NSOCKS): each moves at most --stream-rate")
+    p.add_argument("--stream-rate", type=float, default=STREAM_RATE / 1e9, metavar="GB/s",
+                   help="one stream's copies on one core (default: measured here, benchmarks/socket_path.py)")
     p.add_argument("--buffsize", type=parse_size, default=parse_size("4M"), help="chunk in bytes (AIOCCL_BUFFSIZE)")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png")
@@ -52,11 +58,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("ranks must be in 1..8192")
     if ns.per_host < 0:
         p.error("--per-host must be >= 0")
+    if not 1 <= ns.streams <= 16 or ns.stream_rate <= 0:
+        p.error("--streams must be in 1..16 and --stream-rate > 0")
     return ns
 
 
 def points(ns: argparse.Namespace) -> list[dict[str, Any]]:
-    link, item = LINKS[ns.link], DTYPES[ns.datatype].itemsize
+    link, item = network(ns), DTYPES[ns.datatype].itemsize
     tuning = Tuning(buffsize=ns.buffsize, link=link)
     chunk = tuning.chunk(item)
     out = []
@@ -79,6 +87,11 @@ def points(ns: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+def network(ns: argparse.Namespace) -> Link:
+    """The ``--link``, capped by what ``--streams`` streams per pair can copy."""
+    return with_streams(LINKS[ns.link], ns.streams, ns.stream_rate * 1e9)
+
+
 def layout_of(n: int, per_host: int) -> tuple[int, ...]:
     """Ranks filling hosts of ``per_host`` in order (``()``: no hosts, one link between all)."""
     return tuple(r // per_host for r in range(n)) if per_host else ()
@@ -91,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{link.name:>10}  alpha {link.alpha * 1e6:6.1f} us  {1 / link.beta / 1e9:6.2f} GB/s  "
                   f"reduce {1 / link.gamma / 1e9:5.1f} GB/s  {link.description}")
         return
-    link = LINKS[ns.link]
+    link = network(ns)
     algos = ALGORITHMS[ns.coll] + (HIERARCHICAL.get(ns.coll, ()) if ns.per_host > 1 else ())
     where = f", hosts of {ns.per_host} ranks (same-host link inside)" if ns.per_host else ""
     print(f"# aioccl-sim {ns.coll} {ns.datatype} on '{link.name}' (alpha {link.alpha * 1e6:g} us, "

@@ -14,28 +14,27 @@ follows the header on the primary, part ``i`` goes on lane ``i``, with no
 header of its own. Each lane carries the parts of striped frames in the
 order their headers went on the primary, so a receiver that read a header
 knows where the next bytes of every lane go: it queues one slice of the
-frame's target per lane and reads a lane only while its queue has a slice
-(so a lane's bytes wait in the kernel, not in memory, until their header
-arrives). The frame is done when its last part is.
+frame's target per lane, and each lane's receiving thread reads only the
+slices queued (so a lane's bytes wait in the kernel, not in memory, until
+their header arrives). The frame is done when its last part is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import socket
-from collections import deque
+import threading
 from collections.abc import Callable, Mapping
 
 from ..bootstrap.sockio import Closed
 from ..envvars import env_int
-from .shm import stop_reader
 
 STRIPE_MIN = 1 << 20  # smaller frames go whole on the primary stream: striping costs a loop turn per lane
 ALIGN = 4096  # parts start on page boundaries of the target
 MAX_STREAMS = 16
 DEFAULT_STREAMS = 1  # measured: see docs/benchmarks.md, "Several streams per pair"
-READ_BUDGET = 4 << 20
 
 
 def streams_setting(env: Mapping[str, str] = os.environ) -> int:
@@ -65,61 +64,106 @@ class _Joint:
 
 
 class Lane:
-    """One extra stream: a queue of slices to read into, read only while the queue has one."""
+    """One extra stream, driven by two threads of its own: one receives the parts queued by ``expect``,
+    one sends the parts given to ``send``. A thread blocked in ``recv_into`` or ``sendall`` holds no
+    GIL, so the copies into and out of the kernel of several lanes (and of the event loop's own
+    stream) run on several cores at once, as NCCL's socket helper threads do."""
 
     def __init__(self, sock: socket.socket, on_error: Callable[[BaseException], None],
                  on_drained: Callable[[], None]) -> None:
+        sock.setblocking(True)  # only its threads use it
         self.sock = sock
         self.loop = asyncio.get_running_loop()
         self.on_error, self.on_drained = on_error, on_drained
-        self.queue: deque[tuple[memoryview, _Joint]] = deque()
-        self.got = 0
-        self.reading = False
-        self.lock = asyncio.Lock()
+        self.pending = 0  # parts queued to receive and not landed yet
+        self.dead = False  # lost or closed: nothing landing from here on is reported
+        self._inbox: queue.SimpleQueue[tuple[memoryview, _Joint] | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple[memoryview, asyncio.Future[None]] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+
+    def _start(self) -> None:
+        if not self._threads:
+            for fn in (self._receiving, self._sending):
+                t = threading.Thread(target=fn, name=f"aioccl-lane-{fn.__name__[1:]}", daemon=True)
+                t.start()
+                self._threads.append(t)
 
     def expect(self, view: memoryview, joint: _Joint) -> None:
-        self.queue.append((view, joint))
-        if not self.reading:
-            self.reading = True
-            self.loop.add_reader(self.sock.fileno(), self.on_readable)
+        self._start()
+        self.pending += 1
+        self._inbox.put((view, joint))
 
-    def on_readable(self) -> None:
-        budget = READ_BUDGET
+    async def send(self, view: memoryview) -> None:
+        self._start()
+        fut = self.loop.create_future()
+        self._outbox.put((view, fut))
+        await fut
+
+    def _receiving(self) -> None:
+        while (item := self._inbox.get()) is not None:
+            view, joint = item
+            got, size = 0, len(view)
+            try:
+                while got < size:
+                    n = self.sock.recv_into(view[got:])
+                    if n == 0:
+                        raise Closed("a stream closed by the peer mid-message")
+                    got += n
+            except (OSError, Closed) as e:
+                self._tell(self._failed, e)
+                return
+            self._tell(self._landed, joint)
+
+    def _sending(self) -> None:
+        while (item := self._outbox.get()) is not None:
+            view, fut = item
+            try:
+                self.sock.sendall(view)
+            except OSError as e:
+                self._tell(_settle, fut, e)
+                continue
+            self._tell(_settle, fut, None)
+
+    def _tell(self, fn: Callable[..., None], *args: object) -> None:
         try:
-            while self.queue and budget > 0:
-                view, joint = self.queue[0]
-                try:
-                    n = self.sock.recv_into(view[self.got:])
-                except (BlockingIOError, InterruptedError):
-                    return
-                if n == 0:
-                    raise Closed("a stream closed by the peer mid-message")
-                budget -= n
-                self.got += n
-                if self.got == len(view):
-                    self.queue.popleft()
-                    self.got = 0
-                    joint.part_done()
-        except (OSError, Closed) as e:
-            self.stop()
-            self.on_error(e)
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    def _landed(self, joint: _Joint) -> None:
+        if self.dead:
             return
-        if not self.queue:
-            self.stop()
+        self.pending -= 1
+        joint.part_done()
+        if not self.pending:
             self.on_drained()
 
-    def stop(self) -> None:
-        if self.reading:
-            self.reading = False
-            stop_reader(self.loop, self.sock.fileno())
+    def _failed(self, e: BaseException) -> None:
+        if not self.dead:
+            self.dead = True
+            self.on_error(e)
 
     def close(self) -> None:
-        self.stop()
-        self.queue.clear()
+        """Stop (a thread blocked in the kernel is woken by the shutdown) and close."""
+        self.dead = True
+        self._inbox.put(None)
+        self._outbox.put(None)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:
             pass
+
+
+def _settle(fut: asyncio.Future[None], e: BaseException | None) -> None:
+    if not fut.done():
+        if e is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(e)
 
 
 class Lanes:
@@ -133,7 +177,7 @@ class Lanes:
 
     def busy(self) -> bool:
         """Are parts of a striped frame still to be read?"""
-        return any(lane.queue for lane in self.lanes)
+        return any(lane.pending for lane in self.lanes)
 
     def _drained(self) -> None:
         if self.on_idle is not None and not self.busy():
@@ -154,15 +198,13 @@ class Lanes:
 
     async def send_parts(self, payload: memoryview) -> None:
         """Send parts 1.. of a striped payload, one per lane, concurrently (``order`` is held)."""
-        loop = asyncio.get_running_loop()
         cuts = bounds(len(payload), self.parts)
-        await asyncio.gather(*(loop.sock_sendall(lane.sock, payload[lo:hi])
-                               for lane, (lo, hi) in zip(self.lanes, cuts[1:], strict=True)))
+        await asyncio.gather(*(lane.send(payload[lo:hi]) for lane, (lo, hi) in zip(self.lanes, cuts[1:], strict=True)))
 
-    def poll(self) -> None:
+    def stop(self) -> None:
+        """The connection is lost: nothing the lanes receive from here on is reported."""
         for lane in self.lanes:
-            if lane.reading:
-                lane.on_readable()
+            lane.dead = True
 
     def close(self) -> None:
         for lane in self.lanes:

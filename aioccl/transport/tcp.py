@@ -205,8 +205,6 @@ class TcpConnection:
         """Read what has arrived, if anything (a receive that spins on the socket)."""
         if self._reading:
             self._on_readable()
-        if self.lanes is not None and not self.closed:
-            self.lanes.poll()
 
     def _on_readable(self) -> None:
         try:
@@ -224,8 +222,7 @@ class TcpConnection:
             lanes.on_idle = lambda: self._lose(e)  # a peer that said goodbye: its last parts are still coming
             return
         if lanes is not None:
-            for lane in lanes.lanes:
-                lane.stop()
+            lanes.stop()
         if not self.closed:
             self.closed = True
             graceful = self.bye_received and isinstance(e, Closed)
