@@ -40,8 +40,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sizes", default="8,1K,64K,1M,16M,256M,1G", help="bytes of the whole buffer, as nccl-tests")
     p.add_argument("-d", "--datatype", default="float32", choices=list(DTYPES))
     p.add_argument("--per-host", type=int, default=0, metavar="N", help="ranks per host (0: the --link between all)")
-    p.add_argument("--streams", type=int, default=1, metavar="K",
-                   help="TCP streams per pair (AIOCCL_NSOCKS): each moves at most --stream-rate")
+    p.add_argument("--streams", type=int, default=0, metavar="K",
+                   help="TCP streams per pair (AIOCCL_NSOCKS), each moving at most --stream-rate; "
+                        "0 (default): the link alone (RDMA, or a NIC slower than one stream)")
     p.add_argument("--stream-rate", type=float, default=STREAM_RATE / 1e9, metavar="GB/s",
                    help="one stream's copies on one core (default: measured here, benchmarks/socket_path.py)")
     p.add_argument("--buffsize", type=parse_size, default=parse_size("4M"), help="chunk in bytes (AIOCCL_BUFFSIZE)")
@@ -58,8 +59,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("ranks must be in 1..8192")
     if ns.per_host < 0:
         p.error("--per-host must be >= 0")
-    if not 1 <= ns.streams <= 16 or ns.stream_rate <= 0:
-        p.error("--streams must be in 1..16 and --stream-rate > 0")
+    if not 0 <= ns.streams <= 16 or ns.stream_rate <= 0:
+        p.error("--streams must be in 0..16 and --stream-rate > 0")
     return ns
 
 
@@ -88,8 +89,9 @@ def points(ns: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def network(ns: argparse.Namespace) -> Link:
-    """The ``--link``, capped by what ``--streams`` streams per pair can copy."""
-    return with_streams(LINKS[ns.link], ns.streams, ns.stream_rate * 1e9)
+    """The ``--link``, capped by what ``--streams`` streams per pair can copy (when given)."""
+    link = LINKS[ns.link]
+    return with_streams(link, ns.streams, ns.stream_rate * 1e9) if ns.streams else link
 
 
 def layout_of(n: int, per_host: int) -> tuple[int, ...]:
