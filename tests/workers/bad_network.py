@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import aioccl  # noqa: E402
 
 OP_TIMEOUT = float(os.environ.get("TEST_OP_TIMEOUT", "30"))
+BIG_P2P = os.environ.get("TEST_BIG_P2P") == "1"
 
 
 async def one(comm: aioccl.Communicator, i: int) -> bool:
@@ -60,6 +61,14 @@ async def one(comm: aioccl.Communicator, i: int) -> bool:
         x = np.arange(n * 10, dtype=np.int32) + 1000 * r
         await comm.all_to_all(x, timeout=t)
         return bool((x == np.concatenate([np.arange(r * 10, r * 10 + 10) + 1000 * j for j in range(n)])).all())
+    if BIG_P2P:  # kind 7: 3 MiB and a few bytes to the next host's rank, striped when the pair has lanes
+        size = (3 << 20) + i % 5
+        right, left = (r + comm.local_world_size) % n, (r - comm.local_world_size) % n
+        got = np.full(size, 255, np.uint8)
+        recv = comm.irecv(got, left, tag=i, timeout=t)
+        await comm.isend(((np.arange(size) + i * 7 + r) % 251).astype(np.uint8), right, tag=i, timeout=t)
+        await recv
+        return bool((got == ((np.arange(size) + i * 7 + left) % 251).astype(np.uint8)).all())
     await comm.barrier(timeout=t)
     return True
 
