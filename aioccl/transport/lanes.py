@@ -31,10 +31,10 @@ from collections.abc import Callable, Mapping
 from ..bootstrap.sockio import Closed
 from ..envvars import env_int
 
-STRIPE_MIN = 1 << 20  # smaller frames go whole on the primary stream: striping costs a loop turn per lane
+STRIPE_MIN = 1 << 20  # smaller frames go whole on the primary stream: striping costs a thread handoff per lane
 ALIGN = 4096  # parts start on page boundaries of the target
 MAX_STREAMS = 16
-DEFAULT_STREAMS = 1  # measured: see docs/benchmarks.md, "Several streams per pair"
+DEFAULT_STREAMS = 1  # measured: docs/benchmarks.md, "The socket path"
 
 
 def streams_setting(env: Mapping[str, str] = os.environ) -> int:
@@ -93,11 +93,13 @@ class Lane:
         self.pending += 1
         self._inbox.put((view, joint))
 
-    async def send(self, view: memoryview) -> None:
+    def send(self, view: memoryview) -> asyncio.Future[None]:
+        """Queue ``view`` for the sending thread now (parts go out in the order queued); the future is
+        done once the kernel has taken all of it."""
         self._start()
         fut = self.loop.create_future()
         self._outbox.put((view, fut))
-        await fut
+        return fut
 
     def _receiving(self) -> None:
         while (item := self._inbox.get()) is not None:
@@ -172,7 +174,6 @@ class Lanes:
     def __init__(self, socks: list[socket.socket], on_error: Callable[[BaseException], None]) -> None:
         self.lanes = [Lane(s, on_error, self._drained) for s in socks]
         self.parts = 1 + len(self.lanes)
-        self.order = asyncio.Lock()  # held from a frame's header to its last lane part: lanes stay in order
         self.on_idle: Callable[[], None] | None = None  # once every lane has read all it expects
 
     def busy(self) -> bool:
@@ -196,10 +197,11 @@ class Lanes:
         lo, hi = cuts[0]
         return target[lo:hi], joint.part_done
 
-    async def send_parts(self, payload: memoryview) -> None:
-        """Send parts 1.. of a striped payload, one per lane, concurrently (``order`` is held)."""
+    def send_parts(self, payload: memoryview) -> asyncio.Future[list[None]]:
+        """Queue parts 1.. of a striped payload, one per lane. Called while the frame's header is being
+        written (under the connection's lock), so every lane carries parts in their headers' order."""
         cuts = bounds(len(payload), self.parts)
-        await asyncio.gather(*(lane.send(payload[lo:hi]) for lane, (lo, hi) in zip(self.lanes, cuts[1:], strict=True)))
+        return asyncio.gather(*(lane.send(payload[lo:hi]) for lane, (lo, hi) in zip(self.lanes, cuts[1:], strict=True)))
 
     def stop(self) -> None:
         """The connection is lost: nothing the lanes receive from here on is reported."""

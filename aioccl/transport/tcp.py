@@ -98,17 +98,15 @@ class TcpConnection:
             await self._write(header, payload)
 
     async def _send_striped(self, lanes: Lanes, header: bytes, payload: memoryview) -> None:
-        """The header and part 0 on this stream, the other parts on the lanes, all at once. The lanes'
-        order lock is taken under this stream's lock, so lanes carry parts in their headers' order."""
+        """The header and part 0 on this stream, the other parts on the lanes, all at once. The parts
+        are queued to the lanes under this stream's lock, so lanes carry them in their headers' order."""
         cut = bounds(len(payload), lanes.parts)[0][1]
         async with self._lock:
-            await lanes.order.acquire()
-            rest = self.loop.create_task(lanes.send_parts(payload))
-            rest.add_done_callback(lambda _: lanes.order.release())
+            rest = lanes.send_parts(payload)
             try:
                 await self._write(header, payload[:cut])
             except BaseException:
-                rest.cancel()
+                rest.cancel()  # the stream is broken: the peer's loss of it fails what waits on it
                 raise
         await rest
 
