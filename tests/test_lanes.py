@@ -15,7 +15,7 @@ import pytest
 from aioccl.bootstrap.sockio import tune
 from aioccl.errors import InvalidArgument
 from aioccl.transport import lanes as lanes_mod
-from aioccl.transport.frames import COLL, Header
+from aioccl.transport.frames import BYE, COLL, Header
 from aioccl.transport.lanes import ALIGN, STRIPE_MIN, bounds, streams_setting
 from aioccl.transport.pairing import tcp_streams
 from aioccl.transport.tcp import TcpConnection
@@ -130,6 +130,34 @@ def test_a_goodbye_waits_for_the_last_parts(monkeypatch):
                 sink.arrived.clear()
                 await sink.arrived.wait()
         assert [data for _, data in sink.frames] == [_payload(5, size)]
+        rx.abort()
+
+    asyncio.run(main())
+
+
+def test_a_goodbye_then_a_lane_cut_short_still_loses_the_connection(monkeypatch):
+    """The peer says goodbye but one of its lanes ends before its part is whole: the connection is lost
+    (not left waiting for a part that cannot come)."""
+    monkeypatch.setattr(lanes_mod, "STRIPE_MIN", 64 << 10)
+    size = 96 << 10
+
+    async def main():
+        a, b = _pair(1)
+        sink = Recorder()
+        rx = TcpConnection(b[0], 0, sink, lanes=b[1:])
+        cut = bounds(size, 2)
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(5):
+            await loop.sock_sendall(a[0], Header(COLL, 1, 1, 0, 7, 3, size).pack() + bytes(cut[0][1])
+                                    + Header(BYE, 0, 0, 0, 0, 0, 0).pack())
+            await loop.sock_sendall(a[1], bytes(100))  # a part of 48 KiB cut short
+            for s in a:
+                s.close()
+            rx.start()
+            while not sink.lost:
+                sink.arrived.clear()
+                await sink.arrived.wait()
+        assert not sink.frames and rx.closed
         rx.abort()
 
     asyncio.run(main())

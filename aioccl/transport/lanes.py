@@ -28,7 +28,6 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 
-from ..bootstrap.sockio import Closed
 from ..envvars import env_int
 
 STRIPE_MIN = 1 << 20  # smaller frames go whole on the primary stream: striping costs a thread handoff per lane
@@ -108,10 +107,10 @@ class Lane:
             try:
                 while got < size:
                     n = self.sock.recv_into(view[got:])
-                    if n == 0:
-                        raise Closed("a stream closed by the peer mid-message")
+                    if n == 0:  # never a goodbye: the peer's bye waits for its lanes' parts to be read
+                        raise ConnectionResetError("a stream closed by the peer mid-message")
                     got += n
-            except (OSError, Closed) as e:
+            except OSError as e:
                 self._tell(self._failed, e)
                 return
             self._tell(self._landed, joint)
@@ -178,7 +177,7 @@ class Lanes:
 
     def busy(self) -> bool:
         """Are parts of a striped frame still to be read?"""
-        return any(lane.pending for lane in self.lanes)
+        return any(lane.pending and not lane.dead for lane in self.lanes)
 
     def _drained(self) -> None:
         if self.on_idle is not None and not self.busy():
