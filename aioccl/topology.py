@@ -22,7 +22,7 @@ class Topology:
 
     rank: int
     hosts: tuple[tuple[str, tuple[int, ...]], ...]  # (host identity, its ranks), hosts by first rank
-    pairs: dict[int, str]  # peer -> "shm", "tcp", "tcp x3" (three streams: AIOCCL_NSOCKS) or "ib"
+    pairs: dict[int, str]  # peer -> "shm", "tcp", "tcp(3 streams)" (AIOCCL_NSOCKS) or "ib"
     collectives: str  # "shm channel", "flat", or "hierarchical (rail, leader)" / "(leader)"
 
     @property
@@ -69,4 +69,4 @@ def of(comm: Any) -> Topology:
 def _transport(comm: Any, peer: int) -> str:
     kind: str = comm.transport_to(peer)
     lanes = getattr(comm._engine.conns.get(comm._view.ranks[peer]), "lanes", None)
-    return f"{kind} x{lanes.parts}" if kind == "tcp" and lanes is not None else kind
+    return f"{kind}({lanes.parts} streams)" if kind == "tcp" and lanes is not None else kind

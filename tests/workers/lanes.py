@@ -23,6 +23,8 @@ async def main() -> None:
     conn = comm._engine.conns[(r + 1) % n]
     lanes = getattr(conn, "lanes", None)
     ck.true(f"3 streams to each peer (got {conn!r})", lanes is not None and lanes.parts == 3)
+    pairs = comm.topology().pairs
+    ck.true(f"the topology says so: {pairs}", set(pairs.values()) == {"tcp(3 streams)"})
     # chunks of 4 MiB per message: sizes just under, at and over the striping threshold, and ragged ones
     for count in (MIB // 4 - 1, MIB // 4, 3 * MIB + 5, 2 * n * MIB + 7):
         for dt in (np.float32, np.int8):
