@@ -70,7 +70,7 @@ def test_point_to_point_runs_over_shared_memory_pairs_bit_exact(n, cma):
 
 @pytest.mark.parametrize("cma", ["1", "0"])
 def test_collectives_over_pairs_send_large_messages_as_offers_read_in_place(cma):
-    """Collectives on messages (ring, chain) over shared-memory pairs: a message of 256 KiB or more is offered
+    """Collectives on messages (ring, chain) over shared-memory pairs: a message of 1 MiB or more is offered
     and read in place where the kernel allows it (one copy, not two through the ring); exact either way."""
     p = run("coll_offers", 3, AIOCCL_SHM_CMA=cma, AIOCCL_ALGO="ring,chain")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

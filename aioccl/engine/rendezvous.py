@@ -45,7 +45,10 @@ if TYPE_CHECKING:
 SEND_DATA, WAS_READ, WAS_DECLINED = 0, 1, 2  # a sender's answer: CTS, RDONE (read in place), RDONE (declined)
 DEFAULT_EAGER = 1 << 20
 DEFAULT_UNEXPECTED = 64 << 20
-OFFER_MIN = 256 << 10  # a collective message this large to a peer that can read our memory goes as an offer
+# a collective message this large to a peer that can read our memory goes as an offer. Below it the ring's two
+# copies beat the offer's round trip: rail's 1 MiB all_reduce on 2x2 namespace hosts took 1.51 ms with offers
+# from 256 KiB and 1.20 ms from 1 MiB; 16 and 64 MiB unchanged (docs/benchmarks.md, "Several hosts")
+OFFER_MIN = 1 << 20
 OFFER_TAIL = struct.Struct("<iq")  # after a COFFER's offer: its id (for RDONE / CTS) and the data's bytes
 
 
