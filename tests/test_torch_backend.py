@@ -17,12 +17,14 @@ dist = pytest.importorskip("torch.distributed")
 
 
 def torchrun(n: int, script: str, *args: str, env: dict[str, str] | None = None,
-             timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """``torchrun --nproc-per-node n tests/workers/<script>``: torch's own launcher and store."""
+             timeout: float = 240, monitor_s: float | None = None) -> subprocess.CompletedProcess[str]:
+    """``torchrun --nproc-per-node n tests/workers/<script>``: torch's own launcher and store.
+    ``monitor_s``: how often torchrun looks at its workers (once one has died, it kills the others)."""
     from aioccl.bootstrap.unique_id import free_port
 
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
+    monitor = ["--monitor-interval", str(monitor_s)] if monitor_s is not None else []
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), *monitor, "--master-port",
            str(free_port("127.0.0.1")), str(WORKERS / script), *args]
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
@@ -55,7 +57,9 @@ def test_a_silent_rank_is_named_within_the_groups_timeout():
 
 
 def test_a_killed_rank_is_named_by_the_survivors_at_once():
-    p = torchrun(3, "torch_c10d.py", "killed")
+    # torchrun kills the survivors once it sees the dead rank: give them 3 s to raise and report (the
+    # default 0.1 s lost one's report under load)
+    p = torchrun(3, "torch_c10d.py", "killed", monitor_s=3)
     for r in (0, 1):
         assert f"[rank {r}] c10d n=3: 1 checks, 0 failures" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
     assert "lost connection to rank 2" in p.stdout
