@@ -288,8 +288,8 @@ def test_a_rank_stuck_one_collective_behind_is_followed_there():
 def test_a_reduction_runs_early_only_when_later_receives_cannot_touch_it():
     """The executor reduces a message as soon as it lands unless a later receive of the same step lands
     in what that reduction reads or writes (then the step's reductions wait for all, in order)."""
-    from aioccl.algorithms.schedule import IN, OUT, SCRATCH, Recv, RecvReduce, Region
-    from aioccl.engine.executor import _safe_early
+    from aioccl.algorithms.schedule import IN, OUT, SCRATCH, Recv, RecvReduce, Region, Step, early_reductions
+    from aioccl.algorithms.schedule import reduces_early as _safe_early
 
     t = RecvReduce(1, Region(OUT, 0, 10), Region(IN, 0, 10), Region(SCRATCH, 0, 10))
     assert _safe_early(t, ())
@@ -300,3 +300,9 @@ def test_a_reduction_runs_early_only_when_later_receives_cannot_touch_it():
     assert not _safe_early(t, (Recv(2, Region(OUT, 5, 6)),))  # lands in its destination
     assert not _safe_early(t, (Recv(2, Region(IN, 9, 12)),))  # lands in its source
     assert _safe_early(t, (Recv(2, Region(IN, 10, 12)),))
+    # per step, computed once with the schedule: the leading receives that qualify
+    later = RecvReduce(2, Region(OUT, 0, 10), Region(OUT, 0, 10), Region(SCRATCH, 10, 20))
+    assert early_reductions(Step(recvs=(t, later))) == 2
+    assert early_reductions(Step(recvs=(t, Recv(2, Region(OUT, 5, 6))))) == 0
+    assert early_reductions(Step(recvs=(t,))) == 0  # one receive: nothing to overlap
+    assert early_reductions(Step(recvs=(t, later), lockstep=True)) == 0

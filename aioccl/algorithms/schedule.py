@@ -143,10 +143,41 @@ class Schedule:
     algo: str = ""
     messages: bool = field(init=False, repr=False, compare=False)  # has sends or receives
     lockstep: bool = field(init=False, repr=False, compare=False)  # needs the shared-memory channel
+    # per step, how many of its leading receives may be reduced as each lands (``early_reductions``)
+    early: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", any(s.sends or s.recvs for s in self.steps))
         object.__setattr__(self, "lockstep", any(s.lockstep for s in self.steps))
+        object.__setattr__(self, "early", tuple(early_reductions(s) for s in self.steps))
+
+
+def _overlap(a: Region, b: Region) -> bool:
+    return a.buf == b.buf and a.start < b.stop and b.start < a.stop
+
+
+def early_reductions(step: Step) -> int:
+    """How many leading receives of ``step`` an executor may reduce as soon as each lands (once the
+    step's sends are out), instead of after all have arrived: each must be a ``RecvReduce`` into whose
+    destination, source and scratch no later receive of the step lands. Only steps with several
+    receives gain anything, and lockstep steps keep the contract's order."""
+    recvs = step.recvs
+    if len(recvs) < 2 or step.lockstep:
+        return 0
+    for i, t in enumerate(recvs):
+        if not (isinstance(t, RecvReduce) and reduces_early(t, recvs[i + 1:])):
+            return i
+    return len(recvs)
+
+
+def reduces_early(t: RecvReduce, later: tuple[Recv | RecvReduce, ...]) -> bool:
+    """May ``t`` be applied before the ``later`` receives of its step land? Only if none of them lands
+    in what ``t`` reads or writes."""
+    for u in later:
+        into = u.dst if isinstance(u, Recv) else u.tmp
+        if _overlap(into, t.dst) or _overlap(into, t.src) or _overlap(into, t.tmp):
+            return False
+    return True
 
 
 def build(steps: list[Step] | tuple[Step, ...], *, scale: tuple[Region, ...] = (), **kw: Any) -> Schedule:

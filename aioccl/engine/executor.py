@@ -75,7 +75,7 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
             doomed = mailbox.begin(view.ctx, op.seq, op.fp, view.ranks, view.rank)
             if doomed is not None:
                 raise doomed
-        for step in sched.steps:
+        for index, step in enumerate(sched.steps):
             if step.copies:
                 _copy(bufs, step.copies)
             if step.lockstep:
@@ -98,7 +98,7 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
                             slot[start:start + reg.stop - reg.start] = bufs[reg.buf][reg.start:reg.stop]
                 ch.publish(s)
             if messages and (step.recvs or step.sends):
-                yield from msg.run(step)
+                yield from msg.run(step, sched.early[index])
             if step.lockstep:
                 assert ch is not None
                 wait = ch.others if first else step.wait
@@ -202,7 +202,7 @@ class _MessageState:
     def raw(self, r: Region) -> memoryview:
         return self.bytes[r.buf][r.start * self.item:r.stop * self.item]
 
-    def run(self, step: Any) -> Generator[Yield, None, None]:
+    def run(self, step: Any, early: int) -> Generator[Yield, None, None]:
         """Post the step's receives, send its sends, and wait for all of them."""
         eng, op, ranks, ctx = self.eng, self.op, self.view.ranks, self.view.ctx
         progress, sent_k, recv_k = op.progress, self.sent_k, self.recv_k
@@ -225,33 +225,14 @@ class _MessageState:
                 sends.append(_send(eng, self.view, snd.peer, hdr, payload, progress))
             yield sends[0] if len(sends) == 1 else asyncio.gather(*sends)
         reduce_op = op.op
-        early = len(step.recvs) > 1 and not step.lockstep and reduce_op is not None
         for i, (_peer, fut) in enumerate(progress.recvs):
             if not fut.done():
                 yield fut
-            if early:  # reduce what has landed while the rest still arrives (its sends are out: no race)
+            if i < early and reduce_op is not None:  # reduce what has landed while the rest still arrives
                 t = step.recvs[i]
-                if isinstance(t, RecvReduce) and _safe_early(t, step.recvs[i + 1:]):
-                    fut.result()  # a failed receive raises here, before its scratch is read
-                    assert reduce_op is not None
-                    combine(reduce_op, _typed(self.bufs, t.dst), _typed(self.bufs, t.src), _typed(self.bufs, t.tmp))
-                    self.applied = i + 1
-                else:
-                    early = False  # the rest in order, once all have arrived
-
-
-def _overlap(a: Region, b: Region) -> bool:
-    return a.buf == b.buf and a.start < b.stop and b.start < a.stop
-
-
-def _safe_early(t: RecvReduce, later: tuple[Recv | RecvReduce, ...]) -> bool:
-    """May ``t`` be applied before the ``later`` receives of its step land? Only if none of them lands
-    in what ``t`` reads or writes."""
-    for u in later:
-        into = u.dst if isinstance(u, Recv) else u.tmp
-        if _overlap(into, t.dst) or _overlap(into, t.src) or _overlap(into, t.tmp):
-            return False
-    return True
+                fut.result()  # a failed receive raises here, before its scratch is read
+                combine(reduce_op, _typed(self.bufs, t.dst), _typed(self.bufs, t.src), _typed(self.bufs, t.tmp))
+                self.applied = i + 1
 
 
 async def _send(eng: Engine, view: CommView, peer: int, hdr: bytes, payload: memoryview,
