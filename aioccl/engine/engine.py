@@ -34,7 +34,6 @@ from ..transport.ib import setup as ib_setup
 from ..transport.ib.connection import IbConnection
 from ..transport.ib.detect import detect as ib_detect
 from ..transport.ib.port import Port
-from ..transport.lanes import streams_setting
 from ..transport.pairing import hello as streams_hello
 from ..transport.pairing import tcp_streams
 from ..transport.shm import LoopBell
@@ -115,7 +114,7 @@ class Engine:
         agreed = Tuning.from_env(os.environ).agreed()
         self.table = await rendezvous(uid, rank, size, timeout,
                                       {**ib_setup.hello(verdict), **pair_setup.hello(), "agreed": agreed,
-                                       **streams_hello(streams_setting())}, tcp_streams(ib_settings.net))
+                                       **streams_hello()}, tcp_streams(ib_settings.net))
         _check_agreement(self.table)
         ib_peers = ib_setup.choose(self.table.peers, rank, ib_settings.net)
         ib_conns: dict[int, IbConnection] = {}

@@ -196,11 +196,13 @@ class Lanes:
         lo, hi = cuts[0]
         return target[lo:hi], joint.part_done
 
-    def send_parts(self, payload: memoryview) -> asyncio.Future[list[None]]:
-        """Queue parts 1.. of a striped payload, one per lane. Called while the frame's header is being
-        written (under the connection's lock), so every lane carries parts in their headers' order."""
+    def send(self, payload: memoryview) -> tuple[memoryview, asyncio.Future[list[None]]]:
+        """Queue parts 1.. of a striped payload, one per lane; returns part 0 (for the connection's own
+        stream) and the future of the rest. Called under the connection's lock, before the frame's
+        header is written, so every lane carries parts in their headers' order."""
         cuts = bounds(len(payload), self.parts)
-        return asyncio.gather(*(lane.send(payload[lo:hi]) for lane, (lo, hi) in zip(self.lanes, cuts[1:], strict=True)))
+        rest = asyncio.gather(*(lane.send(payload[lo:hi]) for lane, (lo, hi) in zip(self.lanes, cuts[1:], strict=True)))
+        return payload[:cuts[0][1]], rest
 
     def stop(self) -> None:
         """The connection is lost: nothing the lanes receive from here on is reported."""

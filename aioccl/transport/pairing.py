@@ -8,16 +8,19 @@ open as many streams as the lower of the two ranks' ``AIOCCL_NSOCKS``.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from ..bootstrap.rendezvous import Streams
 from . import shm_pair_setup as pair_setup
 from .ib import setup as ib_setup
+from .lanes import streams_setting
 
 
-def hello(nsocks: int) -> dict[str, int]:
+def hello(env: Mapping[str, str] = os.environ) -> dict[str, int]:
     """What this rank tells the others: the streams it would open to a peer on another host."""
-    return {"nsocks": nsocks}
+    return {"nsocks": streams_setting(env)}
 
 
 def tcp_streams(net: str) -> Streams:

@@ -24,7 +24,7 @@ from .. import log
 from ..bootstrap.sockio import Closed
 from ..envvars import env_float
 from .frames import BYE, Header, unpack
-from .lanes import Lanes, bounds
+from .lanes import Lanes
 from .reader import FrameReader, Sink
 from .shm import stop_reader
 
@@ -100,11 +100,10 @@ class TcpConnection:
     async def _send_striped(self, lanes: Lanes, header: bytes, payload: memoryview) -> None:
         """The header and part 0 on this stream, the other parts on the lanes, all at once. The parts
         are queued to the lanes under this stream's lock, so lanes carry them in their headers' order."""
-        cut = bounds(len(payload), lanes.parts)[0][1]
         async with self._lock:
-            rest = lanes.send_parts(payload)
+            first, rest = lanes.send(payload)
             try:
-                await self._write(header, payload[:cut])
+                await self._write(header, first)
             except BaseException:
                 rest.cancel()  # the stream is broken: the peer's loss of it fails what waits on it
                 raise
