@@ -114,7 +114,7 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
                         zero_copy = zero_copy or d[D_IN] >= 0 or d[D_OUT] >= 0
                     zero_copy = zero_copy or in_off >= 0 or out_off >= 0
             if messages:
-                for t in step.recvs[msg.applied:]:
+                for t in step.recvs[sched.early[index]:]:  # the leading ones were reduced as they landed
                     if isinstance(t, RecvReduce) and op.op is not None:
                         combine(op.op, _typed(bufs, t.dst), _typed(bufs, t.src), _typed(bufs, t.tmp))
             for rd in step.reads:
@@ -188,7 +188,7 @@ class _MessageState:
     """What an op's message steps share: its buffers as bytes, and the number of the next message
     to or from each peer (messages between a pair are numbered per op, in schedule order)."""
 
-    __slots__ = ("eng", "view", "op", "bufs", "bytes", "item", "what", "sent_k", "recv_k", "applied")
+    __slots__ = ("eng", "view", "op", "bufs", "bytes", "item", "what", "sent_k", "recv_k")
 
     def __init__(self, eng: Engine, view: CommView, op: Op[np.ndarray], bufs: tuple[np.ndarray, ...]) -> None:
         self.eng, self.view, self.op, self.bufs = eng, view, op, bufs
@@ -197,17 +197,16 @@ class _MessageState:
         self.what = op.what(view.ctx)
         self.sent_k: dict[int, int] = {}
         self.recv_k: dict[int, int] = {}
-        self.applied = 0  # the step's leading receives whose reductions ``run`` already applied
 
     def raw(self, r: Region) -> memoryview:
         return self.bytes[r.buf][r.start * self.item:r.stop * self.item]
 
     def run(self, step: Any, early: int) -> Generator[Yield, None, None]:
-        """Post the step's receives, send its sends, and wait for all of them."""
+        """Post the step's receives, send its sends, and wait for all of them, reducing the ``early``
+        leading ones as each lands."""
         eng, op, ranks, ctx = self.eng, self.op, self.view.ranks, self.view.ctx
         progress, sent_k, recv_k = op.progress, self.sent_k, self.recv_k
         progress.recvs.clear()
-        self.applied = 0
         for t in step.recvs:
             k = recv_k.get(t.peer, 0)
             recv_k[t.peer] = k + 1
@@ -232,7 +231,6 @@ class _MessageState:
                 t = step.recvs[i]
                 fut.result()  # a failed receive raises here, before its scratch is read
                 combine(reduce_op, _typed(self.bufs, t.dst), _typed(self.bufs, t.src), _typed(self.bufs, t.tmp))
-                self.applied = i + 1
 
 
 async def _send(eng: Engine, view: CommView, peer: int, hdr: bytes, payload: memoryview,
