@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint docs clean bench bench-jax
+.PHONY: demo test test-jax-newest lint docs clean bench bench-jax
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,10 +22,25 @@ demo: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-test: $(STAMP)
+test: $(STAMP) test-jax-newest
 	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest -q tests
+
+# jax_ext's tests again on the newest jax, which needs Python >= 3.12: a second venv with only what they
+# need (no torch: on 3.12+ pip would pull a CUDA build of GBs). JAX_PYTHON overrides the interpreter.
+JAX_VENV := .venv-jax
+JAX_NEWEST := jax>=0.12,<0.13
+JAX_TESTS := $(wildcard tests/test_jax_*.py)
+$(JAX_VENV)/.installed: pyproject.toml
+	test -x $(JAX_VENV)/bin/python || $${JAX_PYTHON:-$$(sh scripts/find-python.sh 3.13 3.12)} -m venv $(JAX_VENV)
+	$(JAX_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(JAX_VENV)/bin/python -m pip install --quiet -e . '$(JAX_NEWEST)' pytest pytest-timeout pytest-asyncio anyio
+	touch $@
+
+test-jax-newest: $(JAX_VENV)/.installed
+	$(JAX_VENV)/bin/python -c 'import jax, sys; print("jax_ext tests on jax", jax.__version__, "Python", sys.version.split()[0])'
+	$(JAX_VENV)/bin/python -m pytest -q -p no:cacheprovider $(JAX_TESTS)
 
 # Side-by-side benchmarks (by hand, not CI): aioccl vs torch.distributed/Gloo vs Open MPI.
 # Needs root for Open MPI from Debian; uses a local CPU torch wheel when there is one.
@@ -48,4 +63,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache site dist
+	rm -rf $(VENV) $(JAX_VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache site dist

@@ -13,17 +13,23 @@ re-checking this file (and running ``tests/test_jax_ext*.py``), nothing else.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-JAX_RANGE = ((0, 10, 0), (0, 11, 0))  # tested: 0.10.2 (the newest for Python 3.11)
+# tested: 0.10.2 (the newest for Python 3.11), 0.11.2 (GPU machines, Python 3.12), 0.12.0.1 (Python 3.12/3.13)
+JAX_RANGE = ((0, 10, 0), (0, 13, 0))
 
 
-def _version(v: str) -> tuple[int, ...]:
-    return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in v.split(".")[:3])
+def _version(v: str) -> tuple[int, int, int]:
+    """The leading (major, minor, micro) of a version string: each component's leading digits only, so
+    "0.4.61+cuda110" and "0.4.61a1" are (0, 4, 61), "0.12.0.1" is (0, 12, 0) and "0.5.dev" is (0, 5, 0)."""
+    parts = [re.match(r"\d*", p).group() for p in re.split(r"[.+]", v)[:3]]  # type: ignore[union-attr]
+    nums = [int(p) if p else 0 for p in parts] + [0, 0, 0]
+    return nums[0], nums[1], nums[2]
 
 
 if not JAX_RANGE[0] <= _version(jax.__version__) < JAX_RANGE[1]:
@@ -59,11 +65,35 @@ class CollectiveEffect(_effects.Effect):
         return "aioccl"
 
 
+class MeshCollectiveEffect(CollectiveEffect):
+    """The second ordered effect of mesh-level ops, so that a ``shard_map`` body always takes two tokens.
+
+    Why: JAX passes one token per ordered effect into the manual computation
+    that ``shard_map`` lowers to. When the body takes no arrays (all its inputs
+    unused, or none), that call's only operand is a single token, and XLA's
+    NullaryFunctionWrapInliner (jax >= 0.11) inlines it with a control
+    dependence from the token on every instruction of the body. The algebraic
+    simplifier cannot replace instructions that carry control dependences, so
+    it loops ("circular simplification loop ... main.*_spmd") and, in some
+    programs (an all_to_all beside ``lax.all_to_all``), XLA then crashes.
+    JAX's own ordered ``io_callback`` does the same. Two tokens are not "a
+    single token operand", so the body is inlined by the ordinary call inliner.
+    """
+
+    def __str__(self) -> str:
+        return "aioccl-mesh"
+
+
 EFFECT = CollectiveEffect()
+MESH_EFFECT = MeshCollectiveEffect()
 for _set in (_effects.lowerable_effects, _effects.ordered_effects, _effects.shardable_ordered_effects,
              _effects.control_flow_allowed_effects, _effects.custom_derivatives_allowed_effects,
              _effects.remat_allowed_effects):
     _set.add_type(CollectiveEffect)
+    _set.add_type(MeshCollectiveEffect)
+
+PROCESS_EFFECTS = (EFFECT,)
+MESH_EFFECTS = (EFFECT, MESH_EFFECT)
 
 _TARGETS = {"cpu": "xla_buffer_python_cpu_callback", "cuda": "xla_buffer_python_gpu_callback",
             "rocm": "xla_buffer_python_gpu_callback"}
@@ -79,9 +109,12 @@ def new_primitive(name: str, multiple_results: bool = False) -> Any:
     return p
 
 
-def def_abstract_eval(p: Any, rule: Callable[..., Any]) -> None:
-    """``rule(*avals, **params) -> aval(s)``; every aioccl primitive carries the ordered effect."""
-    p.def_effectful_abstract_eval(lambda *a, **k: (rule(*a, **k), {EFFECT}))
+EffectsOf = Callable[..., tuple[Any, ...]]  # effects(**params): the op's ordered effects, in token order
+
+
+def def_abstract_eval(p: Any, rule: Callable[..., Any], effects: EffectsOf) -> None:
+    """``rule(*avals, **params) -> aval(s)``; ``effects(**params)`` (``PROCESS_EFFECTS`` or ``MESH_EFFECTS``)."""
+    p.def_effectful_abstract_eval(lambda *a, **k: (rule(*a, **k), set(effects(**k))))
 
 
 def def_jvp(p: Any, rule: Callable[..., Any]) -> None:
@@ -96,8 +129,9 @@ def def_batching(p: Any, rule: Callable[..., Any]) -> None:
     _batching.primitive_batchers[p] = rule
 
 
-def def_lowering(p: Any, make_callback: Callable[..., HostCallback], aliases: Callable[..., dict[int, int]]) -> None:
-    """Lower ``p`` to the buffer-callback FFI target, threading the effect's token.
+def def_lowering(p: Any, make_callback: Callable[..., HostCallback], aliases: Callable[..., dict[int, int]],
+                 effects: EffectsOf) -> None:
+    """Lower ``p`` to the buffer-callback FFI target, threading the tokens of its ordered ``effects``.
 
     ``make_callback(lowering_info, **params)`` builds the host function once
     per compiled module; ``aliases(**params)`` maps input -> output indices
@@ -110,23 +144,26 @@ def def_lowering(p: Any, make_callback: Callable[..., HostCallback], aliases: Ca
         if len(platforms) != 1 or platforms[0] not in _TARGETS:
             raise NotImplementedError(f"aioccl collectives lower on cpu or cuda only, not {platforms}")
         callback = make_callback(LoweringInfo(platforms[0], ctx.module_context.axis_context), **params)
-        n_in = len(operands)
+        effs = effects(**params)
+        n_tok, n_in = len(effs), len(operands)
 
         def host(exec_ctx: Any, *bufs: Any) -> tuple[()]:
-            callback(exec_ctx, bufs[1:1 + n_in], bufs[2 + n_in:])  # drop the two token buffers
+            # the buffers: n_tok tokens, the inputs, n_tok tokens, the outputs
+            callback(exec_ctx, bufs[n_tok:n_tok + n_in], bufs[2 * n_tok + n_in:])
             return ()
 
         ctx.module_context.add_host_callback(host)
         index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
-        token = ctx.tokens_in.get(EFFECT)
-        tctx = dataclasses.replace(ctx, avals_in=[_core.abstract_token, *ctx.avals_in],
-                                   avals_out=[_core.abstract_token, *ctx.avals_out])
-        shifted = {i + 1: o + 1 for i, o in aliases(**params).items()}
+        tokens = [ctx.tokens_in.get(e) for e in effs]
+        token_avals = [_core.abstract_token] * n_tok
+        tctx = dataclasses.replace(ctx, avals_in=[*token_avals, *ctx.avals_in],
+                                   avals_out=[*token_avals, *ctx.avals_out])
+        shifted = {i + n_tok: o + n_tok for i, o in aliases(**params).items()}
         rule = _ffi.build_ffi_lowering_function(_TARGETS[platforms[0]], has_side_effect=True,
                                                 operand_output_aliases=shifted)
-        token_out, *outs = rule(tctx, token, *operands, index=index).results
-        ctx.set_tokens_out(_mlir.TokenSet({EFFECT: token_out}))
-        return outs
+        results = rule(tctx, *tokens, *operands, index=index).results
+        ctx.set_tokens_out(_mlir.TokenSet(dict(zip(effs, results[:n_tok], strict=True))))
+        return list(results[n_tok:])
 
     _mlir.register_lowering(p, lowering, cacheable=False)  # each module holds its own host callback
 
@@ -170,6 +207,26 @@ def manual_mesh_axes() -> tuple[tuple[Any, ...], dict[Any, int]]:
     types = getattr(mesh, "axis_types", ())
     manual = tuple(n for n, t in zip(names, types, strict=False) if str(t).endswith("Manual"))
     return manual, {n: int(s) for n, s in zip(names, mesh.axis_sizes, strict=True)}
+
+
+def ppermute_axes(axes: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The axis order ``lax.ppermute`` numbers a multi-axis group in, so that ours numbers it the same way.
+
+    Up to jax 0.11 lax sorts the axes into mesh order, whatever the order given.
+    From 0.12 it refuses an order other than the mesh's (``RuntimeError``)
+    unless ``jax_raise_on_ppermute_sort_diff`` is off, and then keeps the order given.
+    """
+    names = tuple(getattr(abstract_mesh(), "axis_names", ()) or ())
+    in_mesh_order = tuple(sorted(axes, key=lambda a: names.index(a) if a in names else -1))
+    flag = getattr(_config, "raise_on_ppermute_sort_diff", None)
+    if flag is None:
+        return in_mesh_order
+    if in_mesh_order != axes and flag.value:
+        raise RuntimeError(f"ppermute: axis_name {axes} is not in the mesh's order {names}; jax.lax.ppermute "
+                           "refuses it too. Pass the axes in mesh order, or set "
+                           "jax.config.update('jax_raise_on_ppermute_sort_diff', False) to number the group in "
+                           "the order given")
+    return axes
 
 
 def check_vma() -> bool:

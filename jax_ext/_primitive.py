@@ -195,9 +195,14 @@ def define(name: str, *, abstract: Callable[..., Any], run: RunFn, alias: bool =
            multiple_results: bool = False) -> Any:
     """A new ordered primitive ``aioccl_<name>`` whose last operand is the mesh position."""
     p = _compat.new_primitive(f"aioccl_{name}", multiple_results)
-    _compat.def_abstract_eval(p, abstract)
-    _compat.def_lowering(p, callback_factory(run), (lambda **_: {0: 0}) if alias else (lambda **_: {}))
+    _compat.def_abstract_eval(p, abstract, effects_of)
+    _compat.def_lowering(p, callback_factory(run), (lambda **_: {0: 0}) if alias else (lambda **_: {}), effects_of)
     return p
+
+
+def effects_of(*, group: Group, **_: Any) -> tuple[Any, ...]:
+    """Mesh-level ops carry a second ordered effect (why: ``_compat.MeshCollectiveEffect``)."""
+    return _compat.MESH_EFFECTS if isinstance(group, AxisGroup) else _compat.PROCESS_EFFECTS
 
 
 # -- autodiff and vmap helpers ----------------------------------------------------------------------------

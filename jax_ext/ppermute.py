@@ -61,9 +61,8 @@ def check_perm(api: str, perm: Any, n: int) -> tuple[tuple[int, int], ...]:
 
 def ppermute(x: Any, axis_name: Any = None, perm: Any = (), *, comm: Communicator | None = None) -> Any:
     """Send ``x`` along the ``(source, destination)`` pairs of ``perm`` (indices along ``axis_name``)."""
-    if isinstance(axis_name, (tuple, list)):  # lax numbers a multi-axis ppermute in mesh order, whatever
-        order = tuple(_compat.abstract_mesh().axis_names)  # the tuple's order; so do we
-        axis_name = tuple(sorted(axis_name, key=lambda a: order.index(a) if a in order else -1))
+    if isinstance(axis_name, (tuple, list)):  # numbered as lax numbers it, which changed in jax 0.12
+        axis_name = _compat.ppermute_axes(tuple(axis_name))
     group, pos = group_for("ppermute", axis_name, comm)
     pairs = check_perm("ppermute", perm, group.size)
     return jax.tree_util.tree_map(
