@@ -74,6 +74,18 @@ class CollectiveOps:
         return self._collective("all_reduce", xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
 
+    def scan(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
+             timeout: float | None = None, stream: Any = None) -> Work[Any]:
+        """Inclusive prefix reduction (``MPI_Scan``): rank r gets ``x_0 op ... op x_r``, folded in rank order;
+        ``avg`` divides by r + 1. In place unless ``out`` is given. Awaits to the result."""
+        xb = adapt(x, "x")
+        rop = ReduceOp.parse(op)
+        check_op_dtype(rop, xb.array.dtype)
+        ob = self._in_place(xb) if out is None else self._same_or_disjoint("scan", xb, out)
+        inp = ob if (out is None and xb.immutable) else xb
+        return self._collective("scan", xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout,
+                                stream=stream)
+
     def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Copy root's ``x`` into every rank's ``x``, or into ``out`` where given (a new array for JAX)."""

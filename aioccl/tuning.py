@@ -123,6 +123,8 @@ class Tuning:
         """The shared-memory algorithm for one call, or None when ``AIOCCL_ALGO`` forces a
         socket algorithm for this collective (useful to compare transports)."""
         choices = SHM_ALGORITHMS[coll]
+        if not choices:  # a collective whose messages run over the pairs, whatever the transport
+            return None
         algo = choices[0]
         if len(choices) > 1:
             algo = "flat" if count * itemsize * n <= SHM_FLAT_MAX else "direct"

@@ -119,3 +119,22 @@ def test_barrier_pairs_up(n):
     empty = [np.zeros(0) for _ in range(n)]
     run([plan("barrier", 0, r, n, 0, CHUNK, "dissemination") for r in range(n)], empty, empty)
     assert len(plan("barrier", 0, 0, n, 0, CHUNK, "dissemination").steps) == (n - 1).bit_length()
+
+
+@pytest.mark.parametrize("n", RANKS)
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_scan_folds_in_rank_order(n, in_place, op):
+    """Rank r gets x_0 op ... op x_r, folded left to right like a loop (the reference scales every
+    ``scale`` region, as for avg: by the schedule's divisor, r + 1)."""
+    ufunc = np.maximum if op == "max" else np.add
+    for count in COUNTS:
+        ins = [data(r, count) * (1.5 if r % 2 else 1) for r in range(n)]
+        outs = [x.copy() for x in ins] if in_place else [poison(count) for _ in range(n)]
+        scheds = [plan("scan", count, r, n, 0, CHUNK, "chain") for r in range(n)]
+        run(scheds, ins, outs, ufunc=ufunc, in_place=in_place)
+        prefix = ins[0].copy()
+        for r in range(n):
+            if r:
+                prefix = ufunc(prefix, ins[r])
+            np.testing.assert_array_equal(outs[r], prefix / (r + 1), err_msg=f"rank {r} count {count}")

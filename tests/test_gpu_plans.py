@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from aioccl.dtypes import ReduceOp
-from aioccl.gpu.plans import consume, ipc_pieces, publish, reads_input, stage_pieces, writes_output
+from aioccl.gpu.plans import consume, divisor, ipc_pieces, publish, reads_input, stage_pieces, writes_output
 from aioccl.kernels import cpu
 
-OPS = ["all_reduce", "reduce", "broadcast", "all_gather", "gather", "reduce_scatter", "scatter", "all_to_all"]
+OPS = ["all_reduce", "reduce", "broadcast", "all_gather", "gather", "reduce_scatter", "scatter", "all_to_all", "scan"]
 POISON = -7
 
 
@@ -25,6 +25,12 @@ def _inputs(name: str, n: int, count: int) -> list[np.ndarray]:
 
 def _expected(name: str, ins: list[np.ndarray], r: int, root: int, count: int, op: ReduceOp) -> np.ndarray | None:
     n = len(ins)
+    if name == "scan":  # the prefix over ranks 0..r, averaged over the r + 1 ranks it covers
+        prefix = ins[0].copy()
+        for x in ins[1:r + 1]:
+            cpu.combine(op, prefix, prefix, x)
+        cpu.scale(op, prefix, r + 1)
+        return prefix
     total = ins[0].copy()
     for x in ins[1:]:
         cpu.combine(op, total, total, x)
@@ -76,9 +82,9 @@ def test_ipc_plans_compute_every_op(name, n, cap, op):
             assert bool(plans[r][k].stage) == reads_input(name, r, root)
         for r in range(n):  # after the barrier: everyone reads everyone's scratch
             consume(plans[r][k], outs[r], scratches, _copy, lambda d, a, b: cpu.combine(op, d, a, b),
-                    lambda d: cpu.scale(op, d, n))
+                    lambda d: cpu.scale(op, d, divisor(name, r, n)))
     for r in range(n):
-        want = _expected(name, ins, r, root, count, op if name in ("all_reduce", "reduce", "reduce_scatter")
+        want = _expected(name, ins, r, root, count, op if name in ("all_reduce", "reduce", "reduce_scatter", "scan")
                          else ReduceOp.SUM)
         if want is None:
             assert not writes_output(name, r, root)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from . import direct, doubling, hierarchy, ring, tree
+from . import direct, doubling, hierarchy, prefix, ring, tree
 from .schedule import Schedule
 from .table import TABLE
 
@@ -44,6 +44,8 @@ def plan(coll: str, count: int, rank: int, n: int, root: int, chunk: int, algo: 
         return direct.all_to_all(count, rank, n, in_place)
     if coll == "barrier":
         return direct.barrier(rank, n)
+    if coll == "scan":
+        return prefix.scan(count, rank, n)
     raise ValueError(f"unknown collective {coll!r}")
 
 

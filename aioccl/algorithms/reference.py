@@ -137,7 +137,7 @@ def run(
                     acc = ufunc(acc, a)
                 view(r, rd.dst)[...] = acc
         for region in step.scale:
-            view(r, region)[...] = view(r, region) / n
+            view(r, region)[...] = view(r, region) / (schedules[r].divisor or n)
         pos[r] += 1
         started[r] = False
 

@@ -34,7 +34,8 @@ The executor's contract, in this order, for each step:
    the step's sends are out, when no later receive of the step lands in what
    it reads or writes: the result is the same, and the reduction overlaps
    the arrival of the rest.)
-6. ``scale`` regions are divided by the number of ranks (``avg`` only).
+6. ``scale`` regions are divided by the number of ranks (``avg`` only), or by the schedule's
+   ``divisor`` where it sets one (a prefix average divides by the ranks it covers).
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ class Schedule:
     scratch: int = 0  # elements of SCRATCH needed
     zero_copy: bool = True  # may peers read my registered IN/OUT where they lie (lockstep steps)?
     algo: str = ""
+    divisor: int = 0  # what ``scale`` regions are divided by (avg): 0 means the number of ranks
     messages: bool = field(init=False, repr=False, compare=False)  # has sends or receives
     lockstep: bool = field(init=False, repr=False, compare=False)  # needs the shared-memory channel
     # per step, how many of its leading receives may be reduced as each lands (``early_reductions``)

@@ -147,7 +147,7 @@ def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray
                     dst[...] = acc
             if op.op is ReduceOp.AVG:
                 for reg in step.scale:
-                    scale(op.op, _typed(bufs, reg), view.size)
+                    scale(op.op, _typed(bufs, reg), sched.divisor or view.size)
         if zero_copy:  # peers may still read my registered buffer; nobody returns one before all are done
             assert ch is not None
             s = ch.step + 1

@@ -41,5 +41,7 @@ async def host_op(side: Communicator, name: str, rank: int, root: int, op: Reduc
                else side.scatter(None, root, out=hout, timeout=timeout))
     elif name == "all_to_all":
         await side.all_to_all(hin, out=hout, timeout=timeout)
+    elif name == "scan":
+        await side.scan(hin, o, out=hout, timeout=timeout)
     else:
         raise ValueError(f"no GPU host phase for {name!r}")

@@ -70,6 +70,8 @@ def _consume(name: str, rank: int, nranks: int, root: int, count: int, a: int, n
 
     if name in ("all_reduce", "reduce"):
         return (Reduce(tuple(src(j, 0) for j in range(nranks)), out(0)),)
+    if name == "scan":  # the prefix: ranks 0..rank, in rank order
+        return (Reduce(tuple(src(j, 0) for j in range(rank + 1)), out(0)),)
     if name == "reduce_scatter":
         return (Reduce(tuple(src(j, rank) for j in range(nranks)), out(0)),)
     if name == "broadcast":
@@ -81,6 +83,11 @@ def _consume(name: str, rank: int, nranks: int, root: int, count: int, a: int, n
     if name == "all_to_all":
         return tuple(Fetch(src(i, rank), out(i)) for i in range(nranks))
     raise ValueError(f"no GPU plan for {name!r}")
+
+
+def divisor(name: str, rank: int, nranks: int) -> int:
+    """What ``scale`` regions are divided by (avg): the ranks the result covers."""
+    return rank + 1 if name == "scan" else nranks
 
 
 def reads_input(name: str, rank: int, root: int) -> bool:

@@ -353,7 +353,7 @@ class GpuRunner:
             kernels.combine(op, dt, d, a, b)
 
         def finish(d: Any) -> None:
-            kernels.scale(op, dt, d, n)
+            kernels.scale(op, dt, d, plans.divisor(g.name, rank, n))
 
         def launch(fn: Callable[[], None]) -> Any:
             with cp.cuda.Device(dev), g.stream:  # never held across an await: other tasks share this thread
