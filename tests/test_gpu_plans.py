@@ -82,7 +82,7 @@ def test_ipc_plans_compute_every_op(name, n, cap, op):
             assert bool(plans[r][k].stage) == reads_input(name, r, root)
         for r in range(n):  # after the barrier: everyone reads everyone's scratch
             consume(plans[r][k], outs[r], scratches, _copy, lambda d, a, b: cpu.combine(op, d, a, b),
-                    lambda d: cpu.scale(op, d, divisor(name, r, n)))
+                    lambda d, r=r: cpu.scale(op, d, divisor(name, r, n)))
     for r in range(n):
         want = _expected(name, ins, r, root, count, op if name in ("all_reduce", "reduce", "reduce_scatter", "scan")
                          else ReduceOp.SUM)
