@@ -16,14 +16,20 @@ from .all_reduce import all_reduce, pmax, pmean, pmin, psum
 from .all_to_all import all_to_all
 from .barrier import barrier
 from .broadcast import broadcast
+from .call_log import get_logging, set_logging
+from .gather import gather
 from .ppermute import ppermute
-from .recv import recv
+from .recv import Status, recv
+from .reduce import reduce
 from .reduce_scatter import psum_scatter, reduce_scatter
 from .runtime import default_comm, device_comms, set_default_comm, shutdown
+from .scan import scan
+from .scatter import scatter
 from .send import send
 from .sendrecv import sendrecv
 
 __all__ = [
+    "Status",
     "all_gather",
     "all_reduce",
     "all_to_all",
@@ -31,6 +37,8 @@ __all__ = [
     "broadcast",
     "default_comm",
     "device_comms",
+    "gather",
+    "get_logging",
     "pmax",
     "pmean",
     "pmin",
@@ -38,9 +46,13 @@ __all__ = [
     "psum",
     "psum_scatter",
     "recv",
+    "reduce",
     "reduce_scatter",
+    "scan",
+    "scatter",
     "send",
     "sendrecv",
     "set_default_comm",
+    "set_logging",
     "shutdown",
 ]

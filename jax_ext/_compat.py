@@ -112,6 +112,16 @@ def new_primitive(name: str, multiple_results: bool = False) -> Any:
 EffectsOf = Callable[..., tuple[Any, ...]]  # effects(**params): the op's ordered effects, in token order
 
 
+def new_local_primitive(name: str, fn: Callable[..., Any]) -> Any:
+    """A primitive with no effect and no communication, ``fn`` (JAX code on its operands and params) wherever
+    it runs: eager, traced and lowered. Its output has its first operand's shape and dtype."""
+    p = Primitive(name)
+    p.def_impl(fn)  # type: ignore[no-untyped-call]
+    p.def_abstract_eval(lambda x, *_, **__: x)  # type: ignore[no-untyped-call]
+    _mlir.register_lowering(p, _mlir.lower_fun(fn, multiple_results=False))
+    return p
+
+
 def def_abstract_eval(p: Any, rule: Callable[..., Any], effects: EffectsOf) -> None:
     """``rule(*avals, **params) -> aval(s)``; ``effects(**params)`` (``PROCESS_EFFECTS`` or ``MESH_EFFECTS``)."""
     p.def_effectful_abstract_eval(lambda *a, **k: (rule(*a, **k), set(effects(**k))))

@@ -28,7 +28,7 @@ import numpy as np
 from aioccl import Communicator, ReduceOp
 from aioccl.dtypes import check_op_dtype, dtype_code
 
-from . import _compat, runtime
+from . import _compat, call_log, runtime
 
 RunFn = Callable[..., None]  # run(comm, ins, outs, same, **params): do the op on numpy views
 STATS = {"calls": 0, "in_place": 0}  # host callbacks run, and those whose output aliased the input
@@ -44,6 +44,10 @@ class CommGroup:
     @property
     def size(self) -> int:
         return self.comm.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
 
     def resolver(self, info: _compat.LoweringInfo) -> Callable[[int], Communicator]:
         comm = self.comm
@@ -115,11 +119,44 @@ def group_for(api: str, axis_name: Any, comm: Communicator | None) -> tuple[Grou
     return AxisGroup(axes, math.prod(sizes[a] for a in axes), api), pos
 
 
+def check_int(api: str, name: str, value: Any) -> int:
+    """``value`` as an int, if it is one (bools, floats and traced values are refused, not truncated)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{api}: {name} must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def check_root(api: str, root: Any, n: int) -> int:
+    if not 0 <= check_int(api, "root", root) < n:
+        raise ValueError(f"{api}: root {root} out of range for {n} members")
+    return int(root)
+
+
+def as_array(x: Any) -> Any:
+    """``x`` as a JAX array: Python and numpy scalars too (mpi4jax takes them everywhere)."""
+    return x if isinstance(x, jax.Array) or hasattr(x, "aval") else jnp.asarray(x)
+
+
+def process_group(api: str, comm: Communicator | None) -> tuple[CommGroup, Any]:
+    """The group of a process-level-only op (its output shape differs by rank, which no mesh allows)."""
+    group, pos = group_for(api, None, comm)
+    assert isinstance(group, CommGroup)
+    return group, pos
+
+
 def check_dtype(api: str, dtype: Any) -> None:
     try:
         dtype_code(np.dtype(dtype))
     except Exception as e:  # noqa: BLE001 - re-raised with the API's name
         raise TypeError(f"{api}: {e}") from None
+
+
+def parse_op(op: Any) -> str:
+    """The reduction's name ("sum", ...) from a string or an ``aioccl.ReduceOp``; TypeError for others."""
+    try:
+        return ReduceOp.parse(op).value
+    except Exception as e:  # noqa: BLE001 - re-raised as the TypeError a wrong argument type is
+        raise TypeError(f"jax_ext: op must be a reduction name or aioccl.ReduceOp, got {op!r}: {e}") from None
 
 
 def check_reduction(api: str, op: str, dtype: Any) -> None:
@@ -134,13 +171,13 @@ def check_reduction(api: str, op: str, dtype: Any) -> None:
 def def_reduction_jvp(p: Any, api: str) -> None:
     """Reductions are linear for sum and avg only; the tangent takes the same collective."""
 
-    def jvp(primals: Sequence[Any], tangents: Sequence[Any], *, group: Group, op: str) -> tuple[Any, Any]:
+    def jvp(primals: Sequence[Any], tangents: Sequence[Any], *, op: str, **params: Any) -> tuple[Any, Any]:
         if op not in ("sum", "avg"):
             raise NotImplementedError(f"jax_ext: {api} with op {op!r} has no derivative (only sum and avg; "
                                       "jax.lax.pmax/pmin have none either)")
         x, pos = primals
-        return (p.bind(x, pos, group=group, op=op),
-                p.bind(_compat.instantiate_zeros(tangents[0]), pos, group=group, op=op))
+        return (p.bind(x, pos, op=op, **params),
+                p.bind(_compat.instantiate_zeros(tangents[0]), pos, op=op, **params))
 
     _compat.def_jvp(p, jvp)
 
@@ -151,13 +188,14 @@ def varying_in(group: Group, x: Any) -> Any:
 
 
 # -- lowering ------------------------------------------------------------------------------------------
-def callback_factory(run: RunFn) -> Callable[..., _compat.HostCallback]:
+def callback_factory(name: str, run: RunFn) -> Callable[..., _compat.HostCallback]:
     """Build ``make_callback`` for ``_compat.def_lowering()`` from a ``run`` on array views
     (numpy on CPU; on GPU cupy views, with XLA's stream current: see ``_gpu.py``)."""
 
     def make(info: _compat.LoweringInfo, *, group: Group, **params: Any) -> _compat.HostCallback:
         resolve = group.resolver(info)
         on_gpu = info.platform != "cpu"
+        what = f"{name}({params['op']})" if "op" in params else name
 
         def call(comm: Communicator, arrays: list[Any], out_arrays: list[Any], same: bool) -> None:
             if comm._engine.placement.thread_id == threading.get_ident():
@@ -165,7 +203,9 @@ def callback_factory(run: RunFn) -> Callable[..., _compat.HostCallback]:
                                    "where waiting would deadlock; create it with engine='thread'")
             STATS["calls"] += 1
             STATS["in_place"] += same
-            run(comm, arrays, out_arrays, same, **params)
+            items = int(np.prod(arrays[0].shape)) if arrays else 0
+            with call_log.logged(comm.rank, what, items, "GPU" if on_gpu else ""):
+                run(comm, arrays, out_arrays, same, **params)
 
         def host(exec_ctx: Any, ins: Sequence[Any], outs: Sequence[Any]) -> None:
             if on_gpu:
@@ -191,12 +231,16 @@ def callback_factory(run: RunFn) -> Callable[..., _compat.HostCallback]:
     return make
 
 
-def define(name: str, *, abstract: Callable[..., Any], run: RunFn, alias: bool = False,
-           multiple_results: bool = False) -> Any:
-    """A new ordered primitive ``aioccl_<name>`` whose last operand is the mesh position."""
+def define(name: str, *, abstract: Callable[..., Any], run: RunFn,
+           alias: bool | Callable[..., bool] = False, multiple_results: bool = False) -> Any:
+    """A new ordered primitive ``aioccl_<name>`` whose last operand is the mesh position. ``alias``
+    (or ``alias(**params)``): the output may share the first input's buffer (same shape and dtype)."""
     p = _compat.new_primitive(f"aioccl_{name}", multiple_results)
     _compat.def_abstract_eval(p, abstract, effects_of)
-    _compat.def_lowering(p, callback_factory(run), (lambda **_: {0: 0}) if alias else (lambda **_: {}), effects_of)
+    def aliases(**params: Any) -> dict[int, int]:
+        return {0: 0} if (alias(**params) if callable(alias) else alias) else {}
+
+    _compat.def_lowering(p, callback_factory(name, run), aliases, effects_of)
     return p
 
 

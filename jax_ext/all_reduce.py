@@ -1,10 +1,14 @@
 """``all_reduce`` (process-level) and ``psum`` / ``pmax`` / ``pmin`` / ``pmean`` (mesh-level).
 
-Autodiff follows jax.lax: sum is linear and its own transpose (with
-``check_vma`` on, ``psum`` makes a value invariant across the axes, and the
-transpose just marks the cotangent varying again, as ``lax.psum`` does);
-``avg`` likewise; ``max``, ``min`` and ``prod`` have no derivative here (nor
-``lax.pmax`` / ``lax.pmin``).
+Autodiff follows jax.lax and mpi4jax, which agree: the result of a sum is
+one value that every rank holds a copy of, so its cotangent comes back
+unchanged, not summed again. ``psum`` under ``check_vma`` transposes to
+the invariant -> varying cast, as ``lax.psum`` does; the process-level
+``all_reduce`` to ``all_reduce_transpose_p``, the identity (``avg``: / n)
+whose own transpose is the all_reduce again, as mpi4jax's is (so
+``linear_transpose`` twice gives the op back). Without ``check_vma``,
+``psum`` transposes to ``psum``, as ``lax.psum`` then does. ``max``, ``min``
+and ``prod`` have no derivative (nor ``lax.pmax`` / ``lax.pmin``).
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ from . import _compat
 from ._primitive import (
     AxisGroup,
     Group,
+    as_array,
     check_reduction,
     def_batching,
     def_reduction_jvp,
     define,
     dense,
     group_for,
+    parse_op,
     varying_in,
 )
 
@@ -49,14 +55,37 @@ all_reduce_p = define("all_reduce", abstract=_abstract, run=_run, alias=True)
 
 def _transpose(ct: Any, x: Any, pos: Any, *, group: Group, op: str) -> Any:
     ct = dense(ct)
-    if isinstance(group, AxisGroup) and _compat.check_vma():
-        return _compat.pvary(ct, group.axes), None  # the invariant -> varying cast, like lax.psum's
-    return all_reduce_p.bind(ct, pos, group=group, op=op), None
+    if isinstance(group, AxisGroup):
+        if _compat.check_vma():
+            return _compat.pvary(ct, group.axes), None  # the invariant -> varying cast, like lax.psum's
+        return all_reduce_p.bind(ct, pos, group=group, op=op), None
+    return all_reduce_transpose_p.bind(ct, pos, group=group, op=op), None
+
+
+def _transposed(ct: Any, pos: Any, *, group: Group, op: str) -> Any:
+    return ct / group.size if op == "avg" else ct
+
+
+# the cotangent of a value every rank holds a copy of: local, no communication; transposes back to all_reduce
+all_reduce_transpose_p = _compat.new_local_primitive("aioccl_all_reduce_transpose", _transposed)
+
+
+def _transposed_jvp(primals: Any, tangents: Any, **params: Any) -> Any:
+    ct, pos = primals
+    return (all_reduce_transpose_p.bind(ct, pos, **params),
+            all_reduce_transpose_p.bind(_compat.instantiate_zeros(tangents[0]), pos, **params))
+
+
+def _transposed_transpose(ct: Any, x: Any, pos: Any, **params: Any) -> Any:
+    return all_reduce_p.bind(dense(ct), pos, **params), None
 
 
 def_reduction_jvp(all_reduce_p, "all_reduce")
 _compat.def_transpose(all_reduce_p, _transpose)
 def_batching(all_reduce_p, axis0=False)
+_compat.def_jvp(all_reduce_transpose_p, _transposed_jvp)
+_compat.def_transpose(all_reduce_transpose_p, _transposed_transpose)
+def_batching(all_reduce_transpose_p, axis0=False)
 
 
 def _bind(api: str, x: Any, op: str | ReduceOp, axis_name: Any, comm: Communicator | None) -> Any:
@@ -64,8 +93,9 @@ def _bind(api: str, x: Any, op: str | ReduceOp, axis_name: Any, comm: Communicat
 
 
 def _bind_group(x: Any, op: str | ReduceOp, group: Group, pos: Any) -> Any:
-    op = ReduceOp.parse(op).value
-    return jax.tree_util.tree_map(lambda leaf: all_reduce_p.bind(varying_in(group, leaf), pos, group=group, op=op), x)
+    op = parse_op(op)
+    return jax.tree_util.tree_map(
+        lambda leaf: all_reduce_p.bind(varying_in(group, as_array(leaf)), pos, group=group, op=op), x)
 
 
 def all_reduce(x: Any, op: str | ReduceOp = "sum", *, comm: Communicator | None = None) -> Any:

@@ -1,7 +1,9 @@
 """``broadcast``: every member gets ``root``'s value (process-level, or over mesh axes).
 
-Not differentiable here: its transpose is a reduce onto the root, which
-jax.lax has no counterpart for either.
+Linear. Process level, its transpose is a sum onto the root (``reduce``):
+every rank's output came from the root's input, and the others' inputs are
+ignored (zero cotangent). Mesh level it has no reverse mode (jax.lax has no
+broadcast to follow); forward mode works at both levels.
 """
 
 from __future__ import annotations
@@ -15,7 +17,18 @@ import numpy as np
 from aioccl import Communicator
 
 from . import _compat
-from ._primitive import Group, check_dtype, def_batching, define, group_for, varying_in
+from ._primitive import (
+    CommGroup,
+    Group,
+    as_array,
+    check_dtype,
+    check_root,
+    def_batching,
+    define,
+    dense,
+    group_for,
+    varying_in,
+)
 
 
 def _abstract(x: Any, pos: Any, *, group: Group, root: int) -> Any:
@@ -40,13 +53,23 @@ def _jvp(primals: Any, tangents: Any, *, group: Group, root: int) -> Any:
             broadcast_p.bind(_compat.instantiate_zeros(tangents[0]), pos, group=group, root=root))
 
 
+def _transpose(ct: Any, x: Any, pos: Any, *, group: Group, root: int) -> Any:
+    from .reduce import reduce_p
+
+    if not isinstance(group, CommGroup):
+        raise NotImplementedError("jax_ext: a mesh-level broadcast has no reverse mode; use psum of the value "
+                                  "masked to the root (jnp.where(lax.axis_index(...) == root, x, 0)), which has")
+    total = reduce_p.bind(dense(ct), pos, group=group, root=root, op="sum")  # every rank joins; root gets the sum
+    return (total if group.rank == root else jnp.zeros_like(total)), None
+
+
 _compat.def_jvp(broadcast_p, _jvp)
+_compat.def_transpose(broadcast_p, _transpose)
 
 
 def broadcast(x: Any, root: int = 0, axis_name: Any = None, *, comm: Communicator | None = None) -> Any:
-    """``root``'s ``x`` on every member (forward-mode differentiable; no reverse mode)."""
+    """``root``'s ``x`` on every member (differentiable; mesh level: forward mode only)."""
     group, pos = group_for("broadcast", axis_name, comm)
-    if not 0 <= int(root) < group.size:
-        raise ValueError(f"broadcast: root {root} out of range for {group.size} members")
+    root = check_root("broadcast", root, group.size)
     return jax.tree_util.tree_map(
-        lambda v: broadcast_p.bind(varying_in(group, jnp.asarray(v)), pos, group=group, root=int(root)), x)
+        lambda v: broadcast_p.bind(varying_in(group, as_array(v)), pos, group=group, root=root), x)

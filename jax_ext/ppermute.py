@@ -16,7 +16,7 @@ import numpy as np
 from aioccl import Communicator
 
 from . import _compat
-from ._primitive import Group, check_dtype, def_batching, def_linear, define, group_for, varying_in
+from ._primitive import Group, check_dtype, check_int, def_batching, def_linear, define, group_for, varying_in
 
 TAG = 2**61 + 1
 
@@ -49,7 +49,7 @@ def_batching(ppermute_p, axis0=False)
 
 
 def check_perm(api: str, perm: Any, n: int) -> tuple[tuple[int, int], ...]:
-    pairs = tuple((int(s), int(d)) for s, d in perm)
+    pairs = tuple((check_int(api, "perm source", s), check_int(api, "perm destination", d)) for s, d in perm)
     for s, d in pairs:
         if not (0 <= s < n and 0 <= d < n):
             raise ValueError(f"{api}: pair ({s}, {d}) out of range for {n} members")

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from aioccl import Communicator
 
 from . import _compat
-from ._primitive import Group, check_dtype, def_batching, define, group_for, varying_in
+from ._primitive import Group, as_array, check_dtype, check_int, def_batching, define, group_for, varying_in
 
 REVERSE_MODE = ("jax_ext: {api} has no reverse-mode derivative (jax.grad, jax.vjp): a receiver's cotangent "
                 "cannot reach a sender with no outputs. Use jax_ext.sendrecv or jax_ext.ppermute, which are "
@@ -52,14 +51,14 @@ _compat.def_jvp(send_p, _jvp)
 _compat.def_linearize(send_p, _no_reverse)
 
 
-def check_peer(api: str, peer: int, n: int) -> int:
-    if not 0 <= int(peer) < n:
-        raise ValueError(f"{api}: peer {peer} out of range for {n} members")
+def check_peer(api: str, peer: int, n: int, name: str = "peer") -> int:
+    if not 0 <= check_int(api, name, peer) < n:
+        raise ValueError(f"{api}: {name} {peer} out of range for {n} members")
     return int(peer)
 
 
 def check_tag(api: str, tag: int) -> int:
-    if not 0 <= int(tag) < 2**61:
+    if not 0 <= check_int(api, "tag", tag) < 2**61:
         raise ValueError(f"{api}: tag must be in [0, 2**61), got {tag}")
     return int(tag)
 
@@ -67,5 +66,5 @@ def check_tag(api: str, tag: int) -> int:
 def send(x: Any, dest: int, tag: int = 0, *, axis_name: Any = None, comm: Communicator | None = None) -> None:
     """Send ``x`` to ``dest`` (a rank of ``comm``, or an index along ``axis_name`` inside shard_map)."""
     group, pos = group_for("send", axis_name, comm)
-    send_p.bind(varying_in(group, jnp.asarray(x)), pos, group=group, dest=check_peer("send", dest, group.size),
+    send_p.bind(varying_in(group, as_array(x)), pos, group=group, dest=check_peer("send", dest, group.size, "dest"),
                 tag=check_tag("send", tag))

@@ -141,7 +141,7 @@ def test_bad_arguments_raise_before_anything_runs() -> None:
         jax_ext.reduce_scatter(jnp.ones(3))
     with pytest.raises(ValueError, match="out of range"):
         jax_ext.ppermute(jnp.ones(3), perm=[(0, 1)])
-    with pytest.raises(ValueError, match="peer 1 out of range"):
+    with pytest.raises(ValueError, match="dest 1 out of range"):
         jax_ext.send(jnp.ones(3), 1)
     with pytest.raises(ValueError, match="root 2 out of range"):
         jax_ext.broadcast(jnp.ones(3), root=2)
