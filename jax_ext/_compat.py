@@ -13,7 +13,9 @@ re-checking this file (and running ``tests/test_jax_ext*.py``), nothing else.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,11 +34,20 @@ def _version(v: str) -> tuple[int, int, int]:
     return nums[0], nums[1], nums[2]
 
 
-if not JAX_RANGE[0] <= _version(jax.__version__) < JAX_RANGE[1]:
-    raise ImportError(
-        f"jax_ext supports jax >= {'.'.join(map(str, JAX_RANGE[0]))}, < {'.'.join(map(str, JAX_RANGE[1]))}; "
-        f"found jax {jax.__version__}. Install a supported jax, or update jax_ext/_compat.py for this one."
-    )
+def check_version(version: str) -> None:
+    """Refuse a jax older than ``JAX_RANGE`` (jax_ext uses internals it lacks); warn, as mpi4jax does, about
+    one newer than tested: it may work, and the user decides (``AIOCCL_JAX_NO_VERSION_WARNING=1`` silences it)."""
+    found, (low, high) = _version(version), JAX_RANGE
+    text = ".".join
+    if found < low:
+        raise ImportError(f"jax_ext needs jax >= {text(map(str, low))}; found jax {version}")
+    if found >= high and os.environ.get("AIOCCL_JAX_NO_VERSION_WARNING", "").strip() not in ("1", "true", "yes"):
+        warnings.warn(f"jax_ext is tested with jax < {text(map(str, high))}, but you have {version}: it uses JAX "
+                      "internals (jax_ext/_compat.py) that may have moved; set AIOCCL_JAX_NO_VERSION_WARNING=1 to "
+                      "silence this", UserWarning, stacklevel=3)
+
+
+check_version(jax.__version__)
 
 from jax._src import config as _config  # noqa: E402
 from jax._src import core as _core  # noqa: E402
