@@ -320,6 +320,15 @@ if n >= 2 and r < 2:
         return got
 
     same(crossed(jnp.ones(10) * r), np.ones(10, np.float32) * (1 - r), "send/recv crossed under jit")
+    # vmap of send and recv: a batch goes through as one message, equal to the examples one by one
+    rows = jnp.asarray(np.stack([data(0, (3,), k) for k in range(4)]))
+    if r == 0:
+        jax.vmap(lambda v: jax_ext.send(v, 1, tag=5))(rows)
+        for k in range(4):
+            jax_ext.send(rows[k], 1, tag=5)
+    else:
+        got = jax.vmap(lambda v: jax_ext.recv(v, 0, tag=5))(jnp.zeros((4, 3)))
+        same(got, np.stack([np.asarray(jax_ext.recv(jnp.zeros(3), 0, tag=5)) for _ in range(4)]), "vmap recv")
     # status, eager and under jit
     other = 1 - r
     for how, call in (("eager", lambda fn, v: fn(v)), ("jit", lambda fn, v: jax.jit(fn)(v))):
