@@ -197,13 +197,18 @@ def callback_factory(name: str, run: RunFn) -> Callable[..., _compat.HostCallbac
         on_gpu = info.platform != "cpu"
         what = f"{name}({params['op']})" if "op" in params else name
 
+        fixed = group.comm if isinstance(group, CommGroup) else None  # process level: no position to read
+
         def call(comm: Communicator, arrays: list[Any], out_arrays: list[Any], same: bool) -> None:
             if comm._engine.placement.thread_id == threading.get_ident():
                 raise RuntimeError(f"{comm!r}: a jax_ext collective ran on its communicator's engine thread, "
                                    "where waiting would deadlock; create it with engine='thread'")
             STATS["calls"] += 1
             STATS["in_place"] += same
-            items = int(np.prod(arrays[0].shape)) if arrays else 0
+            if not call_log.get_logging():  # the 8-byte op's hot path: nothing more
+                run(comm, arrays, out_arrays, same, **params)
+                return
+            items = math.prod(arrays[0].shape) if arrays else 0
             with call_log.logged(comm.rank, what, items, "GPU" if on_gpu else ""):
                 run(comm, arrays, out_arrays, same, **params)
 
@@ -220,11 +225,11 @@ def callback_factory(name: str, run: RunFn) -> Callable[..., _compat.HostCallbac
                                 and _gpu.address(arrays[0]) == _gpu.address(out_arrays[0]))
                     call(comm, arrays, out_arrays, same)
                 return
-            *arrays, pos = (np.asarray(b) for b in ins)
+            arrays = [np.asarray(b) for b in ins[:-1]]
             out_arrays = [np.asarray(b) for b in outs]
             same = bool(arrays and out_arrays and out_arrays[0].size
                         and arrays[0].__array_interface__["data"][0] == out_arrays[0].__array_interface__["data"][0])
-            call(resolve(int(pos)), arrays, out_arrays, same)
+            call(fixed if fixed is not None else resolve(int(np.asarray(ins[-1]))), arrays, out_arrays, same)
 
         return host
 
