@@ -62,6 +62,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_GPU_STAGE_PIECE", "4194304", "gpu", "bytes per piece of staged GPU ops"),
     Knob("AIOCCL_DEBUG", "unset", "debug", "WARN, INFO or TRACE: log to stderr"),
     Knob("AIOCCL_DEBUG_SUBSYS", "all", "debug", "subsystems to log, or ^NET to exclude"),
+    Knob("AIOCCL_JAX_DEBUG", "0", "jax", "1: jax_ext prints a line when each op starts and one when it is done"),
+    Knob("AIOCCL_JAX_NO_VERSION_WARNING", "0", "jax", "1: no warning for a jax newer than jax_ext is tested with"),
 )
 
 SECRET = {"AIOCCL_COMM_SECRET"}

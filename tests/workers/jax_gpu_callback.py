@@ -65,7 +65,7 @@ def check(what: str, got: np.ndarray, want: np.ndarray) -> None:
 
 pos = XlaBuffer(np.array(0, dtype=np.int32))
 for dt in (np.float32, np.int64, BF16_CHECK_DTYPE):
-    host = callback_factory(ar_mod._run)(GPU, group=comm_group(comm), op="sum")
+    host = callback_factory("all_reduce", ar_mod._run)(GPU, group=comm_group(comm), op="sum")
     x, out = XlaBuffer(data(r, 6, dt)), XlaBuffer(poison(6, dt))
     host(Ctx(), [x, pos], [out])
     check(f"all_reduce {np.dtype(dt).name}", out.get(), reduced(n, 6, dt, "sum"))
@@ -74,11 +74,11 @@ for dt in (np.float32, np.int64, BF16_CHECK_DTYPE):
     assert STATS["in_place"] == before + 1
     check(f"all_reduce in place {np.dtype(dt).name}", out.get(), (reduced(n, 6, dt, "sum").astype(np.float64) * n)
           .astype(dt))
-host = callback_factory(ag_mod._run)(GPU, group=comm_group(comm))
+host = callback_factory("all_gather", ag_mod._run)(GPU, group=comm_group(comm))
 out = XlaBuffer(poison(2 * n, np.int32))
 host(Ctx(), [XlaBuffer(data(r, 2, np.int32)), pos], [out])
 check("all_gather", out.get(), np.concatenate([data(i, 2, np.int32) for i in range(n)]))
-host = callback_factory(pp_mod._run)(GPU, group=comm_group(comm), perm=((0, 1),))
+host = callback_factory("ppermute", pp_mod._run)(GPU, group=comm_group(comm), perm=((0, 1),))
 out = XlaBuffer(poison(3, BF16_CHECK_DTYPE))
 host(Ctx(), [XlaBuffer(data(r, 3, BF16_CHECK_DTYPE)), pos], [out])
 check("ppermute", out.get(), data(0, 3, BF16_CHECK_DTYPE) if r == 1 else np.zeros(3, BF16_CHECK_DTYPE))
