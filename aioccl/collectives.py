@@ -66,24 +66,23 @@ class CollectiveOps:
     def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
                    timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce ``x`` across ranks; in place unless ``out`` is given. Awaits to the result."""
-        xb = adapt(x, "x")
-        rop = ReduceOp.parse(op)
-        check_op_dtype(rop, xb.array.dtype)
-        ob = self._in_place(xb) if out is None else self._same_or_disjoint("all_reduce", xb, out)
-        inp = ob if (out is None and xb.immutable) else xb
-        return self._collective("all_reduce", xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout,
-                                stream=stream)
+        return self._elementwise("all_reduce", x, op, out, timeout, stream)
 
     def scan(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
              timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Inclusive prefix reduction (``MPI_Scan``): rank r gets ``x_0 op ... op x_r``, folded in rank order;
         ``avg`` divides by r + 1. In place unless ``out`` is given. Awaits to the result."""
+        return self._elementwise("scan", x, op, out, timeout, stream)
+
+    def _elementwise(self, name: str, x: Any, op: ReduceOp | str, out: Any, timeout: float | None,
+                     stream: Any) -> Work[Any]:
+        """all_reduce and scan: a reduction whose result has x's shape, in place unless ``out`` is given."""
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
         check_op_dtype(rop, xb.array.dtype)
-        ob = self._in_place(xb) if out is None else self._same_or_disjoint("scan", xb, out)
+        ob = self._in_place(xb) if out is None else self._same_or_disjoint(name, xb, out)
         inp = ob if (out is None and xb.immutable) else xb
-        return self._collective("scan", xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout,
+        return self._collective(name, xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
 
     def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
