@@ -55,9 +55,10 @@ $(BENCH)/.installed: pyproject.toml
 bench: $(BENCH)/.installed
 	$(BENCH)/bin/python benchmarks/compare.py --out docs/bench
 
-# jax_ext's per-call cost against jax.lax's own CPU collectives (Gloo)
-bench-jax: $(STAMP)
-	$(PY) benchmarks/jax_overhead.py --out docs/bench
+# jax_ext's per-call cost against jax.lax's own CPU collectives (Gloo), on jax 0.10 and on the newest
+bench-jax: $(STAMP) $(JAX_VENV)/.installed
+	$(PY) benchmarks/jax_overhead.py --repeats 5 --out docs/bench
+	$(JAX_VENV)/bin/python benchmarks/jax_overhead.py --repeats 5 --out docs/bench/jax-newest
 
 lint: $(STAMP)
 	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks

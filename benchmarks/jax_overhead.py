@@ -112,8 +112,10 @@ def main() -> None:
     runs = [run_once(args.procs, sizes, args.iters) for _ in range(args.repeats)]
     table = {name: {str(size): statistics.median(r[name][str(size)] for r in runs) for size in sizes}
              for name in runs[0]}
-    lines = [f"{args.procs} processes x 1 CPU device, median of {args.repeats} runs (each the median per call of "
-             "the slowest process), time per jitted call:", "",
+    import jax
+
+    lines = [f"jax {jax.__version__}, Python {sys.version.split()[0]}: {args.procs} processes x 1 CPU device, median "
+             f"of {args.repeats} runs (each the median per call of the slowest process), time per jitted call:", "",
              "| | " + " | ".join(f"{s} B" for s in sizes) + " |", "|---|" + "---:|" * len(sizes)]
     for name, row in table.items():
         lines.append(f"| {name} | " + " | ".join(f"{row[str(s)] * 1e6:.0f} us" for s in sizes) + " |")
@@ -122,7 +124,8 @@ def main() -> None:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "jax_overhead.json").write_text(json.dumps({"procs": args.procs, "runs": runs, "median": table},
+        (out / "jax_overhead.json").write_text(json.dumps({"jax": jax.__version__, "procs": args.procs, "runs": runs,
+                                                           "median": table},
                                                           indent=1))
         (out / "jax_overhead.md").write_text(text + "\n")
 
