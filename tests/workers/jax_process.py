@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 if os.environ.get("JAXW_COORD"):
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # lax.psum across the processes, below
     jax.distributed.initialize(os.environ["JAXW_COORD"], int(os.environ["JAXW_NPROC"]), int(os.environ["JAXW_PID"]))
 
 import jax_ext  # noqa: E402
@@ -189,4 +190,34 @@ if n >= 2:
     else:
         raise AssertionError("mismatched shapes went unnoticed")
     same(jax.jit(jax_ext.all_reduce)(mine), total, "all_reduce after a mismatch")
+if os.environ.get("JAXW_COORD") and n >= 2:
+    # the all_reduce's autodiff against lax.psum's in shard_map (check_vma on) over one device per process,
+    # where the value downstream is the same on every rank (w, the cotangents): there lax's rule and ours agree
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((n,), ("i",))
+
+    def on_mesh(fn):
+        def body(v, t):  # t is replicated (invariant); as a tangent of varying v it must be cast varying
+            out = fn(lambda u: jax.lax.psum(u, "i"), v[0], jax.lax.pcast(t, ("i",), to="varying"), t)
+            missing = tuple(a for a in ("i",) if a not in jax.typeof(out).mat.varying)
+            return (jax.lax.pcast(out, missing, to="varying") if missing else out)[None]
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i")))
+        v_glob = jax.make_array_from_process_local_data(NamedSharding(mesh, P("i")), xv[None])
+        t_glob = jax.make_array_from_process_local_data(NamedSharding(mesh, P()), tv)
+        return np.asarray(f(v_glob, t_glob).addressable_shards[0].data)[0]
+
+    w_same = jnp.asarray(data(0, (3,), salt=5))  # the same on every rank
+    xv, tv = data(r, (3,)), data(0, (3,), salt=2)  # x varies by rank; tangents/cotangents are shared
+    autodiff = {  # (op, primal, tangent like the primal, cotangent like the output)
+        "grad": lambda ar, v, t, c: jax.grad(lambda u: jnp.sum(ar(u) * w_same))(v),
+        "vjp": lambda ar, v, t, c: jax.vjp(ar, v)[1](c)[0],
+        "jvp": lambda ar, v, t, c: jax.jvp(ar, (v,), (t,))[1],
+        "linear_transpose": lambda ar, v, t, c: jax.linear_transpose(ar, v)(c)[0],
+        "chained grad": lambda ar, v, t, c: jax.grad(lambda u: jnp.sum(ar(u) * w_same) + jnp.sum(ar(u * 2)))(v),
+    }
+    for label, fn in autodiff.items():
+        ours = jax.jit(lambda v, t, fn=fn: fn(jax_ext.all_reduce, v, t, t))(jnp.asarray(xv), jnp.asarray(tv))
+        same(ours, on_mesh(fn), f"all_reduce {label} equals lax.psum's on a mesh")
 print(f"JAXP OK {checks} on rank {r} of {n}", flush=True)
