@@ -117,6 +117,12 @@ def _keep_placed_tokens() -> None:
     shared memory. Only our effects take this path, and only when the token's
     devices are the call's, in its order, one shard each; else JAX's own code
     runs (it reshards).
+
+    Like JAX's own path (``array._token_shard_arg``), it first waits for the
+    previous call's token. If that call failed, its token carries the error,
+    and JAX would raise it again for every later call on those devices (seen
+    on a GPU, where a failed callback's execution completes asynchronously):
+    the failure belongs to that op alone, so the token is replaced by a fresh one.
     """
     cls = type(_dispatch.runtime_tokens)
     original = getattr(cls, "get_token_input", None)
@@ -127,6 +133,11 @@ def _keep_placed_tokens() -> None:
         tok = self.current_tokens.get(eff) if isinstance(eff, CollectiveEffect) else None
         buf = getattr(tok, "_buf", None)
         if isinstance(tok, _core.Token) and buf is not None:
+            try:
+                buf.block_until_ready()
+            except Exception:  # noqa: BLE001 - the previous op's failure, already raised to its caller
+                del self.current_tokens[eff]
+                return original(self, eff, devices)  # no token yet: JAX makes a fresh one
             placed = tuple(getattr(buf.sharding, "_device_assignment", ()))
             if placed == tuple(devices) and len(buf.addressable_shards) == len(placed):
                 return tok

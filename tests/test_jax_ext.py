@@ -190,3 +190,22 @@ def test_group_layout_numbers_like_axis_index() -> None:
     assert color.tolist() == [0] * 6 and pos.tolist() == [0, 2, 4, 1, 3, 5]
     color, pos = group_layout((2, 3), ("x", "y"), ("x",))
     assert color.tolist() == [0, 1, 2, 0, 1, 2] and pos.tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def test_a_failed_ops_runtime_token_does_not_fail_the_next_op() -> None:
+    """On a GPU a failed callback's execution completes after dispatch, so its output token carries the error,
+    and JAX raised it again for every later ordered call. Our token hand-over replaces such a token: the
+    failure stays that op's. (On CPU a callback's error is raised at dispatch; the poisoned token is built here.)"""
+    from jax._src import core, dispatch
+
+    from jax_ext import _compat
+
+    class FailedBuffer:  # a token buffer whose computation failed
+        def block_until_ready(self) -> None:
+            raise RuntimeError("collective mismatch at seq 7 (the previous op's error)")
+
+    f = jax.jit(jax_ext.all_reduce)
+    np.testing.assert_array_equal(f(jnp.arange(3.0)), np.arange(3.0))
+    dispatch.runtime_tokens.current_tokens[_compat.EFFECT] = core.Token(FailedBuffer())
+    np.testing.assert_array_equal(f(jnp.arange(3.0) + 1), np.arange(3.0) + 1)
+    assert not isinstance(dispatch.runtime_tokens.current_tokens[_compat.EFFECT]._buf, FailedBuffer)
