@@ -82,3 +82,23 @@ async def test_a_bad_knob_fails_communicator_creation_not_import(monkeypatch):
     monkeypatch.setenv("AIOCCL_FLIGHT_RECORDER", "many")
     with pytest.raises(aioccl.InvalidArgument, match="AIOCCL_FLIGHT_RECORDER='many' is not an integer"):
         await aioccl.Communicator.create(aioccl.UniqueId.new(host="127.0.0.1"), 0, 1)
+
+
+def test_cupy_is_found_under_any_of_its_distribution_names(monkeypatch):
+    """cupy ships as cupy-cuda11x / 12x / 13x, cupy-rocm-* or cupy: the one that provides ``import cupy`` counts."""
+    from importlib import metadata
+
+    from aioccl.tools import info as info_mod
+
+    versions = {"cupy-cuda13x": "14.2.0"}
+
+    def version(name):
+        if name in versions:
+            return versions[name]
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "packages_distributions", lambda: {"cupy": ["cupy-cuda13x"]})
+    monkeypatch.setattr(metadata, "version", version)
+    assert info_mod._module_version("cupy") == "14.2.0"
+    monkeypatch.setattr(metadata, "packages_distributions", lambda: {})
+    assert info_mod._module_version("cupy") is None

@@ -24,7 +24,7 @@ from typing import Any
 # optional distribution -> how to get it
 OPTIONAL = {
     "jax": "pip install 'aioccl[jax]'",
-    "cupy": "pip install 'aioccl[gpu]' (needs an NVIDIA driver)",
+    "cupy": "pip install 'aioccl[gpu]' (CUDA 12) or 'aioccl[gpu-cuda13]' (needs an NVIDIA driver)",
     "torch": "pip install 'aioccl[torch]'",
     "anyio": "pip install anyio",
     "trio": "pip install trio",
@@ -40,6 +40,13 @@ def _version(*dists: str) -> str | None:
     return None
 
 
+def _module_version(module: str) -> str | None:
+    """The version of whichever installed distribution provides ``module``: cupy ships as cupy-cuda11x,
+    cupy-cuda12x, cupy-cuda13x, cupy-rocm-* or plain cupy, and any of them is the one that imports."""
+    names = metadata.packages_distributions().get(module, [])
+    return _version(*names, module)
+
+
 def libraries(gpu: Any, ib: Any) -> dict[str, dict[str, Any]]:
     """Each library's version, and why it cannot serve (missing, or no driver / device behind it)."""
     import ml_dtypes
@@ -50,7 +57,7 @@ def libraries(gpu: Any, ib: Any) -> dict[str, dict[str, Any]]:
         "ml_dtypes": {"version": ml_dtypes.__version__, "usable": True, "detail": ""},
     }
     for name, how in OPTIONAL.items():
-        v = _version(*(("cupy-cuda12x", "cupy-cuda11x", "cupy") if name == "cupy" else (name,)))
+        v = _module_version("cupy") if name == "cupy" else _version(name)
         out[name] = {"version": v, "usable": v is not None, "detail": "" if v else f"not installed: {how}"}
     if out["cupy"]["version"] and not gpu.available:
         out["cupy"].update(usable=False, detail=gpu.reason)
