@@ -101,6 +101,48 @@ def test_pinned_pool_reuses_blocks_only_after_their_event():
     assert sorted(freed) == sorted(ctypes.addressof(x) for x in allocated)
 
 
+def test_pinned_pool_never_hands_one_block_to_two_takers_at_once():
+    """The caller's thread takes staging blocks at call time while the engine's thread takes and gives back
+    others: without a lock, _reclaim's rebuilt list raced with give_back and put one block on the free list
+    twice, so two ops staged through the same bytes (an int32 result holding another op's float64 bytes,
+    seen on a GPU). Four threads, a tiny switch interval, every hand-out checked."""
+    import sys
+    import threading
+
+    class Done:
+        done = True
+
+    addresses = iter(range(1 << 12, 1 << 40, 1 << 12))
+    pool = PinnedPool(lambda n: next(addresses), lambda p: None)
+    owned: set[int] = set()
+    guard = threading.Lock()
+    doubled: list[int] = []
+
+    def use() -> None:
+        for _ in range(5000):
+            block = pool.take(100)
+            with guard:
+                if block.ptr in owned:
+                    doubled.append(block.ptr)
+                owned.add(block.ptr)
+            with guard:
+                owned.discard(block.ptr)
+            pool.give_back(block, Done())
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=use) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not doubled, f"{len(doubled)} blocks handed to two takers at once"
+    assert pool.held_bytes <= 4 * 4096  # no more blocks than takers at once
+
+
 def test_ipc_export_round_trips_and_the_table_opens_each_handle_once():
     ex = Export(b"h" * 64, 64 << 20, 1234, 3)
     raw = ex.encode()

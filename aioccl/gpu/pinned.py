@@ -6,11 +6,17 @@ allocated once per size class and recycled. An op takes its buffers at call
 time and gives them back with the CUDA event after which the GPU no longer
 touches them; a buffer is reused only once that event has completed, so
 giving back never waits for the GPU.
+
+The caller's thread takes blocks (an op's input is staged at call time) while
+the engine's thread takes and gives back others, so every method holds the
+pool's lock: without it, one block could reach the free list twice and two
+ops would stage through the same bytes.
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,25 +54,29 @@ class PinnedPool:
         self._free: dict[int, list[Block]] = {}
         self._busy: list[tuple[Block, Any]] = []  # (block, event or None): back once event.done
         self._all: list[Block] = []
+        self._lock = threading.Lock()
 
     @property
     def held_bytes(self) -> int:
-        return sum(b.nbytes for b in self._all)
+        with self._lock:
+            return sum(b.nbytes for b in self._all)
 
     def take(self, nbytes: int) -> Block:
         cls = size_class(nbytes)
-        free = self._free.get(cls)
-        if not free:
-            self._reclaim()
+        with self._lock:
             free = self._free.get(cls)
-        if free:
-            return free.pop()
-        block = Block(self._alloc(cls), cls)
-        self._all.append(block)
-        return block
+            if not free:
+                self._reclaim()
+                free = self._free.get(cls)
+            if free:
+                return free.pop()
+            block = Block(self._alloc(cls), cls)
+            self._all.append(block)
+            return block
 
     def give_back(self, block: Block, event: Any = None) -> None:
-        self._busy.append((block, event))
+        with self._lock:
+            self._busy.append((block, event))
 
     def _reclaim(self) -> None:
         still = []
@@ -79,6 +89,7 @@ class PinnedPool:
 
     def close(self) -> None:
         """Free every block (the caller makes sure the GPU is done with them)."""
-        for block in self._all:
-            self._free_fn(block.ptr)
-        self._all, self._free, self._busy = [], {}, []
+        with self._lock:
+            for block in self._all:
+                self._free_fn(block.ptr)
+            self._all, self._free, self._busy = [], {}, []
