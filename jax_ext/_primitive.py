@@ -30,6 +30,9 @@ from aioccl.dtypes import check_op_dtype, dtype_code
 
 from . import _compat, call_log, runtime
 
+# the communicator a callback runs on, given a way to read its device's mesh position (a device-to-host
+# read on a GPU: only a mesh-level group calls it)
+Resolver = Callable[[Callable[[], int]], Communicator]
 RunFn = Callable[..., None]  # run(comm, ins, outs, same, **params): do the op on numpy views
 STATS = {"calls": 0, "in_place": 0}  # host callbacks run, and those whose output aliased the input
 
@@ -49,9 +52,9 @@ class CommGroup:
     def rank(self) -> int:
         return self.comm.rank
 
-    def resolver(self, info: _compat.LoweringInfo) -> Callable[[int], Communicator]:
+    def resolver(self, info: _compat.LoweringInfo) -> Resolver:
         comm = self.comm
-        return lambda _pos: comm
+        return lambda _position: comm  # one communicator: the position is never read
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,15 @@ class AxisGroup:
     size: int
     api: str
 
-    def resolver(self, info: _compat.LoweringInfo) -> Callable[[int], Communicator]:
+    def resolver(self, info: _compat.LoweringInfo) -> Resolver:
         mesh = info.concrete_mesh()
         if mesh is None:
             raise ValueError(f"{self.api}: jax_ext needs the concrete device mesh at lowering: pass a "
                              "jax.sharding.Mesh (not an AbstractMesh) to shard_map, or set one with jax.set_mesh")
         table = runtime.mesh_group(mesh, self.axes)
 
-        def resolve(pos: int) -> Communicator:
+        def resolve(position: Callable[[], int]) -> Communicator:
+            pos = position()
             comm = table.get(pos)
             if comm is None:
                 raise RuntimeError(f"{self.api}: mesh position {pos} is not a device of this process")
@@ -197,8 +201,6 @@ def callback_factory(name: str, run: RunFn) -> Callable[..., _compat.HostCallbac
         on_gpu = info.platform != "cpu"
         what = f"{name}({params['op']})" if "op" in params else name
 
-        fixed = group.comm if isinstance(group, CommGroup) else None  # process level: no position to read
-
         def call(comm: Communicator, arrays: list[Any], out_arrays: list[Any], same: bool) -> None:
             if comm._engine.placement.thread_id == threading.get_ident():
                 raise RuntimeError(f"{comm!r}: a jax_ext collective ran on its communicator's engine thread, "
@@ -218,7 +220,7 @@ def callback_factory(name: str, run: RunFn) -> Callable[..., _compat.HostCallbac
 
                 with _gpu.on_stream(_compat.callback_stream(exec_ctx)) as (cp, stream):
                     *bufs, pos = ins
-                    comm = fixed if fixed is not None else resolve(_gpu.read_scalar(cp, stream, pos))
+                    comm = resolve(lambda: _gpu.read_scalar(cp, stream, pos))
                     arrays = [_gpu.view(cp, b) for b in bufs]
                     out_arrays = [_gpu.view(cp, b) for b in outs]
                     same = bool(arrays and out_arrays and int(np.prod(out_arrays[0].shape))
@@ -229,7 +231,7 @@ def callback_factory(name: str, run: RunFn) -> Callable[..., _compat.HostCallbac
             out_arrays = [np.asarray(b) for b in outs]
             same = bool(arrays and out_arrays and out_arrays[0].size
                         and arrays[0].__array_interface__["data"][0] == out_arrays[0].__array_interface__["data"][0])
-            call(fixed if fixed is not None else resolve(int(np.asarray(ins[-1]))), arrays, out_arrays, same)
+            call(resolve(lambda: int(np.asarray(ins[-1]))), arrays, out_arrays, same)
 
         return host
 
