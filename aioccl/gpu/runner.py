@@ -18,9 +18,14 @@ Two paths:
   results are copied back on the caller's stream; elementwise ops go in
   pieces so the copies overlap the transfers.
 
-Either way the Work completes once the results are enqueued on the caller's
-stream (so later work on that stream sees them) and ``work.event`` is a
-CUDA event recorded right after them.
+Either way the Work completes only once the results are *in* the output
+buffer: the runner records ``work.event`` on the op's stream right after the
+last copy or kernel that writes them and waits (polling, off the loop's
+critical path) for it. Completing when they were merely enqueued let a
+reader on any other stream (``cp.asnumpy`` on the default stream after an op
+with ``stream=``) see the old bytes: the staged path's wrong results on the
+first H100 run. Pinned blocks go back to the pool with that event, on
+failure too, so none is reused while a queued copy may still touch it.
 """
 
 from __future__ import annotations
@@ -168,6 +173,7 @@ class GpuRunner:
         try:
             async with asyncio.timeout(g.timeout):
                 await body()
+                await self._land(g)
             g.work._set_result(g.result())
         except TimeoutError:
             g.work._set_exception(CollectiveTimeout(
@@ -176,6 +182,9 @@ class GpuRunner:
                 f"{self._comm._view.ctx:x}"))
         except Exception as e:  # noqa: BLE001 - aioccl and CUDA errors alike end on the Work
             g.work._set_exception(e)
+        finally:
+            if g.blocks:  # failed: back once everything queued on the stream so far (a D2H into them) has run
+                self._give_back_blocks(g, self._record(g))
 
     def _side_waiting(self) -> list[int]:
         side_pending = self._side.result().pending() if self._side.done() and not self._side.exception() else []
@@ -250,7 +259,6 @@ class GpuRunner:
                 with self._cp.cuda.Device(dev):
                     self._cp.cuda.runtime.memcpyAsync(g.out.array.ptr, block.ptr, g.out.array.nbytes, H2D,
                                                       g.stream.ptr)
-            self._finish(g, dev)
 
         await self._complete(g, body, lambda: [g.root])
 
@@ -285,15 +293,25 @@ class GpuRunner:
                 with self._cp.cuda.Device(dev):
                     rt.memcpyAsync(g.out.array.ptr + lo * isz, hout.ctypes.data + lo * isz, (hi - lo) * isz, H2D,
                                    g.stream.ptr)
-        self._finish(g, dev)
 
-    def _finish(self, g: GpuOp, dev: int) -> None:
+    async def _land(self, g: GpuOp) -> None:
+        """Wait until the results are in the output buffer; ``work.event`` marks them on the op's stream."""
+        ev = self._record(g)
+        g.work.event = ev
+        self._give_back_blocks(g, ev)  # reused only once ev completed, whatever happens to this op now
+        await wait_event(ev)
+
+    def _record(self, g: GpuOp) -> Any:
+        dev = g.out.device if g.out.device is not None else g.inp.device
         with self._cp.cuda.Device(dev):
             ev = self._cp.cuda.Event(disable_timing=True)
             ev.record(g.stream)
-        g.work.event = ev
+        return ev
+
+    def _give_back_blocks(self, g: GpuOp, ev: Any) -> None:
         for block in g.blocks:
             self._pinned.give_back(block, ev)
+        g.blocks = []
 
     # -- IPC ---------------------------------------------------------------------------------------
     async def _setup_ipc(self, side: Communicator, dev: int, timeout: float) -> None:
@@ -374,7 +392,6 @@ class GpuRunner:
             await side.barrier(timeout=self._remaining(deadline))
         if not pieces:
             await same_call(side, fp, g.work.seq, self._remaining(deadline))
-        self._finish(g, dev)
 
     # -- lifetime ----------------------------------------------------------------------------------
     def release(self) -> None:

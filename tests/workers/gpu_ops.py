@@ -102,8 +102,10 @@ async def extras(comm: aioccl.Communicator, chk: Checker) -> None:
     assert got is x
     chk.same("all_reduce in place", cp.asnumpy(x), reduced(n, 10, np.float32, "sum"))
     stream = cp.cuda.Stream(non_blocking=True)
-    y = cp.asarray(data(r, 10, np.int32))
+    with stream:  # the op reads its input in stream= order, as NCCL does: the input is written on that stream
+        y = cp.asarray(data(r, 10, np.int32))
     await comm.all_reduce(y, "max", stream=stream)
+    # awaited: the results are in y, so a read on any stream (here the default one) sees them
     chk.same("all_reduce on stream=", cp.asnumpy(y), reduced(n, 10, np.int32, "max"))
     fresh = await comm.all_gather(cp.asarray(data(r, 4, np.int64)))
     assert isinstance(fresh, cp.ndarray)

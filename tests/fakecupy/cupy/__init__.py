@@ -1,9 +1,14 @@
-"""A numpy-backed stand-in for the parts of cupy that aioccl's GPU path uses (tests only; see README)."""
+"""A numpy-backed stand-in for the parts of cupy that aioccl's GPU path uses (tests only; see README).
+
+Device memory is host memory, but every access to its contents is GPU work: enqueued on the current
+stream and run late (``cuda/_gpu.py``), so a host program sees only what its streams have done. Views,
+shapes and pointers are immediate, as in cupy. New memory is poisoned (0x5A bytes): a read that comes
+before the write meant for it sees the poison.
+"""
 
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Any
 
 import ml_dtypes
@@ -25,7 +30,7 @@ class ndarray:  # noqa: N801 - cupy's name
             shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
             n = int(np.prod(shape)) * dt.itemsize
             if memptr is None or n == 0:
-                _arr = np.zeros(shape, dt)
+                _arr = np.full(n, 0x5A, np.uint8).view(dt).reshape(shape)  # fresh memory: poisoned
             else:
                 raw = (ctypes.c_char * n).from_address(memptr.ptr)
                 _arr = np.frombuffer(raw, dtype=dt).reshape(shape)
@@ -55,15 +60,38 @@ class ndarray:  # noqa: N801 - cupy's name
         return ndarray(_arr=self._a[key])
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._a[key] = value._a if isinstance(value, ndarray) else value
+        dst = self._a
+        src = value._a if isinstance(value, ndarray) else value
 
-    def get(self) -> np.ndarray:
-        return self._a.copy()
+        def copy() -> None:
+            dst[key] = src
 
-    def set(self, arr: np.ndarray) -> None:
+        cuda.enqueue(copy)
+
+    def get(self, stream: Any = None) -> np.ndarray:
+        """A device-to-host copy on the current stream; the host waits for it (as cupy's blocking get)."""
+        host = np.empty_like(self._a)
+        src = self._a
+        s = stream if stream is not None else cuda.get_current_stream()
+
+        def copy() -> None:
+            host[...] = src
+
+        cuda.enqueue(copy, s)
+        s.synchronize()
+        return host
+
+    def set(self, arr: np.ndarray, stream: Any = None) -> None:
+        """A host-to-device copy of ``arr`` as it is now, landing when the stream gets there."""
         if arr.shape != self._a.shape:
             raise ValueError("Shape mismatch")
-        self._a[...] = arr
+        snapshot = np.array(arr, dtype=self._a.dtype, copy=True)
+        dst = self._a
+
+        def copy() -> None:
+            dst[...] = snapshot
+
+        cuda.enqueue(copy, stream)
 
     def __len__(self) -> int:
         return len(self._a)
@@ -76,27 +104,32 @@ def asarray(x: Any, dtype: Any = None) -> ndarray:
         cai = x.__cuda_array_interface__
         mem = cuda.UnownedMemory(cai["data"][0], 0, x)
         return ndarray(tuple(cai["shape"]), np.dtype(cai["typestr"]), cuda.MemoryPointer(mem, 0))
-    return ndarray(_arr=np.array(x, dtype=dtype))
+    host = np.asarray(x, dtype=dtype)
+    out = empty(host.shape, host.dtype)
+    out.set(host)  # as cupy does: staged, then copied on the current stream
+    return out
 
 
-def asnumpy(x: ndarray) -> np.ndarray:
-    return x.get()
+def asnumpy(x: ndarray, stream: Any = None) -> np.ndarray:
+    return x.get(stream)
 
 
 def empty(shape: Any, dtype: Any = float) -> ndarray:  # poisoned, so nothing passes by luck
-    return ndarray(_arr=np.full(shape, 0x5A, np.uint8).repeat(np.dtype(dtype).itemsize).view(dtype).reshape(shape)
-                   if np.prod(shape) else np.empty(shape, dtype))
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+    return ndarray(_arr=np.full(int(np.prod(shape)) * np.dtype(dtype).itemsize, 0x5A, np.uint8)
+                   .view(dtype).reshape(shape))
 
 
 def zeros(shape: Any, dtype: Any = float) -> ndarray:
-    return ndarray(_arr=np.zeros(shape, dtype))
+    out = empty(shape, dtype)
+    out[...] = 0  # a memset on the current stream
+    return out
 
 
 def from_dlpack(x: Any) -> ndarray:
     return ndarray(_arr=np.from_dlpack(x))
 
 
-_kernel_lock = threading.Lock()
 
 
 class ElementwiseKernel:
@@ -107,6 +140,7 @@ class ElementwiseKernel:
         self.operation = operation
 
     def __call__(self, *args: Any) -> None:
+        """Launched on the current stream: it runs when the stream gets there."""
         from aioccl.dtypes import ReduceOp
         from aioccl.kernels import cpu
 
@@ -114,7 +148,8 @@ class ElementwiseKernel:
         dt = np.dtype(ml_dtypes.bfloat16) if parts[2] == "bfloat16" else np.dtype(parts[2])
         if parts[1] == "scale":
             n, c = args
-            cpu.scale(ReduceOp.AVG, c._a.view(dt), int(n))
+            cuda.enqueue(lambda: cpu.scale(ReduceOp.AVG, c._a.view(dt), int(n)))
             return
         a, b, c = args
-        cpu.combine(ReduceOp(parts[1]), c._a.view(dt), a._a.view(dt), b._a.view(dt))
+        op = ReduceOp(parts[1])
+        cuda.enqueue(lambda: cpu.combine(op, c._a.view(dt), a._a.view(dt), b._a.view(dt)))

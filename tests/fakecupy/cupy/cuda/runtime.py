@@ -1,5 +1,6 @@
 """cupy.cuda.runtime stand-in. Device memory is a file in /dev/shm, so IPC handles really work across
-processes; copies are synchronous memmoves (tests only)."""
+processes; ``memcpyAsync`` runs late on its stream (``_gpu``), and the frees synchronize the device first, as
+``cudaFree`` and ``cudaFreeHost`` do (tests only)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import ctypes
 import mmap
 import os
 from typing import Any
+
+from . import _gpu
 
 memcpyDefault = 4  # noqa: N816 - cupy's name
 cudaIpcMemLazyEnablePeerAccess = 1  # noqa: N816
@@ -76,6 +79,7 @@ def malloc(size: int) -> int:
 
 
 def free(ptr: int) -> None:
+    _gpu.GPU.synchronize()
     _segments.pop(ptr)
     os.unlink(_maps[ptr][2])
 
@@ -104,9 +108,21 @@ def hostAlloc(size: int, flags: int) -> int:  # noqa: N802
 
 
 def freeHost(ptr: int) -> None:  # noqa: N802
+    _gpu.GPU.synchronize()
     del _host[ptr]
 
 
 def memcpyAsync(dst: int, src: int, size: int, kind: int, stream: int) -> None:  # noqa: N802
+    """Enqueued on ``stream``: the bytes move when the stream gets there, whatever the host did meanwhile."""
     stats["memcpy"] += 1
-    ctypes.memmove(dst, src, size)
+    _gpu.GPU.submit(int(stream), lambda: ctypes.memmove(dst, src, size))
+
+
+def memcpy(dst: int, src: int, size: int, kind: int) -> None:
+    """On the legacy stream, and the host waits for it."""
+    memcpyAsync(dst, src, size, kind, 0)
+    _gpu.GPU.synchronize_stream(0)
+
+
+def deviceSynchronize() -> None:  # noqa: N802
+    _gpu.GPU.synchronize()
