@@ -172,27 +172,48 @@ def test_ipc_export_round_trips_and_the_table_opens_each_handle_once():
     assert table.close() == [] and closed == [1000]
 
 
-def _run_fake(ipc: str, n: int = 3) -> str:
-    proc = launch(n, "gpu_ops.py", "1", "7", "1500", timeout=240,
+def _run_fake(ipc: str, n: int = 3, counts: tuple[str, ...] = ("1", "7", "1500"), **env: str) -> str:
+    proc = launch(n, "gpu_ops.py", *counts, timeout=240,
                   env={"PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}", "AIOCCL_GPU_IPC": ipc,
-                       "AIOCCL_GPU_SCRATCH": "4096", "AIOCCL_GPU_STAGE_PIECE": "4096"})
+                       "AIOCCL_GPU_SCRATCH": "4096", "AIOCCL_GPU_STAGE_PIECE": "4096", **env})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
+    for r in range(n):
+        assert f"GPU_OK rank={r} " in out, out[-3000:]
+    assert f"path={'ipc' if ipc == '1' else 'staged'}" in out and " 0 failures" in out and " 1 failures" not in out
+    assert sum(f"GPU_MISMATCH rank={r}: " in out for r in range(n)) == n, out[-3000:]
     return out
 
 
 @pytest.mark.parametrize("ipc, path", [("1", "ipc"), ("0", "staged")])
 def test_every_op_and_dtype_on_gpu_buffers_with_fakecupy(ipc, path):
+    """Streams run late (0.5 ms by default): the H100's staged-path race failed here before its fix."""
     before = set(Path("/dev/shm").glob("fakecupy-*"))
     out = _run_fake(ipc)
     assert set(Path("/dev/shm").glob("fakecupy-*")) <= before, "close() must free the IPC scratch"
-    for r in range(3):
-        assert f"GPU_OK rank={r} " in out and f"path={path}" in out, out[-3000:]
-    assert "0 failures" in out and " 1 failures" not in out
-    assert sum(f"GPU_MISMATCH rank={r}: " in out for r in range(3)) == 3, out[-3000:]
     if path == "staged":
         assert "GPU ops use staging through host memory: AIOCCL_GPU_IPC=0" in out
 
+
+@pytest.mark.parametrize("ipc, n, delay_ms", [("1", 4, "0"), ("0", 2, "3"), ("0", 4, "0.2"), ("1", 2, "3")])
+def test_every_op_on_its_own_stream_with_late_streams(ipc, n, delay_ms):
+    """Every op with ``stream=`` a non-blocking stream, many pieces, 2 and 4 ranks, streams from prompt to
+    3 ms late; results are read on the default stream, so an op that completed before its results landed
+    fails here."""
+    _run_fake(ipc, n, ("1", "1500"), GPU_OPS_STREAM="1", FAKECUPY_DELAY_MS=delay_ms)
+
+
+def test_the_stand_ins_streams_run_late_so_each_careless_pattern_reads_wrong_bytes():
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "late_streams.py")], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": FAKE, "FAKECUPY_DELAY_MS": "5"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert set(lines) == {"missing_wait_on_the_producers_stream", "reading_a_host_buffer_before_its_event",
+                          "reusing_a_pinned_buffer_while_its_copy_is_queued", "completing_before_the_results_land",
+                          "default_stream_read_after_a_non_blocking_writer", "stream_order_is_kept"}, proc.stdout
+    for case, got in lines.items():
+        want = "careless=right careful=right" if case == "stream_order_is_kept" else "careless=wrong careful=right"
+        assert got == want, (case, got)
 
 
 def test_jax_ext_gpu_callback_views_xla_buffers_and_uses_its_stream():

@@ -2,6 +2,8 @@
 
     aioccl-run --nproc-per-node 3 gpu_ops.py [COUNT ...]
 
+``GPU_OPS_STREAM=1``: every op on a non-blocking stream of its own (inputs written on it, ``stream=`` it).
+
 Ranks share the machine's GPU(s) as separate processes (CUDA IPC allows it).
 With the real cupy this is the GPU test that ``scripts/gpu-check.sh`` runs;
 ``tests/test_gpu.py`` runs it with ``tests/fakecupy`` on machines without a
@@ -12,6 +14,7 @@ plans) but not CUDA. Prints ``GPU_OK rank=<r> checks=<n> path=<ipc|staged>``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 
@@ -53,46 +56,75 @@ def host(x, dt) -> np.ndarray:
     return cp.asnumpy(x).view(dt)
 
 
-async def run_dtype(comm: aioccl.Communicator, chk: Checker, dt: type, count: int) -> None:
+async def run_dtype(comm: aioccl.Communicator, chk: Checker, dt: type, count: int, stream=None) -> None:
+    """Every op on ``dt`` x ``count``. With ``stream``: inputs written on it, every op given ``stream=`` it,
+    results read on the default stream once awaited (an awaited op's results are in place)."""
     r, n = comm.rank, comm.world_size
-    tag = f"{np.dtype(dt).name} x{count}"
+    tag = f"{np.dtype(dt).name} x{count}" + (" stream=" if stream is not None else "")
+    on = stream if stream is not None else contextlib.nullcontext()
+    kw = {"stream": stream} if stream is not None else {}
+
+    def make(a: np.ndarray):
+        with on:
+            return dev(a)
+
     for op in ops_for(dt):
-        out = dev(poison(count, dt))
-        w = comm.all_reduce(dev(data(r, count, dt, op)), op, out=out)
+        out = make(poison(count, dt))
+        w = comm.all_reduce(make(data(r, count, dt, op)), op, out=out, **kw)
         await w
         assert w.event is not None, "a finished GPU op carries its CUDA event"
         chk.same(f"all_reduce {op} {tag}", host(out, dt), reduced(n, count, dt, op))
     root = n - 1
-    out = dev(poison(count, dt))
-    await comm.reduce(dev(data(r, count, dt)), root, "sum", out=out)
+    out = make(poison(count, dt))
+    await comm.reduce(make(data(r, count, dt)), root, "sum", out=out, **kw)
     chk.same(f"reduce {tag}", host(out, dt), reduced(n, count, dt, "sum") if r == root else poison(count, dt))
-    x = dev(data(0, count, dt) if r == 0 else poison(count, dt))
-    await comm.broadcast(x, 0)
+    x = make(data(0, count, dt) if r == 0 else poison(count, dt))
+    await comm.broadcast(x, 0, **kw)
     chk.same(f"broadcast {tag}", host(x, dt), data(0, count, dt))
-    out = dev(poison(n * count, dt))
-    await comm.all_gather(dev(data(r, count, dt)), out=out)
+    out = make(poison(n * count, dt))
+    await comm.all_gather(make(data(r, count, dt)), out=out, **kw)
     chk.same(f"all_gather {tag}", host(out, dt), np.concatenate([data(i, count, dt) for i in range(n)]))
     groot = 1 % n
-    out = dev(poison(n * count, dt))
-    await comm.gather(dev(data(r, count, dt)), groot, out=out if r == groot else None)
+    out = make(poison(n * count, dt))
+    await comm.gather(make(data(r, count, dt)), groot, out=out if r == groot else None, **kw)
     if r == groot:
         chk.same(f"gather {tag}", host(out, dt), np.concatenate([data(i, count, dt) for i in range(n)]))
-    out = dev(poison(count, dt))
-    await comm.reduce_scatter(dev(data(r, n * count, dt)), "sum", out=out)
+    out = make(poison(count, dt))
+    await comm.reduce_scatter(make(data(r, n * count, dt)), "sum", out=out, **kw)
     chk.same(f"reduce_scatter {tag}", host(out, dt), reduced(n, n * count, dt, "sum")[r * count:(r + 1) * count])
-    out = dev(poison(count, dt))
-    await comm.scatter(dev(data(0, n * count, dt)) if r == 0 else None, 0, out=out)
+    out = make(poison(count, dt))
+    await comm.scatter(make(data(0, n * count, dt)) if r == 0 else None, 0, out=out, **kw)
     chk.same(f"scatter {tag}", host(out, dt), data(0, n * count, dt)[r * count:(r + 1) * count])
-    out = dev(poison(n * count, dt))
-    await comm.all_to_all(dev(data(r, n * count, dt)), out=out)
+    out = make(poison(n * count, dt))
+    await comm.all_to_all(make(data(r, n * count, dt)), out=out, **kw)
     chk.same(f"all_to_all {tag}", host(out, dt),
              np.concatenate([data(i, n * count, dt)[r * count:(r + 1) * count] for i in range(n)]))
+    out = make(poison(count, dt))
+    await comm.scan(make(data(r, count, dt)), "sum", out=out, **kw)
+    chk.same(f"scan {tag}", host(out, dt), reduced(r + 1, count, dt, "sum"))
     if n > 1:
-        out = dev(poison(count, dt))
-        s = comm.isend(dev(data(r, count, dt)), (r + 1) % n, tag=7)
-        await comm.irecv(out, (r - 1) % n, tag=7)
+        out = make(poison(count, dt))
+        s = comm.isend(make(data(r, count, dt)), (r + 1) % n, tag=7, **kw)
+        await comm.irecv(out, (r - 1) % n, tag=7, **kw)
         await s
         chk.same(f"send/recv {tag}", host(out, dt), data((r - 1) % n, count, dt))
+
+
+async def in_flight(comm: aioccl.Communicator, chk: Checker) -> None:
+    """Twelve ops issued before any is awaited, on two streams: each op's staging blocks and scratch are
+    reused only once the GPU is done with them, and results land in order of each stream."""
+    r, n = comm.rank, comm.world_size
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+    pending = []
+    for k in range(12):
+        dt, count, s = DTYPES[k % len(DTYPES)], 60 + k, streams[k % 2]
+        with s:
+            x, out = dev(data(r, count, dt)), dev(poison(count, dt))
+        pending.append((comm.all_reduce(x, out=out, stream=s), out, dt, count))
+    for k, (w, out, dt, count) in enumerate(pending):
+        await w
+        chk.same(f"in flight #{k} all_reduce {np.dtype(dt).name} x{count}", host(out, dt),
+                 reduced(n, count, dt, "sum"))
 
 
 async def extras(comm: aioccl.Communicator, chk: Checker) -> None:
@@ -107,6 +139,7 @@ async def extras(comm: aioccl.Communicator, chk: Checker) -> None:
     await comm.all_reduce(y, "max", stream=stream)
     # awaited: the results are in y, so a read on any stream (here the default one) sees them
     chk.same("all_reduce on stream=", cp.asnumpy(y), reduced(n, 10, np.int32, "max"))
+    await in_flight(comm, chk)
     fresh = await comm.all_gather(cp.asarray(data(r, 4, np.int64)))
     assert isinstance(fresh, cp.ndarray)
     chk.same("all_gather into a new cupy array", cp.asnumpy(fresh), np.concatenate([data(i, 4, np.int64)
@@ -142,9 +175,10 @@ async def main() -> None:
     counts = [int(c) for c in sys.argv[1:]] or [1, 7, 1500]
     comm = await aioccl.init(timeout=120)
     chk = Checker(comm.rank)
+    stream = cp.cuda.Stream(non_blocking=True) if os.environ.get("GPU_OPS_STREAM") == "1" else None
     for count in counts:
         for dt in DTYPES:
-            await run_dtype(comm, chk, dt, count)
+            await run_dtype(comm, chk, dt, count, stream)
     await extras(comm, chk)
     path = comm._gpu.path if comm._gpu is not None else "none"
     await comm.close()

@@ -81,9 +81,10 @@ class Gpu:
                 q = self.queues[ptr] = Queue(ptr, blocking)
             return q
 
-    def submit(self, ptr: int, fn: Callable[[], None] | None,
-               deps: list[tuple[Queue, int]] | None = None) -> tuple[Queue, int]:
-        """Enqueue ``fn`` on stream ``ptr``; ``(queue, seq)`` names it for events and waits."""
+    def submit(self, ptr: int, fn: Callable[[], None] | None, deps: list[tuple[Queue, int]] | None = None,
+               after_s: float | None = None) -> tuple[Queue, int]:
+        """Enqueue ``fn`` on stream ``ptr``; ``(queue, seq)`` names it for events and waits. ``after_s``: ready
+        exactly that late (a long kernel, for tests that need one stream well behind another)."""
         with self.cond:
             q = self.queue(ptr)
             need = list(deps or [])
@@ -95,7 +96,7 @@ class Gpu:
                     need.append((null, null.last))
             seq = q.next_seq
             q.next_seq += 1
-            delay = self.delay * (0.5 + self.rng.random()) if self.delay > 0 else 0.0
+            delay = self.delay * (0.5 + self.rng.random()) if after_s is None else after_s
             q.items.append(Item(seq, time.monotonic() + delay, fn, need))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fakecupy-gpu", daemon=True)
