@@ -6,7 +6,7 @@
 # 1. the probe (what aioccl-info prints);
 # 2. tests/workers/gpu_ops.py: every op x every dtype on cupy buffers, exact data, both paths
 #    (CUDA IPC, and the staged path with AIOCCL_GPU_IPC=0), small scratch so ops run in many pieces;
-# 3. JAX on GPU: tests/workers/jax_process.py with JAX_PLATFORMS=cuda;
+# 3. JAX on GPU: tests/workers/jax_process.py with JAX_PLATFORMS=cuda; 3b. torch CUDA tensors through c10d;
 # 4. aioccl-perf all_reduce on GPU buffers, 8 B .. 64 MiB, JSON in $OUT (or ./gpu-check-out);
 # 5. where the nvidia-nccl wheel is present, the same sweep through cupy.cuda.nccl for comparison
 #    (NCCL refuses two ranks on one GPU; with fewer GPUs than ranks it says so and is skipped).
@@ -25,6 +25,8 @@ echo "== 1. probe"
 
 echo "== 2. every op x dtype on GPU buffers ($NPROC ranks)"
 for ipc in 1 0; do
+  AIOCCL_GPU_IPC=$ipc GPU_OPS_STREAM=1 "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/gpu_ops.py 1 1500 \
+    | grep -E "GPU_OK|FAIL"
   AIOCCL_GPU_IPC=$ipc "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/gpu_ops.py 1 7 1500 100000 \
     | tee "$OUTDIR/gpu_ops_ipc$ipc.txt" | grep -E "GPU_OK|FAIL|failures"
   AIOCCL_GPU_IPC=$ipc AIOCCL_GPU_SCRATCH=65536 AIOCCL_GPU_STAGE_PIECE=65536 \
@@ -33,6 +35,16 @@ done
 
 echo "== 3. JAX on GPU"
 JAX_PLATFORMS=cuda "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/jax_process.py | tail -n "$NPROC"
+JAX_PLATFORMS=cuda JAXPAR_LOG="$OUTDIR/jax_parity_barrier.log" "$PY" -m aioccl.run --nproc-per-node "$NPROC" \
+  tests/workers/jax_parity.py | tee "$OUTDIR/jax_parity.txt" | tail -n "$NPROC"
+
+echo "== 3b. torch CUDA tensors through backend=aioccl, against Gloo"
+if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  "$PY" -m torch.distributed.run --nproc-per-node "$NPROC" tests/workers/torch_c10d.py cuda \
+    | tee "$OUTDIR/torch_cuda_c10d.txt" | grep -E "c10d n=|FAIL"
+else
+  echo "(torch without CUDA: skipped)"
+fi
 
 echo "== 4. aioccl-perf on GPU buffers"
 for ipc in 1 0; do

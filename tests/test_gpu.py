@@ -216,6 +216,17 @@ def test_the_stand_ins_streams_run_late_so_each_careless_pattern_reads_wrong_byt
         assert got == want, (case, got)
 
 
+def test_torch_cuda_tensors_are_viewed_in_place_and_ordered_on_torchs_stream():
+    """What aioccl reads of a torch CUDA tensor, on the stand-in (the run against Gloo on real CUDA tensors
+    is ``torch_c10d.py cuda``: tests/test_torch_backend.py on a GPU machine, and scripts/gpu-check.sh)."""
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "torch_cuda_standin.py")],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}"})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "TORCHCUDA OK 8" in proc.stdout
+
+
 def test_jax_ext_gpu_callback_views_xla_buffers_and_uses_its_stream():
     proc = launch(2, "jax_gpu_callback.py", timeout=240, env={"PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

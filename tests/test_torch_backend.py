@@ -39,6 +39,16 @@ def test_every_c10d_op_equals_gloo_on_every_shared_dtype(n, transport):
     assert p.returncode == 0, p.stderr[-3000:]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA device here (the CPU build, or no "
+                    "GPU): CUDA tensors through backend='aioccl' run on a GPU machine (scripts/gpu-check.sh)")
+def test_cuda_tensors_through_c10d_equal_gloo():
+    p = torchrun(2, "torch_c10d.py", "cuda", timeout=600)
+    for r in range(2):
+        found = re.search(rf"\[rank {r}\] c10d n=2: (\d+) checks, (\d+) failures on cuda", p.stdout)
+        assert found is not None and found[2] == "0", p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
 @pytest.mark.parametrize("mode, n", [("ddp", 2), ("fsdp2", 2), ("fsdp2", 4)])
 def test_training_equals_one_process_on_the_whole_batch(mode, n):
     p = torchrun(n, "torch_ddp_check.py", mode, "5")

@@ -12,9 +12,11 @@ and its logical dtype travels beside it (``DevArray.dtype``); the kernels in
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import InvalidArgument
@@ -25,14 +27,16 @@ KDL_CUDA, KDL_CUDA_MANAGED = 2, 13  # DLPack device types aioccl can use as GPU 
 
 
 class DevArray:
-    """A C-contiguous cupy array (``data``) with its logical numpy dtype and device ordinal."""
+    """A C-contiguous cupy array (``data``) with its logical numpy dtype and device ordinal; ``stream``: the
+    stream its owner orders work on (torch's current stream for a torch tensor), the op's default."""
 
-    __slots__ = ("data", "dtype", "device")
+    __slots__ = ("data", "dtype", "device", "stream")
 
-    def __init__(self, data: Any, dtype: np.dtype, device: int) -> None:
+    def __init__(self, data: Any, dtype: np.dtype, device: int, stream: int | None = None) -> None:
         self.data = data
         self.dtype = np.dtype(dtype)
         self.device = device
+        self.stream = stream
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -55,10 +59,10 @@ class DevArray:
         return self.data.flags
 
     def reshape(self, *shape: Any) -> DevArray:
-        return DevArray(self.data.reshape(*shape), self.dtype, self.device)
+        return DevArray(self.data.reshape(*shape), self.dtype, self.device, self.stream)
 
     def __getitem__(self, key: Any) -> DevArray:
-        return DevArray(self.data[key], self.dtype, self.device)
+        return DevArray(self.data[key], self.dtype, self.device, self.stream)
 
     def __setitem__(self, key: Any, value: DevArray) -> None:
         self.data[key] = value.data
@@ -69,6 +73,8 @@ class DevArray:
 
 def is_device_object(x: Any) -> bool:
     """Whether ``x`` lives in GPU memory, judged without importing cupy."""
+    if _is_torch(x):  # its __cuda_array_interface__ raises TypeError (bfloat16) or RuntimeError (requires_grad)
+        return getattr(getattr(x, "device", None), "type", None) == "cuda"
     if hasattr(x, "__cuda_array_interface__"):
         return True
     dev = getattr(x, "__dlpack_device__", None)
@@ -95,6 +101,8 @@ def adapt_device(x: Any, name: str) -> tuple[DevArray, bool, Callable[[DevArray]
         arr = DevArray(x, _logical(x, x.dtype), x.device.id)
         return arr, True, (lambda a, _x=x: _x if a.data is _x else a.data), False
     what = f"{name} ({type(x).__name__}, in GPU memory)"
+    if _is_torch(x):
+        return _from_torch(cp, x, what)
     if hasattr(x, "__cuda_array_interface__"):
         try:
             arr, readonly = _from_cai(cp, x, what)
@@ -112,6 +120,40 @@ def adapt_device(x: Any, name: str) -> tuple[DevArray, bool, Callable[[DevArray]
         return arr, False, _jax_wrap, True
     owner = x
     return arr, not readonly, (lambda a, _x=owner, _d=arr.data: _x if a.data is _d else a.data), False
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _from_torch(cp: Any, x: Any, what: str) -> tuple[DevArray, bool, Callable[[DevArray], Any], bool]:
+    """A torch CUDA tensor: viewed through ``detach()`` (same storage; a tensor that requires grad refuses
+    to export, and like torch.distributed the op is invisible to autograd), bfloat16 as int16 bits
+    relabelled, ordered on torch's current stream for its device (what torch's own kernels use)."""
+    torch = sys.modules["torch"]
+    t = x.detach()
+    logical = np.dtype(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else None
+    if logical is not None:
+        t = t.view(torch.int16)
+    try:
+        arr, _ = _from_cai(cp, t, what)
+    except InvalidArgument:
+        raise
+    except Exception as e:  # noqa: BLE001 - unsupported dtype (bool, complex) or a bad pointer
+        raise InvalidArgument(f"{what}: cannot view the {t.dtype} tensor through __cuda_array_interface__: {e}"
+                              ) from None
+    if logical is not None:
+        arr.dtype, arr.data = logical, arr.data.view(storage_dtype(logical))
+    arr.stream = int(torch.cuda.current_stream(t.device).cuda_stream)
+    tensor, mine = x, arr.data
+
+    def wrap(a: DevArray) -> Any:
+        if a.data is mine:
+            return tensor
+        out = torch.as_tensor(a.data, device=t.device)  # a fresh output: shares the cupy array's memory
+        return out.view(torch.bfloat16) if logical is not None else out
+
+    return arr, True, wrap, False
 
 
 def _logical(x: Any, fallback: Any) -> np.dtype:

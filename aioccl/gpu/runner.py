@@ -137,6 +137,8 @@ class GpuRunner:
              result: Callable[[], Any], timeout: float, stream: Any) -> tuple[GpuOp, int]:
         dev = out.device if out.device is not None else inp.device
         assert dev is not None
+        if stream is None:  # a torch tensor's own stream, else cupy's current one
+            stream = next((b.array.stream for b in (inp, out) if getattr(b.array, "stream", None) is not None), None)
         with self._cp.cuda.Device(dev):
             s = resolve(self._cp, stream)
         with self._lock:

@@ -1,7 +1,10 @@
 """Under torchrun: every c10d op on backend "aioccl", checked element by element against Gloo (a group of
 the same ranks) and against the exact expected values, for every dtype the two share.
 
-Usage: torchrun --nproc-per-node N torch_c10d.py [conformance | timeout | killed]
+Usage: torchrun --nproc-per-node N torch_c10d.py [conformance | cuda | timeout | killed]
+
+``cuda``: the conformance run on CUDA tensors (a GPU machine: aioccl's GPU path through c10d), against
+Gloo on the same CUDA tensors where Gloo takes them, else against Gloo on the same values in CPU tensors.
 Prints "[rank r] c10d n=N: C checks, F failures" and exits 1 on any failure.
 """
 
@@ -20,13 +23,16 @@ import torch.distributed as dist
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.int8,
           torch.uint8]
 POISON = 99
+DEVICE = "cpu"
 checks = 0
 failures: list[str] = []
+gloo_on_cpu: set[str] = set()  # ops Gloo refused CUDA tensors for: compared with Gloo's CPU results
 
 
 def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
     global checks
     checks += 1
+    got, want = got.cpu(), want.cpu()
     if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
         failures.append(f"{what}: got {got.flatten()[:8].tolist()} want {want.flatten()[:8].tolist()}")
 
@@ -34,16 +40,28 @@ def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
 def values(rank: int, count: int, dtype: torch.dtype, small: bool = False) -> torch.Tensor:
     """Small integers, exact in every dtype and under every reduction of up to 4 ranks."""
     v = (torch.arange(count) * 3 + rank * 5) % (3 if small else 7) + 1
-    return v.to(dtype)
+    return v.to(dtype).to(DEVICE)
 
 
 def poison(count: int, dtype: torch.dtype) -> torch.Tensor:
-    return torch.full((count,), POISON).to(dtype)
+    return torch.full((count,), POISON).to(dtype).to(DEVICE)
 
 
 def both(fn, name: str, gloo: dist.ProcessGroup) -> None:
     """Run ``fn(group)`` on aioccl and on Gloo; it returns tensors to compare pairwise."""
-    mine, theirs = fn(None), fn(gloo)
+    global DEVICE
+    mine = fn(None)
+    try:
+        theirs = fn(gloo)
+    except RuntimeError:
+        if DEVICE == "cpu":
+            raise
+        gloo_on_cpu.add(name.split(" ")[0])
+        DEVICE = "cpu"
+        try:
+            theirs = fn(gloo)
+        finally:
+            DEVICE = "cuda"
     for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
         check(f"{name}[{i}] vs gloo", a, b)
 
@@ -179,21 +197,21 @@ def coalesced(r: int, n: int) -> None:
     from torch.distributed.distributed_c10d import _coalescing_manager
 
     xs = [values(r + k, 20 + k, torch.float32) for k in range(3)]
-    with _coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+    with _coalescing_manager(device=torch.device(DEVICE), async_ops=True) as cm:
         for x in xs:
             dist.all_reduce(x)
     cm.wait()
     for k, x in enumerate(xs):
         check(f"coalesced all_reduce {k}", x, sum(values(j + k, 20 + k, torch.float32) for j in range(n)))
     outs = [poison(4 * n, torch.int64) for _ in range(2)]
-    with _coalescing_manager(device=torch.device("cpu")):
+    with _coalescing_manager(device=torch.device(DEVICE)):
         for k, out in enumerate(outs):
             dist.all_gather_into_tensor(out, values(r + k, 4, torch.int64))
     for k, out in enumerate(outs):
         check(f"coalesced all_gather_into_tensor {k}", out, torch.cat([values(j + k, 4, torch.int64)
                                                                        for j in range(n)]))
     blocks = [poison(3, torch.int32) for _ in range(2)]
-    with _coalescing_manager(device=torch.device("cpu")):
+    with _coalescing_manager(device=torch.device(DEVICE)):
         for k, out in enumerate(blocks):
             dist.reduce_scatter_tensor(out, values(r + k, 3 * n, torch.int32))
     for k, out in enumerate(blocks):
@@ -269,13 +287,19 @@ def all_reduce_fails(naming: str, low_s: float, high_s: float) -> None:
 
 
 def main() -> None:
+    global DEVICE
     mode = sys.argv[1] if len(sys.argv) > 1 else "conformance"
+    if mode == "cuda":
+        DEVICE, mode = "cuda", "conformance"
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     timeout = timedelta(seconds=2) if mode == "timeout" else None
     dist.init_process_group(backend="aioccl", **({"timeout": timeout} if timeout else {}))
     assert dist.get_backend() == "aioccl", dist.get_backend()
     {"conformance": conformance, "timeout": silent_rank, "killed": killed_rank}[mode]()
     r, n = dist.get_rank(), dist.get_world_size()
-    print(f"[rank {r}] c10d n={n}: {checks} checks, {len(failures)} failures", flush=True)
+    print(f"[rank {r}] c10d n={n}: {checks} checks, {len(failures)} failures"
+          + (f" on {DEVICE} tensors (Gloo refused CUDA for {sorted(gloo_on_cpu)})" if DEVICE != "cpu" else ""),
+          flush=True)
     for f in failures[:10]:
         print(f"[rank {r}] FAIL {f}", flush=True)
     if mode == "conformance":

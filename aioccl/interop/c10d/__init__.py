@@ -20,7 +20,7 @@ import warnings
 from typing import Any
 
 BACKEND_NAME = "aioccl"
-DEVICES = ["cpu"]  # CUDA tensors: combine with NCCL, backend="cpu:aioccl,cuda:nccl" (docs/torch.md)
+DEVICES = ["cpu", "cuda"]  # CUDA tensors take aioccl's GPU path (cupy), as Gloo takes them: docs/torch.md
 
 
 def register() -> bool:

@@ -161,7 +161,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
     def _gather_list(self, outs: list[torch.Tensor], inp: torch.Tensor,
                      timeout: float) -> tuple[Work[Any], torch.Tensor]:
         """All-gather ``inp`` into one flat tensor, which ``_unflatten`` copies into ``outs`` once done."""
-        flat = torch.empty(len(outs) * inp.numel(), dtype=inp.dtype)
+        flat = torch.empty(len(outs) * inp.numel(), dtype=inp.dtype, device=inp.device)
         return self.comm.all_gather(self._flat(inp, "allgather"), out=flat, timeout=timeout), flat
 
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
@@ -172,7 +172,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
         if self.rank() != root:
             return self._work([self.comm.gather(self._flat(inp, "gather"), root, timeout=t)], [], "gather")
         outs = output_tensors[0]
-        flat = torch.empty(len(outs) * inp.numel(), dtype=inp.dtype)
+        flat = torch.empty(len(outs) * inp.numel(), dtype=inp.dtype, device=inp.device)
         w = self.comm.gather(self._flat(inp, "gather"), root, out=flat, timeout=t)
         return self._work([w], outs, "gather", lambda: _unflatten(flat, outs))
 
@@ -291,11 +291,16 @@ class AiocclProcessGroup(dist.ProcessGroup):
 
 
 def _unflatten(flat: torch.Tensor, outs: list[torch.Tensor]) -> None:
-    """Copy consecutive pieces of ``flat`` into ``outs`` (on the engine thread, once the op is done)."""
+    """Copy consecutive pieces of ``flat`` into ``outs`` (on the engine thread, once the op is done).
+
+    CUDA tensors: the copies are kernels on this thread's stream, so the host waits for them before the
+    Work completes: a completed Work's results are in place for every stream, as aioccl's GPU ops are."""
     at = 0
     for o in outs:
         o.copy_(flat[at:at + o.numel()].view(o.shape))
         at += o.numel()
+    if flat.is_cuda:
+        torch.cuda.current_stream(flat.device).synchronize()
 
 
 def _pieces(flat: torch.Tensor, sizes: list[int] | None, n: int) -> list[torch.Tensor]:
