@@ -4,8 +4,9 @@ worker under tests/fakecupy: every mutation must fail it, and the unbroken runne
     python scripts/standin_mutations.py [--ranks 3]
 
 Each mutation is applied to a copy of the package in a temporary directory (the checkout is never touched).
-Prints one line per mutation: its name, the failed checks per rank, and CAUGHT or MISSED; exits 1 if any was
-missed. Takes about a minute on two cores; not part of ``make test``.
+Prints one line per mutation: its name, the failed checks per rank (-1: a rank crashed before its checks were
+counted, which also fails the run), and CAUGHT or MISSED; exits 1 if any was missed. Takes about a minute on
+two cores; not part of ``make test``.
 """
 
 from __future__ import annotations

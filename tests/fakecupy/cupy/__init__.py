@@ -31,6 +31,7 @@ class ndarray:  # noqa: N801 - cupy's name
             n = int(np.prod(shape)) * dt.itemsize
             if memptr is None or n == 0:
                 _arr = np.full(n, 0x5A, np.uint8).view(dt).reshape(shape)  # fresh memory: poisoned
+                cuda._gpu.GPU.keep(_arr)
             else:
                 raw = (ctypes.c_char * n).from_address(memptr.ptr)
                 _arr = np.frombuffer(raw, dtype=dt).reshape(shape)
@@ -116,8 +117,9 @@ def asnumpy(x: ndarray, stream: Any = None) -> np.ndarray:
 
 def empty(shape: Any, dtype: Any = float) -> ndarray:  # poisoned, so nothing passes by luck
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
-    return ndarray(_arr=np.full(int(np.prod(shape)) * np.dtype(dtype).itemsize, 0x5A, np.uint8)
-                   .view(dtype).reshape(shape))
+    raw = np.full(int(np.prod(shape)) * np.dtype(dtype).itemsize, 0x5A, np.uint8)
+    cuda._gpu.GPU.keep(raw)
+    return ndarray(_arr=raw.view(dtype).reshape(shape))
 
 
 def zeros(shape: Any, dtype: Any = float) -> ndarray:

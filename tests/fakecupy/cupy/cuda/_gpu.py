@@ -72,6 +72,14 @@ class Gpu:
         self.rng = random.Random(os.getpid())
         self.error: str | None = None
         self._thread: threading.Thread | None = None
+        self._kept: list[object] = []  # device memory the host dropped: freed once no work is queued
+
+    def keep(self, memory: object) -> None:
+        """Hold ``memory`` until the GPU is idle. cupy's pool never hands memory to the C heap while a stream
+        may still write it; without this, a late write into an array the host dropped corrupts the process's
+        heap instead of showing up as wrong bytes."""
+        with self.cond:
+            self._kept.append(memory)
 
     def queue(self, ptr: int, blocking: bool = False) -> Queue:
         """The queue for stream handle ``ptr`` (made on first sight: an external handle is non-blocking)."""
@@ -170,6 +178,8 @@ class Gpu:
                 assert q is not None
                 q.items.popleft()
                 q.done_seq = item.seq
+                if self._kept and not any(x.items for x in self.queues.values()):
+                    self._kept = []
                 self.cond.notify_all()
 
 
