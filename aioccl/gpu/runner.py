@@ -41,10 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import log
-from ..algorithms.table import BY_NAME
 from ..buffers import Buf
-from ..dtypes import ReduceOp, dtype_code
-from ..engine.op import Op
+from ..dtypes import ReduceOp
 from ..envvars import env_int
 from ..errors import CollectiveTimeout
 from ..kernels import gpu as kernels
@@ -53,7 +51,8 @@ from . import plans
 from .events import wait_event
 from .host_phase import host_op
 from .ipc import EXPORT_BYTES, Export, IpcState, IpcTable, raw_view, same_call
-from .pinned import Block, PinnedPool
+from .op import GpuOp
+from .pinned import PinnedPool
 from .probe import load_cupy
 from .streams import resolve
 
@@ -70,23 +69,6 @@ def settings(env: Mapping[str, str]) -> tuple[int, int]:
     """(CUDA-IPC scratch bytes, staged piece bytes) from ``AIOCCL_GPU_SCRATCH`` / ``AIOCCL_GPU_STAGE_PIECE``."""
     return (env_int(env, "AIOCCL_GPU_SCRATCH", SCRATCH_DEFAULT, 4096),
             env_int(env, "AIOCCL_GPU_STAGE_PIECE", STAGE_PIECE_DEFAULT, 4096))
-
-
-class GpuOp(Op[Buf]):
-    """The one op record (``engine.op.Op``: seq, fingerprint, deadline, Work) and what the GPU path adds: the
-    stream the op is ordered on, its input staged in pinned memory (one D2H event per piece), and the pinned
-    blocks it holds until its results are copied back. Its sequence number is its ticket."""
-
-    __slots__ = ("stream", "staged_in", "blocks")
-
-    def __init__(self, name: str, ticket: int, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
-                 stream: Any, timeout: float, work: Work[Any], result: Callable[[], Any]) -> None:
-        row = BY_NAME.get(name)  # None for "send" / "recv"
-        super().__init__(name, row.code if row is not None else 0, ticket, inp, out, dtype_code(out.array.dtype),
-                         op, count, root, timeout, work, result)
-        self.stream = stream
-        self.staged_in: tuple[Block, list[Any]] | None = None
-        self.blocks: list[Block] = []
 
 
 class GpuRunner:
