@@ -15,16 +15,17 @@ from .pinned import Block
 
 class GpuOp(Op[Buf]):
     """The one op record (``engine.op.Op``: seq, fingerprint, deadline, Work) and what the GPU path adds: the
-    stream the op is ordered on, its input staged in pinned memory (one D2H event per piece), and the pinned
-    blocks it holds until its results are copied back. Its sequence number is its ticket."""
+    device and stream the op is ordered on, its input staged in pinned memory (one D2H event per piece), and
+    the pinned blocks it holds until its results are copied back. Its sequence number is its ticket."""
 
-    __slots__ = ("stream", "staged_in", "blocks")
+    __slots__ = ("device", "stream", "staged_in", "blocks")
 
     def __init__(self, name: str, ticket: int, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
-                 stream: Any, timeout: float, work: Work[Any], result: Callable[[], Any]) -> None:
+                 device: int, stream: Any, timeout: float, work: Work[Any], result: Callable[[], Any]) -> None:
         row = BY_NAME.get(name)  # None for "send" / "recv"
         super().__init__(name, row.code if row is not None else 0, ticket, inp, out, dtype_code(out.array.dtype),
                          op, count, root, timeout, work, result)
+        self.device = device
         self.stream = stream
         self.staged_in: tuple[Block, list[Any]] | None = None
         self.blocks: list[Block] = []

@@ -126,7 +126,7 @@ class GpuRunner:
         with self._lock:
             ticket = self._tickets
             self._tickets += 1
-        return GpuOp(name, ticket, count, root, inp, out, op, s, timeout, Work(name, ticket), result), dev
+        return GpuOp(name, ticket, count, root, inp, out, op, dev, s, timeout, Work(name, ticket), result), dev
 
     def _stage_input(self, g: GpuOp, dev: int) -> None:
         """Enqueue the input's device-to-host copies now, in stream order, one event per piece."""
@@ -286,8 +286,7 @@ class GpuRunner:
         await wait_event(ev)
 
     def _record(self, g: GpuOp) -> Any:
-        dev = g.out.device if g.out.device is not None else g.inp.device
-        with self._cp.cuda.Device(dev):
+        with self._cp.cuda.Device(g.device):
             ev = self._cp.cuda.Event(disable_timing=True)
             ev.record(g.stream)
         return ev
