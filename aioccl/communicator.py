@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -280,6 +281,11 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
             self._usable()
             work, start = self._gpu_runner().prepare(name, count, root, inp, out, op, result, t, stream)
             desc = (count, out.array.dtype, op, root if BY_NAME[name].rooted else None)
+            if start is None:  # enqueued on the GPU: done, nothing for the engine to do
+                work._desc = desc
+                work._t0 = time.monotonic()
+                self._record(work)
+                return work  # type: ignore[no-any-return]
             return self._track(work, desc, start)
         if stream is not None:
             raise InvalidArgument(f"{name}: stream= orders ops on GPU buffers; these buffers are in host memory")

@@ -18,7 +18,7 @@ class GpuOp(Op[Buf]):
     device and stream the op is ordered on, its input staged in pinned memory (one D2H event per piece), and
     the pinned blocks it holds until its results are copied back. Its sequence number is its ticket."""
 
-    __slots__ = ("device", "stream", "staged_in", "blocks")
+    __slots__ = ("device", "stream", "staged_in", "blocks", "deferred", "ticket")
 
     def __init__(self, name: str, ticket: int, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
                  device: int, stream: Any, timeout: float, work: Work[Any], result: Callable[[], Any]) -> None:
@@ -29,3 +29,5 @@ class GpuOp(Op[Buf]):
         self.stream = stream
         self.staged_in: tuple[Block, list[Any]] | None = None
         self.blocks: list[Block] = []
+        self.ticket = -1  # its turn among the ops with a host phase (runner.py); -1: it has none
+        self.deferred = False  # an IPC op enqueued by the engine once the device path is set up

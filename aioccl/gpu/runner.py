@@ -10,47 +10,43 @@ the user does with other ops meanwhile.
 
 Two paths:
 
-* **IPC** (every rank on one host): ranks publish into their CUDA-IPC-shared
-  scratch, meet at a barrier, build their outputs from the peers' scratch
-  with copies and the reduction kernels, and meet again (``plans.py``).
+* **IPC** (every rank on one host): ``device_path.py``. The host only
+  enqueues: one kernel per piece on the op's stream, synchronised on the
+  device through flags in CUDA-IPC memory, and the Work is complete at
+  enqueue, as NCCL's is (``work.event`` marks the results for other
+  streams). It is set up once, by the first GPU op; a caller on the engine's
+  own thread cannot wait for that, so its first ops take a ticket and are
+  enqueued by the engine, in order, once the setup is done.
 * **staged** (other hosts, or IPC refused by any rank): pinned host
   buffers, the host engine moves the bytes (and reduces on the CPU), and the
   results are copied back on the caller's stream; elementwise ops go in
-  pieces so the copies overlap the transfers.
-
-Either way the Work completes only once the results are *in* the output
-buffer: the runner records ``work.event`` on the op's stream right after the
-last copy or kernel that writes them and waits (polling, off the loop's
-critical path) for it. Completing when they were merely enqueued let a
-reader on any other stream (``cp.asnumpy`` on the default stream after an op
-with ``stream=``) see the old bytes: the staged path's wrong results on the
-first H100 run. Pinned blocks go back to the pool with that event, on
-failure too, so none is reused while a queued copy may still touch it.
+  pieces so the copies overlap the transfers. Its Work completes only once
+  the results are *in* the output buffer (``work.event`` recorded right after
+  the last copy back, and waited for by polling): completing earlier let a
+  reader on another stream see the old bytes, the staged path's wrong
+  results on the first H100 run. Pinned blocks go back to the pool with that
+  event, on failure too, so none is reused while a queued copy may touch it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .. import log
 from ..buffers import Buf
 from ..dtypes import ReduceOp
 from ..envvars import env_int
 from ..errors import CollectiveTimeout
-from ..kernels import gpu as kernels
 from ..work import Work
 from . import plans
+from .device_path import DevicePath
 from .events import wait_event
 from .host_phase import host_op
-from .ipc import EXPORT_BYTES, Export, IpcState, IpcTable, raw_view, same_call
 from .op import GpuOp
 from .pinned import PinnedPool
 from .probe import load_cupy
@@ -61,6 +57,7 @@ if TYPE_CHECKING:
 
 _log = log.get("GPU")
 SCRATCH_DEFAULT = 64 << 20
+WATCH_S = 0.02  # how often the engine looks at the device path's error word and deadlines
 STAGE_PIECE_DEFAULT = 4 << 20
 H2D, D2H = 1, 2  # cudaMemcpyKind
 
@@ -80,31 +77,84 @@ class GpuRunner:
         # a collective, issued now: every rank does it at the same point (a color: never None)
         self._side: Work[Any] = comm.split(0)
         self._lock = threading.Lock()
-        self._tickets = 0
+        self._ops = 0  # every GPU op: its sequence number
+        self._tickets = 0  # ops with a host phase (staged, p2p, IPC before the setup): their turn order
         self._turn = 0
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._skipped: set[int] = set()  # tickets whose op timed out before its turn: passed over
         self._same_host = comm.local_world_size == comm.world_size
-        self._ipc: IpcState | None | bool = None  # None: not tried yet; False: refused by some rank
+        self._ipc: DevicePath | None | bool = None  # None: not set up yet; False: refused by some rank
+        self._setup_started = False
+        self._setup_done = threading.Event()
+        self._setup_error: BaseException | None = None
+        self._deferred = 0  # IPC ops waiting for the setup on tickets: later ones queue behind them
         self._scratch_bytes, self._piece_bytes = settings(os.environ)
         rt = self._cp.cuda.runtime
         self._pinned = PinnedPool(lambda n: rt.hostAlloc(n, 0), rt.freeHost)
 
     @property
     def path(self) -> str:
-        """``"ipc"``, ``"staged"``, or ``"undecided"`` before the first collective's host phase."""
-        if isinstance(self._ipc, IpcState):
-            return "ipc"
+        """``"ipc/spin"``, ``"ipc/stream"`` (``device_path.py``), ``"staged"``, or ``"undecided"`` before the
+        setup (the first collective)."""
+        if isinstance(self._ipc, DevicePath):
+            return f"ipc/{self._ipc.form}"
         return "staged" if self._ipc is False or not self._same_host else "undecided"
 
     # -- call time (caller's thread) ---------------------------------------------------------------
     def prepare(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
-                result: Callable[[], Any], timeout: float, stream: Any) -> tuple[Work[Any], Callable[[], Any]]:
-        """A collective: its Work and the engine-side start (the host phase)."""
+                result: Callable[[], Any], timeout: float,
+                stream: Any) -> tuple[Work[Any], Callable[[], Any] | None]:
+        """A collective: its Work and the engine-side start (None: enqueued on the GPU already, Work done)."""
         g, dev = self._new(name, count, root, inp, out, op, result, timeout, stream)
-        if not (self._same_host and self._ipc is not False):
-            self._stage_input(g, dev)
-        return g.work, lambda: self._run(g, dev)
+        if self._same_host and self._ipc is not False:
+            self._start_setup(dev, timeout)
+            sync_caller = not self._comm._engine.placement.on_loop_thread()  # its stream order needs the setup
+            if sync_caller and not self._setup_done.wait(timeout):
+                raise CollectiveTimeout(g.work.op, g.seq, [], timeout, "setting up the GPU path")
+            if self._setup_error is not None:
+                raise self._setup_error
+            dp = self._ipc
+            if isinstance(dp, DevicePath) and self._deferred == 0:
+                dp.enqueue(g)
+                return g.work, None
+            if dp is None or self._deferred:
+                with self._lock:
+                    self._deferred += 1
+                g.deferred = True
+                return self._ticketed(g, lambda: self._run(g, dev))
+        self._stage_input(g, dev)
+        return self._ticketed(g, lambda: self._run(g, dev))
+
+    def _start_setup(self, dev: int, timeout: float) -> None:
+        with self._lock:
+            if self._setup_started:
+                return
+            self._setup_started = True
+        self._comm._engine.launch(lambda: self._setup(dev, timeout))
+
+    async def _setup(self, dev: int, timeout: float) -> None:
+        """The device path, once, on the engine's loop; its watch runs there for the communicator's life."""
+        try:
+            side = await self._side
+            dp = await DevicePath.setup(self._cp, side, dev, self._scratch_bytes, timeout,
+                                        f"{self._comm._view.ctx:x}")
+            if isinstance(dp, str):
+                self._ipc = False
+                _log.warning("GPU ops use staging through host memory: %s", dp)
+            else:
+                self._ipc = dp
+                self._comm._engine.spawn(self._watch(dp))
+        except BaseException as e:
+            self._ipc = False
+            self._setup_error = e
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            self._setup_done.set()
+
+    async def _watch(self, dp: DevicePath) -> None:
+        while self._ipc is dp and dp.poll() is None:
+            await asyncio.sleep(WATCH_S)
 
     def prepare_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
                     stream: Any) -> tuple[Work[Any], Callable[[], Any]]:
@@ -113,7 +163,7 @@ class GpuRunner:
         g.work.op = f"{kind}(peer={peer}, tag={tag})"
         if kind == "send":
             self._stage_input(g, dev)
-        return g.work, lambda: self._run_p2p(g, dev, tag)
+        return self._ticketed(g, lambda: self._run_p2p(g, dev, tag))
 
     def _new(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
              result: Callable[[], Any], timeout: float, stream: Any) -> tuple[GpuOp, int]:
@@ -124,9 +174,16 @@ class GpuRunner:
         with self._cp.cuda.Device(dev):
             s = resolve(self._cp, stream)
         with self._lock:
-            ticket = self._tickets
+            seq = self._ops
+            self._ops += 1
+        return GpuOp(name, seq, count, root, inp, out, op, dev, s, timeout, Work(name, seq), result), dev
+
+    def _ticketed(self, g: GpuOp, start: Callable[[], Any]) -> tuple[Work[Any], Callable[[], Any]]:
+        """``g`` runs a host phase: it takes the next turn (call order, the same on every rank)."""
+        with self._lock:
+            g.ticket = self._tickets
             self._tickets += 1
-        return GpuOp(name, ticket, count, root, inp, out, op, dev, s, timeout, Work(name, ticket), result), dev
+        return g.work, start
 
     def _stage_input(self, g: GpuOp, dev: int) -> None:
         """Enqueue the input's device-to-host copies now, in stream order, one event per piece."""
@@ -157,12 +214,14 @@ class GpuRunner:
         try:
             async with asyncio.timeout(g.timeout):
                 await body()
+                if g.work.done():  # enqueued on the device path: complete at enqueue
+                    return
                 await self._land(g)
             g.work._set_result(g.result())
         except TimeoutError:
             g.work._set_exception(CollectiveTimeout(
                 g.work.op, g.seq, waiting(), g.timeout,
-                f"GPU op (ticket {g.seq}) not done after {time.monotonic() - t0:.1f}s",
+                f"GPU op (ticket {g.ticket}) not done after {time.monotonic() - t0:.1f}s",
                 f"{self._comm._view.ctx:x}"))
         except Exception as e:  # noqa: BLE001 - aioccl and CUDA errors alike end on the Work
             g.work._set_exception(e)
@@ -176,17 +235,22 @@ class GpuRunner:
 
     async def _run(self, g: GpuOp, dev: int) -> None:
         async def body() -> None:
-            await self._wait_turn(g.seq)
+            await self._wait_turn(g.ticket)
             try:
                 side = await self._side
-                if g.staged_in is None and self._ipc is None:
-                    await self._setup_ipc(side, dev, g.timeout)
-                if g.staged_in is None and isinstance(self._ipc, IpcState):
-                    await self._run_ipc(g, side, dev, self._ipc)
+                while self._same_host and not self._setup_done.is_set():
+                    await asyncio.sleep(0.001)
+                if self._setup_error is not None:
+                    raise self._setup_error
+                if g.staged_in is None and isinstance(self._ipc, DevicePath):
+                    self._ipc.enqueue(g)
                 else:
                     await self._run_staged(g, side, dev)
             finally:
-                self._next_turn(g.seq)
+                if g.deferred:
+                    with self._lock:
+                        self._deferred -= 1
+                self._next_turn(g.ticket)
 
         await self._complete(g, body, self._side_waiting)
 
@@ -221,7 +285,7 @@ class GpuRunner:
         receive its peer is waiting for."""
 
         async def body() -> None:
-            await self._wait_turn(g.seq)
+            await self._wait_turn(g.ticket)
             try:
                 side = await self._side
                 if g.name == "send":
@@ -237,7 +301,7 @@ class GpuRunner:
                     host = side.irecv(block.view(g.out.array.dtype, g.out.array.size), g.root, tag,
                                       timeout=g.timeout)
             finally:
-                self._next_turn(g.seq)
+                self._next_turn(g.ticket)
             await host
             if g.name == "recv" and g.out.array.nbytes:
                 with self._cp.cuda.Device(dev):
@@ -296,99 +360,10 @@ class GpuRunner:
             self._pinned.give_back(block, ev)
         g.blocks = []
 
-    # -- IPC ---------------------------------------------------------------------------------------
-    async def _setup_ipc(self, side: Communicator, dev: int, timeout: float) -> None:
-        """Allocate, export and open the scratch buffers; every rank agrees or all fall back to staging."""
-        cp, rt = self._cp, self._cp.cuda.runtime
-        reason = ""
-        own = 0
-        export = Export(bytes(64), 0, os.getpid(), dev)
-        if os.environ.get("AIOCCL_GPU_IPC", "1") == "0":
-            reason = "AIOCCL_GPU_IPC=0"
-        else:
-            try:
-                with cp.cuda.Device(dev):
-                    own = rt.malloc(self._scratch_bytes)  # outside cupy's pool: the handle covers just this
-                    export = Export(rt.ipcGetMemHandle(own), self._scratch_bytes, os.getpid(), dev)
-            except Exception as e:  # noqa: BLE001
-                reason = f"cannot export scratch: {e}"
-        mine = np.frombuffer(export.encode(), dtype=np.uint8)
-        everyone = (await side.all_gather(mine, timeout=timeout)).reshape(side.world_size, EXPORT_BYTES)
-        table = IpcTable(side.rank, own, lambda h: rt.ipcOpenMemHandle(h), rt.ipcCloseMemHandle)
-        exports = [Export.decode(everyone[r].tobytes()) for r in range(side.world_size)]
-        if not reason:
-            try:
-                with cp.cuda.Device(dev):
-                    for r, ex in enumerate(exports):
-                        table.add(r, ex)
-            except Exception as e:  # noqa: BLE001
-                reason = f"cannot open a peer's scratch: {e}"
-        agreed = await side.all_reduce(np.array([0 if reason else 1], dtype=np.int32), "min", timeout=timeout)
-        if not int(agreed[0]):
-            table.close()
-            if own:
-                rt.free(own)
-            self._ipc = False
-            _log.warning("GPU ops use staging through host memory: %s", reason or "a peer could not use CUDA IPC")
-            return
-        cap = min(ex.nbytes for ex in exports)
-        with cp.cuda.Device(dev):
-            views = [raw_view(cp, table.ptr(r), cap, dev) for r in range(side.world_size)]
-        self._ipc = IpcState(table, own, cap, views)
-        _log.info("GPU ops use CUDA IPC: %d MiB scratch per rank", cap >> 20)
-
-    async def _run_ipc(self, g: GpuOp, side: Communicator, dev: int, st: IpcState) -> None:
-        cp = self._cp
-        rank, n = side.rank, side.world_size
-        dt = g.out.array.dtype
-        sdt = kernels.storage_dtype(dt)
-        cap = st.cap_bytes // dt.itemsize
-        pieces = plans.ipc_pieces(g.name, rank, n, g.root, g.count, cap)
-        inp = g.inp.array.data.reshape(-1)
-        out = g.out.array.data.reshape(-1)
-        scratches = [v[:cap * dt.itemsize].view(sdt) for v in st.views]
-        op = g.op or ReduceOp.SUM
-        deadline = g.deadline = time.monotonic() + g.timeout
-
-        def combine(d: Any, a: Any, b: Any) -> None:
-            kernels.combine(op, dt, d, a, b)
-
-        def finish(d: Any) -> None:
-            kernels.scale(op, dt, d, plans.divisor(g.name, rank, n))
-
-        def launch(fn: Callable[[], None]) -> Any:
-            with cp.cuda.Device(dev), g.stream:  # never held across an await: other tasks share this thread
-                fn()
-                ev = cp.cuda.Event(disable_timing=True)
-                ev.record(g.stream)
-            return ev
-
-        fp = np.array(g.fp, dtype=np.int64)
-        for i, piece in enumerate(pieces):
-            await wait_event(launch(functools.partial(plans.publish, piece, inp, scratches[rank], _copy)))
-            if i == 0:  # in place of the first barrier: nobody reads a peer's scratch for another call
-                await same_call(side, fp, g.work.seq, self._remaining(deadline))
-            else:
-                await side.barrier(timeout=self._remaining(deadline))
-            ev = launch(functools.partial(plans.consume, piece, out, scratches, _copy, combine, finish))
-            await wait_event(ev)
-            await side.barrier(timeout=self._remaining(deadline))
-        if not pieces:
-            await same_call(side, fp, g.work.seq, self._remaining(deadline))
-
     # -- lifetime ----------------------------------------------------------------------------------
     def release(self) -> None:
-        """Unmap the peers' scratch and free this rank's (after the last op; errors are logged)."""
-        st, self._ipc = self._ipc, False
-        if isinstance(st, IpcState):
-            for e in st.table.close():
-                _log.warning("closing a peer's CUDA IPC mapping failed: %s", e)
-            try:
-                self._cp.cuda.runtime.free(st.own_ptr)
-            except Exception as e:  # noqa: BLE001
-                _log.warning("freeing the IPC scratch failed: %s", e)
+        """Let the device path's queued ops end and free it (after the last op; errors are logged)."""
+        dp, self._ipc = self._ipc, False
+        if isinstance(dp, DevicePath):
+            dp.release()
         self._pinned.close()
-
-
-def _copy(dst: Any, src: Any) -> None:
-    dst[...] = src

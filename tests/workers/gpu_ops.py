@@ -56,9 +56,18 @@ def host(x, dt) -> np.ndarray:
     return cp.asnumpy(x).view(dt)
 
 
+async def done(w: aioccl.Work):
+    """Await ``w``, then order the default stream (where ``host()`` reads) after its results."""
+    res = await w
+    if w.event is not None:
+        cp.cuda.get_current_stream().wait_event(w.event)
+    return res
+
+
 async def run_dtype(comm: aioccl.Communicator, chk: Checker, dt: type, count: int, stream=None) -> None:
     """Every op on ``dt`` x ``count``. With ``stream``: inputs written on it, every op given ``stream=`` it,
-    results read on the default stream once awaited (an awaited op's results are in place)."""
+    results read on the default stream after it waited for ``work.event`` (as with NCCL, an awaited op's
+    results are ordered on its stream; the event orders them for others)."""
     r, n = comm.rank, comm.world_size
     tag = f"{np.dtype(dt).name} x{count}" + (" stream=" if stream is not None else "")
     on = stream if stream is not None else contextlib.nullcontext()
@@ -71,41 +80,41 @@ async def run_dtype(comm: aioccl.Communicator, chk: Checker, dt: type, count: in
     for op in ops_for(dt):
         out = make(poison(count, dt))
         w = comm.all_reduce(make(data(r, count, dt, op)), op, out=out, **kw)
-        await w
+        await done(w)
         assert w.event is not None, "a finished GPU op carries its CUDA event"
         chk.same(f"all_reduce {op} {tag}", host(out, dt), reduced(n, count, dt, op))
     root = n - 1
     out = make(poison(count, dt))
-    await comm.reduce(make(data(r, count, dt)), root, "sum", out=out, **kw)
+    await done(comm.reduce(make(data(r, count, dt)), root, "sum", out=out, **kw))
     chk.same(f"reduce {tag}", host(out, dt), reduced(n, count, dt, "sum") if r == root else poison(count, dt))
     x = make(data(0, count, dt) if r == 0 else poison(count, dt))
-    await comm.broadcast(x, 0, **kw)
+    await done(comm.broadcast(x, 0, **kw))
     chk.same(f"broadcast {tag}", host(x, dt), data(0, count, dt))
     out = make(poison(n * count, dt))
-    await comm.all_gather(make(data(r, count, dt)), out=out, **kw)
+    await done(comm.all_gather(make(data(r, count, dt)), out=out, **kw))
     chk.same(f"all_gather {tag}", host(out, dt), np.concatenate([data(i, count, dt) for i in range(n)]))
     groot = 1 % n
     out = make(poison(n * count, dt))
-    await comm.gather(make(data(r, count, dt)), groot, out=out if r == groot else None, **kw)
+    await done(comm.gather(make(data(r, count, dt)), groot, out=out if r == groot else None, **kw))
     if r == groot:
         chk.same(f"gather {tag}", host(out, dt), np.concatenate([data(i, count, dt) for i in range(n)]))
     out = make(poison(count, dt))
-    await comm.reduce_scatter(make(data(r, n * count, dt)), "sum", out=out, **kw)
+    await done(comm.reduce_scatter(make(data(r, n * count, dt)), "sum", out=out, **kw))
     chk.same(f"reduce_scatter {tag}", host(out, dt), reduced(n, n * count, dt, "sum")[r * count:(r + 1) * count])
     out = make(poison(count, dt))
-    await comm.scatter(make(data(0, n * count, dt)) if r == 0 else None, 0, out=out, **kw)
+    await done(comm.scatter(make(data(0, n * count, dt)) if r == 0 else None, 0, out=out, **kw))
     chk.same(f"scatter {tag}", host(out, dt), data(0, n * count, dt)[r * count:(r + 1) * count])
     out = make(poison(n * count, dt))
-    await comm.all_to_all(make(data(r, n * count, dt)), out=out, **kw)
+    await done(comm.all_to_all(make(data(r, n * count, dt)), out=out, **kw))
     chk.same(f"all_to_all {tag}", host(out, dt),
              np.concatenate([data(i, n * count, dt)[r * count:(r + 1) * count] for i in range(n)]))
     out = make(poison(count, dt))
-    await comm.scan(make(data(r, count, dt)), "sum", out=out, **kw)
+    await done(comm.scan(make(data(r, count, dt)), "sum", out=out, **kw))
     chk.same(f"scan {tag}", host(out, dt), reduced(r + 1, count, dt, "sum"))
     if n > 1:
         out = make(poison(count, dt))
         s = comm.isend(make(data(r, count, dt)), (r + 1) % n, tag=7, **kw)
-        await comm.irecv(out, (r - 1) % n, tag=7, **kw)
+        await done(comm.irecv(out, (r - 1) % n, tag=7, **kw))
         await s
         chk.same(f"send/recv {tag}", host(out, dt), data((r - 1) % n, count, dt))
 
@@ -122,7 +131,7 @@ async def in_flight(comm: aioccl.Communicator, chk: Checker) -> None:
             x, out = dev(data(r, count, dt)), dev(poison(count, dt))
         pending.append((comm.all_reduce(x, out=out, stream=s), out, dt, count))
     for k, (w, out, dt, count) in enumerate(pending):
-        await w
+        await done(w)
         chk.same(f"in flight #{k} all_reduce {np.dtype(dt).name} x{count}", host(out, dt),
                  reduced(n, count, dt, "sum"))
 
@@ -136,8 +145,7 @@ async def extras(comm: aioccl.Communicator, chk: Checker) -> None:
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:  # the op reads its input in stream= order, as NCCL does: the input is written on that stream
         y = cp.asarray(data(r, 10, np.int32))
-    await comm.all_reduce(y, "max", stream=stream)
-    # awaited: the results are in y, so a read on any stream (here the default one) sees them
+    await done(comm.all_reduce(y, "max", stream=stream))  # the default stream waits for work.event
     chk.same("all_reduce on stream=", cp.asnumpy(y), reduced(n, 10, np.int32, "max"))
     await in_flight(comm, chk)
     fresh = await comm.all_gather(cp.asarray(data(r, 4, np.int64)))
@@ -158,8 +166,21 @@ async def extras(comm: aioccl.Communicator, chk: Checker) -> None:
     z = cp.asarray(data(r, 3, np.float64))
     await comm.all_reduce(z)  # still usable after the refusals
     chk.same("usable after refusals", cp.asnumpy(z), reduced(n, 3, np.float64, "sum"))
-    try:  # rank r reduces 10 + r elements: a different call on every rank, caught on every rank
+    await mismatch(comm, chk)
+
+
+async def mismatch(comm: aioccl.Communicator, chk: Checker) -> None:
+    """Rank r reduces 10 + r elements: a different call on every rank, caught on every rank. The staged path
+    raises it from the op and stays usable; the CUDA-IPC path finds it on the device, so the op itself is
+    done at enqueue and the communicator's next GPU op raises it (as will every later one: its GPU ops are
+    failed, as NCCL's communicator is after an asynchronous error)."""
+    r, n = comm.rank, comm.world_size
+    device = comm._gpu.path.startswith("ipc")
+    try:
         await comm.all_reduce(cp.asarray(data(r, 10 + r, np.int32)))
+        if device:
+            cp.cuda.Device().synchronize()  # the kernel has run: the error word is set
+            await comm.all_reduce(cp.asarray(data(r, 5, np.int64)))
     except aioccl.CollectiveMismatch as e:
         assert "mismatch" in str(e), e
         chk.count += 1
@@ -167,6 +188,14 @@ async def extras(comm: aioccl.Communicator, chk: Checker) -> None:
     else:
         raise AssertionError("an all_reduce of different counts on every rank was not caught")
     w = cp.asarray(data(r, 5, np.int64))
+    if device:
+        try:
+            await comm.all_reduce(w)
+        except aioccl.CollectiveMismatch:
+            chk.count += 1
+        else:
+            raise AssertionError("a failed device path accepted another op")
+        return
     await comm.all_reduce(w)  # and usable after it
     chk.same("usable after a mismatch", cp.asnumpy(w), reduced(n, 5, np.int64, "sum"))
 

@@ -155,3 +155,32 @@ class ElementwiseKernel:
         a, b, c = args
         op = ReduceOp(parts[1])
         cuda.enqueue(lambda: cpu.combine(op, c._a.view(dt), a._a.view(dt), b._a.view(dt)))
+
+
+class RawModule:
+    """aioccl's piece kernels (``kernels/gpu_piece.py``), run by name with ``aioccl.gpu.piece.emulate``: the
+    kernel's meaning in numpy, flags, deadline and error word included (its CUDA source is compiled with NVRTC
+    in ``tests/test_gpu_piece_kernel.py``)."""
+
+    def __init__(self, code: str = "", options: Any = (), **kw: Any) -> None:
+        self.code = code
+
+    def get_function(self, name: str) -> _PieceKernel:
+        return _PieceKernel(name)
+
+
+class _PieceKernel:
+    def __init__(self, name: str) -> None:
+        from aioccl.dtypes import ReduceOp
+
+        parts = name.split("_", 3)  # aioccl, piece, op, dtype
+        assert parts[:2] == ["aioccl", "piece"], name
+        self.op = ReduceOp(parts[2])
+        self.dt = np.dtype(ml_dtypes.bfloat16) if parts[3] == "bfloat16" else np.dtype(parts[3])
+
+    def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], **kw: Any) -> None:
+        """Launched on the current stream: it runs when the stream gets there."""
+        from aioccl.gpu.piece import emulate
+
+        vals = [float(a) if isinstance(a, (float, np.floating)) else int(a) for a in args]
+        cuda.enqueue(lambda: emulate(self.dt, self.op, int(grid[0]), *vals))  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from . import _gpu, runtime
+from . import _gpu, driver, runtime  # noqa: F401 - cupy.cuda.driver
 
 _local = threading.local()
 
@@ -61,6 +61,9 @@ class Stream:
         event = event if event is not None else Event()
         event.record(self)
         return event
+
+    def is_capturing(self) -> bool:
+        return False
 
     def wait_event(self, event: Event) -> None:
         """Later work on this stream waits until ``event`` completes (it captured its stream at record time)."""

@@ -1,0 +1,393 @@
+"""Collectives on one host's GPUs with the host only enqueueing: one kernel per piece, flags on the device.
+
+Set up once per communicator (``setup``): every rank's scratch (a header of
+flag words and fingerprints, then two data halves) shared through CUDA IPC,
+the table of the ranks' scratch addresses on the device, and an error word
+in host-mapped memory. An op then costs the caller's thread one kernel
+launch per piece on the op's stream (``enqueue``), and its Work is complete
+at once, as NCCL's is: later work on that stream sees the results,
+``work.event`` marks them for other streams. No host thread waits on the
+GPU and the engine is not on the op's path.
+
+Two forms, chosen at setup by measuring a hand-off between the ranks:
+
+* **spin**: the ranks' kernels run at the same time (MPS, or one process
+  per GPU), so a kernel publishes its flag and spins on its peers' (about a
+  microsecond a hand-off);
+* **stream**: the processes are time-sliced on one GPU, where a spinning
+  kernel waits a whole time slice for its peer; the host puts
+  ``cuStreamWriteValue32`` / ``cuStreamWaitValue32`` between a publish and
+  a consume launch instead, and the GPU waits without running anything.
+
+A kernel that waits past the op's deadline, or sees another rank's call
+(fingerprints differ), gives up and writes the error word; ``poll`` (the
+engine's loop, every few ms) turns it into ``CollectiveTimeout`` or
+``CollectiveMismatch``, which the communicator's next GPU op raises. The
+same watch catches a stream form op whose event stays pending past its
+deadline, and frees the stream by writing the flags it waits on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import log
+from ..algorithms.table import name_of
+from ..dtypes import ReduceOp
+from ..engine.notices import describe_call
+from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted, InvalidArgument
+from ..kernels import gpu_piece as K
+from . import plans, streamops
+from .events import wait_event
+from .ipc import EXPORT_BYTES, Export, IpcTable
+from .op import GpuOp
+from .piece import Piece, fingerprint, lower, unpack_fingerprint
+
+_log = log.get("GPU")
+H2D, D2H = 1, 2
+SPIN_GRID = 16  # blocks of every spin-form launch: the epoch's parity must be the same in every block
+MAX_GRID = 64
+SPIN_HANDOFF_US = 200.0  # the probe's hand-off time under which the ranks' kernels run at once
+PROBE_LAUNCHES = 12
+TRACKED = 1024  # ops in flight per communicator; the caller waits for the oldest beyond this
+
+
+@dataclass
+class _Tracked:
+    event: Any
+    seq: int
+    name: str
+    deadline: float
+    epoch: int
+    timeout: float
+    keep: Any  # the op's buffers: alive until its kernels ran (a freed input could be reused under them)
+
+
+class DevicePath:
+    """One communicator's device-synchronised CUDA-IPC collectives; see the module docstring."""
+
+    def __init__(self, cp: Any, rank: int, nranks: int, dev: int, table: IpcTable, own: int, half_bytes: int,
+                 bases: Any, err_ptr: int, comm_id: str) -> None:
+        self._cp, self.rank, self.nranks, self.dev = cp, rank, nranks, dev
+        self._table, self._own, self.half_bytes = table, own, half_bytes
+        self._bases = bases  # device array: rank -> its scratch as mapped here
+        self._bases_ptr = np.uint64(bases.data.ptr)
+        self._err_ptr = err_ptr
+        self._err = np.frombuffer(memoryview((ctypes.c_char * 16).from_address(err_ptr)).cast("B"), dtype=np.uint32)
+        self._comm_id = comm_id
+        self.form, self.why = "spin", ""
+        self.epoch = 0  # this rank's count of pieces, as the device counts them (without graph replays)
+        self._lock = threading.Lock()
+        self._modules: dict[str, Any] = {}
+        self._pieces: dict[tuple[Any, ...], list[Piece]] = {}
+        self._recent: OrderedDict[int, tuple[str, int]] = OrderedDict()  # epoch -> (op, seq)
+        self._tracked: deque[_Tracked] = deque()
+        self._last_stream: Any = None
+        self._side_stream: Any = None
+        self._write, self._wait = streamops.load(cp)
+        self.failure: AiocclError | None = None
+
+    # -- setup -------------------------------------------------------------------------------------
+    @classmethod
+    async def setup(cls, cp: Any, side: Any, dev: int, scratch_bytes: int, timeout: float,
+                    comm_id: str) -> DevicePath | str:
+        """The device path, or why some rank cannot use it (every rank gets the same answer)."""
+        rt = cp.cuda.runtime
+        reason, own = "", 0
+        export = Export(bytes(64), 0, os.getpid(), dev)
+        if os.environ.get("AIOCCL_GPU_IPC", "1") == "0":
+            reason = "AIOCCL_GPU_IPC=0"
+        else:
+            try:
+                with cp.cuda.Device(dev):
+                    size = K.HEADER_BYTES + scratch_bytes  # the header, then the two data halves
+                    own = rt.malloc(size)  # outside cupy's pool: the handle covers just this
+                    zeros = np.zeros(K.HEADER_BYTES, np.uint8)
+                    rt.memcpy(own, zeros.ctypes.data, K.HEADER_BYTES, H2D)
+                    export = Export(rt.ipcGetMemHandle(own), size, os.getpid(), dev)
+            except Exception as e:  # noqa: BLE001
+                reason = f"cannot export scratch: {e}"
+        mine = np.frombuffer(export.encode(), dtype=np.uint8)
+        everyone = (await side.all_gather(mine, timeout=timeout)).reshape(side.world_size, EXPORT_BYTES)
+        table = IpcTable(side.rank, own, lambda h: rt.ipcOpenMemHandle(h), rt.ipcCloseMemHandle)
+        exports = [Export.decode(everyone[r].tobytes()) for r in range(side.world_size)]
+        if not reason:
+            try:
+                with cp.cuda.Device(dev):
+                    for r, ex in enumerate(exports):
+                        table.add(r, ex)
+            except Exception as e:  # noqa: BLE001
+                reason = f"cannot open a peer's scratch: {e}"
+        agreed = await side.all_reduce(np.array([0 if reason else 1], dtype=np.int32), "min", timeout=timeout)
+        if not int(agreed[0]):
+            table.close()
+            if own:
+                rt.free(own)
+            return reason or "a peer could not use CUDA IPC"
+        half = ((min(ex.nbytes for ex in exports) - K.HEADER_BYTES) // 2) & ~255
+        with cp.cuda.Device(dev):
+            bases = cp.asarray(np.array([table.ptr(r) for r in range(side.world_size)], dtype=np.uint64))
+            err_ptr = rt.hostAlloc(16, 2)  # cudaHostAllocMapped: the kernels write it, the host reads it
+            cp.cuda.Device(dev).synchronize()  # the table is copied in before any stream reads it
+        ctypes.memset(err_ptr, 0, 16)
+        dp = cls(cp, side.rank, side.world_size, dev, table, own, half, bases, err_ptr, comm_id)
+        await dp._choose_form(side, exports, timeout)
+        return dp
+
+    async def _choose_form(self, side: Any, exports: list[Export], timeout: float) -> None:
+        choice = os.environ.get("AIOCCL_GPU_SYNC", "auto")
+        if choice not in ("auto", "spin", "stream"):
+            raise InvalidArgument(f"AIOCCL_GPU_SYNC must be auto, spin or stream, got {choice!r}")
+        shared = len({ex.device for ex in exports}) < len(exports)
+        handoff_us, failed = 0.0, 0
+        if choice == "auto" and shared:
+            handoff_us, failed = await self._probe(min(timeout, 5.0))
+        worst = await side.all_reduce(np.array([handoff_us, failed], dtype=np.float64), "max", timeout=timeout)
+        handoff_us, failed = float(worst[0]), int(worst[1])
+        if choice == "auto":
+            spin = not shared or (not failed and handoff_us < SPIN_HANDOFF_US)
+            choice = "spin" if spin else "stream"
+            self.why = ("one process per GPU" if not shared else
+                        f"ranks share a GPU and a hand-off between their kernels took {handoff_us:.0f} us "
+                        f"(MPS {'on' if spin else 'off'}, or as good as)")
+        else:
+            self.why = "AIOCCL_GPU_SYNC"
+        self._err[:] = 0
+        flag0 = np.zeros(1, np.uint32)
+        with self._cp.cuda.Device(self.dev):
+            self._cp.cuda.runtime.memcpy(flag0.ctypes.data, self._own, 4, D2H)
+        top = await side.all_reduce(flag0.astype(np.int64), "max", timeout=timeout)
+        self.epoch = int(top[0])
+        self.form = choice
+        _log.info("GPU ops use CUDA IPC (%d MiB per half), kernels synchronised by %s: %s", self.half_bytes >> 20,
+                  "spinning on flags" if choice == "spin" else "stream waits on flags", self.why)
+
+    async def _probe(self, timeout: float) -> tuple[float, int]:
+        """Microseconds per hand-off between the ranks' kernels (spin form), and whether any timed out."""
+        cp = self._cp
+        kern = self._kernel(np.dtype(np.uint8), None)
+        with cp.cuda.Device(self.dev):
+            stream = cp.cuda.Stream(non_blocking=True)
+            marks = []
+            for i in range(PROBE_LAUNCHES):
+                with stream:
+                    kern((SPIN_GRID,), (K.THREADS,), self._args(0, 0, 0, Piece(0, 0, 0, 0, 0, 0, 0, 0), 1,
+                                                                   timeout, K.SYNC | K.CONSUME, 0, 0))
+                if i in (0, PROBE_LAUNCHES - 1):
+                    ev = cp.cuda.Event(disable_timing=True)
+                    ev.record(stream)
+                    marks.append(ev)
+        await wait_event(marks[0])
+        t0 = time.monotonic()
+        await wait_event(marks[1])
+        us = (time.monotonic() - t0) * 1e6 / (PROBE_LAUNCHES - 1)
+        return us, int(self._err[0] != 0)
+
+    # -- enqueue (the caller's thread) -------------------------------------------------------------
+    def _kernel(self, dt: np.dtype, op: ReduceOp | None) -> Any:
+        name = K.kernel_name(op, dt)
+        mod = self._modules.get(dt.name)
+        if mod is None:
+            with self._cp.cuda.Device(self.dev):
+                mod = self._modules[dt.name] = self._cp.RawModule(code=K.module_source(dt),
+                                                                   options=("-std=c++17",))
+        return mod.get_function(name)
+
+    def _args(self, in_ptr: int, out_ptr: int, count: int, p: Piece, fp: int, timeout: float, phase: int,
+              epoch: int, kind: int) -> tuple[Any, ...]:
+        return (self._bases_ptr, np.uint64(in_ptr), np.uint64(out_ptr), np.uint64(self._err_ptr),
+                np.int64(count), np.int64(p.a), np.int64(p.n), np.int64(self.half_bytes),
+                np.int64(min(timeout, 1e9) * 1e9), np.uint64(fp), np.float64(p.divisor), np.int32(self.rank),
+                np.int32(self.nranks), np.int32(p.pub_blocks), np.int32(p.out_blocks), np.int32(p.nred),
+                np.int32(p.src_root), np.int32(p.slot_block), np.int32(phase), np.uint32(epoch & 0xFFFFFFFF),
+                np.int32(kind))
+
+    def pieces(self, g: GpuOp) -> list[Piece]:
+        dt = g.out.array.dtype
+        key = (g.name, g.count, g.root, g.op, dt.itemsize)
+        got = self._pieces.get(key)
+        if got is None:
+            if len(self._pieces) >= 256:
+                self._pieces.clear()
+            cap = self.half_bytes // dt.itemsize
+            steps = plans.ipc_pieces(g.name, self.rank, self.nranks, g.root, g.count, cap)
+            got = [lower(s, g.count, self.rank, g.op, g.name, self.nranks) for s in steps] \
+                or [Piece(0, 0, 0, 0, 0, 0, 0, 0)]  # nothing to move: still meet, and compare the calls
+            self._pieces[key] = got
+        return got
+
+    def enqueue(self, g: GpuOp) -> None:
+        """Launch ``g``'s pieces on its stream and complete its Work (raises the path's failure, if any)."""
+        cp = self._cp
+        if self._err[0] and self.failure is None:  # a kernel gave up since the last look: this op must not start
+            self.fail(self._from_error_word())
+        with self._lock:
+            if self.failure is not None:
+                raise self.failure
+            stream = g.stream
+            capturing = bool(getattr(stream, "is_capturing", lambda: False)())
+            if capturing and self.form == "stream":
+                raise InvalidArgument(f"{g.name}: capturing a CUDA graph needs the spin form (MPS, or one "
+                                      f"process per GPU); these ranks share a GPU without it ({self.why})")
+            dt = g.out.array.dtype
+            kern = self._kernel(dt, g.op)
+            fp = fingerprint(*g.fp)
+            in_ptr, out_ptr = g.inp.array.data.data.ptr, g.out.array.data.data.ptr
+            kind = g.fp[0]
+            with cp.cuda.Device(self.dev):
+                self._order_after_last(stream, capturing)
+                for p in self.pieces(g):
+                    e = self.epoch + 1
+                    self.epoch = e
+                    if self.form == "spin":
+                        with stream:
+                            kern((SPIN_GRID,), (K.THREADS,),
+                                 self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, K.PUBLISH | K.SYNC | K.CONSUME,
+                                            0, kind))
+                    else:
+                        self._stream_piece(kern, stream, in_ptr, out_ptr, g, p, fp, e, kind)
+                    self._recent[e & 0xFFFFFFFF] = (g.work.op, g.seq)
+                    if len(self._recent) > 4096:
+                        self._recent.popitem(last=False)
+                if not capturing:
+                    ev = cp.cuda.Event(disable_timing=True)
+                    ev.record(stream)
+                    g.work.event = ev
+                    self._track(_Tracked(ev, g.seq, g.work.op, time.monotonic() + g.timeout + 1.0, self.epoch,
+                                         g.timeout, (g.inp.array, g.out.array)))
+        g.work._set_result(g.result())
+
+    def _stream_piece(self, kern: Any, stream: Any, in_ptr: int, out_ptr: int, g: GpuOp, p: Piece, fp: int,
+                      e: int, kind: int) -> None:
+        grid = (max(1, min(MAX_GRID, (p.n * max(1, p.pub_blocks, p.out_blocks) + K.THREADS - 1) // K.THREADS)),)
+        with stream:
+            kern(grid, (K.THREADS,), self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, K.PUBLISH, e, kind))
+        self._write(stream.ptr, self._own, e)  # flag word 0 of this rank's header, after the publish (fenced)
+        for r in range(self.nranks):
+            if r != self.rank:
+                self._wait(stream.ptr, self._table.ptr(r), e)
+        with stream:
+            kern(grid, (K.THREADS,), self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, K.CONSUME, e, kind))
+
+    def _order_after_last(self, stream: Any, capturing: bool) -> None:
+        """A communicator's ops run one after the other on the GPU, whatever streams they are issued on
+        (as NCCL's do): the scratch halves and the epochs assume it."""
+        last = self._last_stream
+        if last is not None and last != stream and not capturing:
+            ev = self._cp.cuda.Event(disable_timing=True)
+            ev.record(last)
+            stream.wait_event(ev)
+        self._last_stream = stream
+
+    def _track(self, t: _Tracked) -> None:
+        while self._tracked and self._tracked[0].event.done:
+            self._tracked.popleft()
+        if len(self._tracked) >= TRACKED:  # the budget: wait for the oldest (its deadline bounds the wait)
+            self._tracked.popleft().event.synchronize()
+        self._tracked.append(t)
+
+    # -- the watch (the engine's loop) -------------------------------------------------------------
+    def poll(self) -> AiocclError | None:
+        """Check the error word and the oldest pending op's deadline; the failure, once there is one."""
+        if self.failure is not None:
+            return self.failure
+        exc: AiocclError | None = None
+        if self._err[0]:
+            exc = self._from_error_word()
+        else:
+            with self._lock:
+                while self._tracked and self._tracked[0].event.done:
+                    self._tracked.popleft()
+                t = self._tracked[0] if self._tracked else None
+            if t is not None and time.monotonic() > t.deadline:
+                exc = CollectiveTimeout(t.name, t.seq, self._behind(t.epoch), t.timeout,
+                                        "not done on the GPU (stream waits on the peers' flags)", self._comm_id)
+        if exc is not None:
+            self.fail(exc)
+        return exc
+
+    def fail(self, exc: AiocclError) -> None:
+        """Every later op raises ``exc``; kernels still spinning give up, stream waits are released."""
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = exc
+        _log.error("%s", exc)
+        if self._err[0] == 0:
+            self._err[0] = K.ERR_ABORT
+        if self.form == "stream":
+            try:
+                with self._cp.cuda.Device(self.dev):
+                    s = self._side()
+                    for r in range(self.nranks):  # far ahead of any epoch this rank waits for
+                        self._write(s.ptr, self._table.ptr(r), self.epoch + (1 << 30))
+            except Exception as e:  # noqa: BLE001
+                _log.warning("could not release the stream waits: %s", e)
+
+    def _side(self) -> Any:
+        if self._side_stream is None:
+            self._side_stream = self._cp.cuda.Stream(non_blocking=True)
+        return self._side_stream
+
+    def _read(self, ptr: int, nbytes: int) -> np.ndarray:
+        """Device memory (this rank's or a peer's header) read on a private stream, past any stuck one."""
+        host = np.zeros(nbytes, np.uint8)
+        with self._cp.cuda.Device(self.dev):
+            s = self._side()
+            self._cp.cuda.runtime.memcpyAsync(host.ctypes.data, ptr, nbytes, D2H, s.ptr)
+            s.synchronize()
+        return host
+
+    def _behind(self, epoch: int) -> list[int]:
+        try:
+            return [r for r in range(self.nranks) if r != self.rank
+                    and ((int(self._read(self._table.ptr(r), 4).view(np.uint32)[0]) - epoch) & 0xFFFFFFFF) >= 1 << 31]
+        except Exception:  # noqa: BLE001 - the report must not fail
+            return [r for r in range(self.nranks) if r != self.rank]
+
+    def _from_error_word(self) -> AiocclError:
+        code, peer, epoch, kind = (int(v) for v in self._err)
+        name, seq = self._recent.get(epoch, (name_of(kind, "GPU op"), -1))
+        where = f"device op #{epoch}"
+        if code == K.ERR_TIMEOUT:
+            return CollectiveTimeout(name, seq, [peer], -1.0,
+                                     f"a kernel waited past the op's deadline for rank {peer}'s flag ({where})",
+                                     self._comm_id)
+        if code == K.ERR_MISMATCH:
+            slot = K.FP_OFFSET + 8 * (epoch & 1)
+            try:
+                theirs = int(self._read(self._table.ptr(peer) + slot, 8).view(np.uint64)[0])
+                mine = int(self._read(self._own + slot, 8).view(np.uint64)[0])
+                a, b = describe_call(unpack_fingerprint(theirs)), describe_call(unpack_fingerprint(mine))
+            except Exception:  # noqa: BLE001
+                a = b = "another call"
+            return CollectiveMismatch(f"collective mismatch at seq {seq} on the GPU ({where}): rank {peer} issued "
+                                      f"{a}, rank {self.rank} issued {b}", seq, (peer, self.rank), (a, b))
+        return CommAborted(f"GPU ops on this communicator were aborted ({where})")
+
+    # -- lifetime ----------------------------------------------------------------------------------
+    def release(self) -> None:
+        """Let the queued ops finish (or, after a failure, give up), unmap the peers' scratch, free this
+        rank's (errors are logged). Every kernel has a deadline, so the synchronisation ends."""
+        rt = self._cp.cuda.runtime
+        try:
+            with self._cp.cuda.Device(self.dev):
+                self._cp.cuda.Device(self.dev).synchronize()
+        except Exception as e:  # noqa: BLE001
+            _log.warning("synchronising the GPU at close failed: %s", e)
+        for err in self._table.close():
+            _log.warning("closing a peer's CUDA IPC mapping failed: %s", err)
+        for free, ptr in ((rt.free, self._own), (rt.freeHost, self._err_ptr)):
+            try:
+                free(ptr)
+            except Exception as e:  # noqa: BLE001
+                _log.warning("freeing GPU path memory failed: %s", e)
+        self._err = np.zeros(4, np.uint32)

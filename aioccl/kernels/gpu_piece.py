@@ -1,0 +1,214 @@
+"""The one CUDA kernel of a GPU collective on the CUDA-IPC path: a *piece* (``gpu/plans.py``'s ``Step``).
+
+One launch per piece, on the caller's stream. Every rank's scratch allocation
+starts with a header that its peers map through CUDA IPC::
+
+    [0, 256)        flag words, one per block: the last op (epoch) the block has published;
+                    they only count up, so no op ever resets them (CUDA-graph replays stay correct)
+    [256, 272)      the op's fingerprint, one per data half (the half is the epoch's parity)
+    [4096, ...)     two data halves: consecutive ops alternate, so a rank that is one op ahead
+                    never overwrites what a peer still reads (no closing barrier needed)
+
+``phase`` says what the launch does, so the two synchronisation forms share one kernel:
+
+* ``PUBLISH | SYNC | CONSUME`` (*spin* form, ranks whose kernels run at once: MPS, or one
+  process per GPU): copy in, publish the flag with a release store, spin on the peers'
+  flags (acquire) with a deadline, check the fingerprints, reduce or fetch;
+* ``PUBLISH`` then ``CONSUME`` (*stream* form, processes time-sliced on one GPU): the host
+  puts ``cuStreamWriteValue32`` / ``cuStreamWaitValue32`` on the flags between the two
+  launches, so nothing spins across processes.
+
+A block gives up after ``timeout_ns`` (``%globaltimer``) or when the host sets the error
+word (``ERR_ABORT``); it then writes what failed into ``err`` (host-mapped memory the
+engine polls) and leaves the output untouched. Reductions run in rank order, the
+combine being ``kernels/gpu.py``'s operation, so every rank's result is bit-identical.
+
+The source is plain CUDA without headers: ``tests/test_gpu_piece_kernel.py`` compiles
+every variant with NVRTC for sm_90 on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..dtypes import ReduceOp
+from .gpu import BF16
+
+HEADER_BYTES = 4096
+FLAG_WORDS = 64  # at most this many blocks in a spin-form launch
+FP_OFFSET = 256
+PUBLISH, SYNC, CONSUME = 1, 2, 4
+ERR_TIMEOUT, ERR_MISMATCH, ERR_ABORT = 1, 2, 3
+THREADS = 512
+
+# logical dtype -> (storage C type, how to compute, unsigned twin for wrapping)
+_C: dict[np.dtype, tuple[str, str, str]] = {
+    np.dtype(np.int8): ("signed char", "wrap", "unsigned char"),
+    np.dtype(np.uint8): ("unsigned char", "native", ""),
+    np.dtype(np.int32): ("int", "wrap", "unsigned int"),
+    np.dtype(np.uint32): ("unsigned int", "native", ""),
+    np.dtype(np.int64): ("long long", "wrap", "unsigned long long"),
+    np.dtype(np.uint64): ("unsigned long long", "native", ""),
+    np.dtype(np.float16): ("unsigned short", "half", ""),
+    BF16: ("unsigned short", "bf16", ""),
+    np.dtype(np.float32): ("float", "native", ""),
+    np.dtype(np.float64): ("double", "native", ""),
+}
+DTYPES = tuple(_C)
+COMBINES = (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX)  # avg: sum, then divide
+
+_EXPR = {
+    ReduceOp.SUM: "x + y",
+    ReduceOp.PROD: "x * y",
+    ReduceOp.MIN: "(x != x || x < y) ? x : y",  # NaN wins, as in np.minimum; on a tie y, as numpy
+    ReduceOp.MAX: "(x != x || x > y) ? x : y",
+}
+
+PRELUDE = r"""
+typedef unsigned int u32;
+typedef unsigned long long u64;
+__device__ __forceinline__ u32 aioccl_ld_acquire(const u32* p) {
+    u32 v; asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;
+}
+__device__ __forceinline__ void aioccl_st_release(u32* p, u32 v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ u64 aioccl_now_ns() {
+    u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}
+__device__ __forceinline__ float aioccl_h2f(unsigned short h) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ unsigned short aioccl_f2h(float f) {
+    unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+__device__ __forceinline__ float aioccl_b2f(unsigned short h) {
+    union { u32 u; float f; } v; v.u = ((u32)h) << 16; return v.f;
+}
+__device__ __forceinline__ unsigned short aioccl_f2b(float f) {
+    union { u32 u; float f; } v; v.f = f;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((v.u >> 16) | 0x40u);
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (unsigned short)(v.u >> 16);
+}
+__device__ __forceinline__ void aioccl_fail(volatile u32* err, u32 code, u32 peer, u32 epoch, u32 kind) {
+    if (err[0] == 0) { err[1] = peer; err[2] = epoch; err[3] = kind; __threadfence_system(); err[0] = code; }
+    __threadfence_system();
+}
+"""
+
+# The body, shared by every (operator, dtype): T, NAME, COMBINE(x, y) and SCALE(c, d) are defined before it.
+_BODY = r"""
+extern "C" __global__ void __launch_bounds__(512) NAME(
+        const u64* bases, const T* in, T* out, volatile u32* err,
+        long long count, long long a, long long n, long long half_bytes, long long timeout_ns,
+        u64 fp, double divisor, int rank, int nranks, int pub_blocks, int out_blocks, int nred,
+        int src_root, int slot_block, int phase, u32 epoch_host, int kind) {
+    __shared__ int give_up;
+    const int b = blockIdx.x, tid = threadIdx.x;
+    u32* own_flags = (u32*)bases[rank];
+    const u32 e = epoch_host ? epoch_host : ((volatile u32*)own_flags)[b] + 1u;
+    const long long half = HEADER + (long long)(e & 1u) * half_bytes;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)b * blockDim.x + tid;
+    if (tid == 0) give_up = 0;
+    if (phase & 1) {
+        T* mine = (T*)(bases[rank] + half);
+        for (int j = 0; j < pub_blocks; j++)
+            for (long long i = first; i < n; i += step) mine[j * n + i] = in[j * count + a + i];
+        if (tid == 0) ((volatile u64*)(bases[rank] + FPOFF))[e & 1u] = fp;
+    }
+    if (phase & 2) {
+        __syncthreads();
+        if (tid == 0) { __threadfence_system(); aioccl_st_release(own_flags + b, e); }
+        if (tid < nranks && tid != rank) {
+            const u32* theirs = (const u32*)bases[tid] + b;
+            const u64 t0 = aioccl_now_ns();
+            unsigned spins = 0;
+            while ((int)(aioccl_ld_acquire(theirs) - e) < 0) {
+                if ((++spins & 255u) == 0u) {
+                    if (err[0] != 0) { give_up = 1; break; }
+                    if ((long long)(aioccl_now_ns() - t0) > timeout_ns) {
+                        aioccl_fail(err, TIMEOUT, (u32)tid, e, (u32)kind); give_up = 1; break;
+                    }
+                }
+            }
+        }
+    }
+    if (phase & 4) {
+        __syncthreads();
+        if (tid < nranks && ((volatile u64*)(bases[tid] + FPOFF))[e & 1u] != fp) {
+            aioccl_fail(err, MISMATCH, (u32)tid, e, (u32)kind); give_up = 1;
+        }
+        __syncthreads();
+        if (give_up) return;
+        if (nred > 0) {
+            for (long long i = first; i < n; i += step) {
+                T acc = ((const T*)(bases[0] + half))[slot_block * n + i];
+                for (int r = 1; r < nred; r++) acc = COMBINE(acc, ((const T*)(bases[r] + half))[slot_block * n + i]);
+                if (divisor != 0.0) acc = SCALE(acc, divisor);
+                out[a + i] = acc;
+            }
+        } else {
+            for (int k = 0; k < out_blocks; k++) {
+                const T* src = (const T*)(bases[out_blocks > 1 ? k : src_root] + half) + slot_block * n;
+                for (long long i = first; i < n; i += step) out[k * count + a + i] = src[i];
+            }
+        }
+    }
+}
+"""
+
+
+_PLACEHOLDER = re.compile(r"\b(NAME|COMBINE|SCALE|HEADER|FPOFF|TIMEOUT|MISMATCH|T)\b")
+
+
+def kernel_name(op: ReduceOp | None, dt: np.dtype) -> str:
+    """The kernel for operator ``op`` (None: an op that only moves data) on logical dtype ``dt``."""
+    op = ReduceOp.SUM if op in (None, ReduceOp.AVG) else op
+    return f"aioccl_piece_{op.value}_{np.dtype(dt).name}"
+
+
+def _functions(op: ReduceOp, dt: np.dtype) -> str:
+    """The combine and scale device functions of the storage type."""
+    ctype, how, wrap = _C[np.dtype(dt)]
+    expr = _EXPR[op]
+    tag = f"{op.value}_{np.dtype(dt).name}"
+    if how in ("half", "bf16"):
+        to, back = ("aioccl_h2f", "aioccl_f2h") if how == "half" else ("aioccl_b2f", "aioccl_f2b")
+        comb = f"float x = {to}(a), y = {to}(b); return {back}({expr});"
+        scale = f"return {back}({to}(c) / (float)d);"
+    elif how == "wrap" and op in (ReduceOp.SUM, ReduceOp.PROD):  # signed overflow wraps, as in numpy
+        comb = f"{wrap} x = ({wrap})a, y = ({wrap})b; return ({ctype})({wrap})({expr});"
+        scale = "return c;"
+    else:
+        comb = f"{ctype} x = a, y = b; return ({ctype})({expr});"
+        scale = {"float": "return c / (float)d;", "double": "return c / d;"}.get(ctype, "return c;")
+    return (f"__device__ __forceinline__ {ctype} aioccl_comb_{tag}({ctype} a, {ctype} b) {{ {comb} }}\n"
+            f"__device__ __forceinline__ {ctype} aioccl_scale_{tag}({ctype} c, double d) {{ {scale} }}\n")
+
+
+def dtype_source(dt: np.dtype) -> str:
+    """The four kernels (sum, prod, min, max) of one dtype, after ``PRELUDE``: one module per dtype."""
+    ctype = _C[np.dtype(dt)][0]
+    parts = []
+    for op in COMBINES:
+        tag = f"{op.value}_{np.dtype(dt).name}"
+        subs = {"NAME": kernel_name(op, dt), "COMBINE": f"aioccl_comb_{tag}", "SCALE": f"aioccl_scale_{tag}",
+                "HEADER": str(HEADER_BYTES), "FPOFF": str(FP_OFFSET), "TIMEOUT": str(ERR_TIMEOUT),
+                "MISMATCH": str(ERR_MISMATCH), "T": ctype}
+        body = _PLACEHOLDER.sub(lambda m, s=subs: s[m.group(1)], _BODY)  # type: ignore[misc]
+        parts.append(_functions(op, dt) + body)
+    return "\n".join(parts)
+
+
+def module_source(dt: np.dtype) -> str:
+    """What ``cupy.RawModule`` compiles for dtype ``dt``."""
+    return PRELUDE + dtype_source(dt)
+
+
+def all_source() -> str:
+    """Every variant in one translation unit (the compile check)."""
+    return PRELUDE + "\n".join(dtype_source(dt) for dt in DTYPES)
