@@ -3,7 +3,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 AIOCCL_LOG_LEVEL=INFO
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 AIOCCL_DEBUG=INFO AIOCCL_DEBUG_SUBSYS=GPU
 prof="$PY -m aioccl.run --nproc-per-node"
 run() { echo "== $*"; timeout 120 "$@" 2>&1 | grep -E "PROFILE|synchronised|FAIL|Error|GPU_OK|ncalls|tottime|^ +[0-9]" | head -40 || echo "!! failed"; }
 echo "#### MPS off"
