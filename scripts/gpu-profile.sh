@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# Host-side cost of GPU ops (benchmarks/gpu_op_profile.py) with MPS off and on, in each synchronisation form.
+# Host-side cost of GPU ops (benchmarks/gpu_op_profile.py) and aioccl-perf all_reduce, MPS off and on.
+#   scripts/gpu-profile.sh [REPS]   # REPS perf runs per setting (default 3), medians are taken from them
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 AIOCCL_DEBUG=INFO AIOCCL_DEBUG_SUBSYS=GPU
+REPS="${1:-3}"
+OUTDIR="${OUT:-gpu-profile-out}"
+mkdir -p "$OUTDIR"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 prof="$PY -m aioccl.run --nproc-per-node"
-run() { echo "== $*"; timeout 120 "$@" 2>&1 | grep -E "PROFILE|synchronised|FAIL|Error|GPU_OK|ncalls|tottime|^ +[0-9]" | head -40 || echo "!! failed"; }
-echo "#### MPS off"
-run $prof 2 benchmarks/gpu_op_profile.py 8
-AIOCCL_GPU_SYNC=spin PROFILE_STATS=0 run $prof 2 benchmarks/gpu_op_profile.py 8
-echo "#### MPS on"
-mkdir -p /tmp/mps/pipe /tmp/mps/log
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log
-nvidia-cuda-mps-control -d && sleep 1
-run $prof 2 benchmarks/gpu_op_profile.py 8
-AIOCCL_GPU_SYNC=stream PROFILE_STATS=0 run $prof 2 benchmarks/gpu_op_profile.py 8
-PROFILE_STATS=0 run $prof 2 benchmarks/gpu_op_profile.py 1048576
-PROFILE_STATS=0 run $prof 4 benchmarks/gpu_op_profile.py 8
-run $prof 2 tests/workers/gpu_ops.py 1 1500 100000
-run $prof 4 tests/workers/gpu_ops.py 7
+perf="$PY -m aioccl.tools.perf all_reduce --device gpu --engine thread"
+run() { echo "== $*"; timeout 120 "$@" 2>&1 | grep -E "PROFILE|synchronised|FAIL|Error|GPU_OK|ncalls|tottime|^\[rank 0\] +[0-9]|^ +[0-9]+ " | head -40 || echo "!! failed"; }
+for mps in off on; do
+  echo "#### MPS $mps"
+  if [ "$mps" = on ]; then
+    mkdir -p /tmp/mps/pipe /tmp/mps/log
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log
+    nvidia-cuda-mps-control -d && sleep 1
+  fi
+  AIOCCL_DEBUG=INFO AIOCCL_DEBUG_SUBSYS=GPU run $prof 2 benchmarks/gpu_op_profile.py 8
+  for rep in $(seq "$REPS"); do
+    run $perf --np 2 --sizes 8,1M,16M,128M -n 50 -w 10 --json "$OUTDIR/perf_np2_mps${mps}_$rep.json"
+    run $perf --np 4 --sizes 8,1M -n 50 -w 10 --json "$OUTDIR/perf_np4_mps${mps}_$rep.json"
+  done
+done
 echo quit | nvidia-cuda-mps-control

@@ -55,6 +55,7 @@ _log = log.get("GPU")
 H2D, D2H = 1, 2
 SPIN_GRID = 16  # blocks of every spin-form launch: the epoch's parity must be the same in every block
 MAX_GRID = 64
+EPOCH_ARG = 19  # where the epoch is in the kernel's arguments (``_args``)
 SPIN_HANDOFF_US = 200.0  # the probe's hand-off time under which the ranks' kernels run at once
 PROBE_LAUNCHES = 12
 TRACKED = 1024  # ops in flight per communicator; the caller waits for the oldest beyond this
@@ -87,6 +88,8 @@ class DevicePath:
         self.epoch = 0  # this rank's count of pieces, as the device counts them (without graph replays)
         self._lock = threading.Lock()
         self._modules: dict[str, Any] = {}
+        self._functions: dict[str, Any] = {}
+        self._launch_cache: dict[tuple[Any, ...], list[tuple[Any, tuple[int], tuple[Any, ...], tuple[Any, ...]]]] = {}
         self._pieces: dict[tuple[Any, ...], list[Piece]] = {}
         self._recent: OrderedDict[int, tuple[str, int]] = OrderedDict()  # epoch -> (op, seq)
         self._tracked: deque[_Tracked] = deque()
@@ -196,12 +199,15 @@ class DevicePath:
     # -- enqueue (the caller's thread) -------------------------------------------------------------
     def _kernel(self, dt: np.dtype, op: ReduceOp | None) -> Any:
         name = K.kernel_name(op, dt)
-        mod = self._modules.get(dt.name)
-        if mod is None:
-            with self._cp.cuda.Device(self.dev):
-                mod = self._modules[dt.name] = self._cp.RawModule(code=K.module_source(dt),
-                                                                   options=("-std=c++17",))
-        return mod.get_function(name)
+        fn = self._functions.get(name)
+        if fn is None:
+            mod = self._modules.get(dt.name)
+            if mod is None:
+                with self._cp.cuda.Device(self.dev):
+                    mod = self._modules[dt.name] = self._cp.RawModule(code=K.module_source(dt),
+                                                                       options=("-std=c++17",))
+            fn = self._functions[name] = mod.get_function(name)
+        return fn
 
     def _args(self, in_ptr: int, out_ptr: int, count: int, p: Piece, fp: int, timeout: float, phase: int,
               epoch: int, kind: int) -> tuple[Any, ...]:
@@ -239,23 +245,16 @@ class DevicePath:
             if capturing and self.form == "stream":
                 raise InvalidArgument(f"{g.name}: capturing a CUDA graph needs the spin form (MPS, or one "
                                       f"process per GPU); these ranks share a GPU without it ({self.why})")
-            dt = g.out.array.dtype
-            kern = self._kernel(dt, g.op)
-            fp = fingerprint(*g.fp)
-            in_ptr, out_ptr = g.inp.array.data.data.ptr, g.out.array.data.data.ptr
-            kind = g.fp[0]
+            launches = self._launches(g)
             with cp.cuda.Device(self.dev):
                 self._order_after_last(stream, capturing)
-                for p in self.pieces(g):
-                    e = self.epoch + 1
-                    self.epoch = e
-                    if self.form == "spin":
-                        with stream:
-                            kern((SPIN_GRID,), (K.THREADS,),
-                                 self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, K.PUBLISH | K.SYNC | K.CONSUME,
-                                            0, kind))
-                    else:
-                        self._stream_piece(kern, stream, in_ptr, out_ptr, g, p, fp, e, kind)
+                for kern, grid, args, consume in launches:
+                    e = self.epoch = self.epoch + 1
+                    with stream:
+                        if not consume:  # spin: the whole piece in one launch
+                            kern(grid, (K.THREADS,), args)
+                        else:
+                            self._stream_piece(kern, grid, args, consume, stream, e)
                     self._recent[e & 0xFFFFFFFF] = (g.work.op, g.seq)
                     if len(self._recent) > 4096:
                         self._recent.popitem(last=False)
@@ -267,17 +266,42 @@ class DevicePath:
                                          g.timeout, (g.inp.array, g.out.array)))
         g.work._set_result(g.result())
 
-    def _stream_piece(self, kern: Any, stream: Any, in_ptr: int, out_ptr: int, g: GpuOp, p: Piece, fp: int,
-                      e: int, kind: int) -> None:
-        grid = (max(1, min(MAX_GRID, (p.n * max(1, p.pub_blocks, p.out_blocks) + K.THREADS - 1) // K.THREADS)),)
-        with stream:
-            kern(grid, (K.THREADS,), self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, K.PUBLISH, e, kind))
-        self._write(stream.ptr, self._own, e)  # flag word 0 of this rank's header, after the publish (fenced)
+    def _launches(self, g: GpuOp) -> list[tuple[Any, tuple[int], tuple[Any, ...], tuple[Any, ...]]]:
+        """(kernel, grid, arguments, consume arguments or ()) per piece of ``g``, kept per call: the same call
+        on the same buffers (a training loop) builds nothing."""
+        dt = g.out.array.dtype
+        in_ptr, out_ptr = g.inp.array.data.data.ptr, g.out.array.data.data.ptr
+        key = (g.fp, g.op, in_ptr, out_ptr, g.timeout)
+        got = self._launch_cache.get(key)
+        if got is not None:
+            return got
+        kern = self._kernel(dt, g.op)
+        fp, kind = fingerprint(*g.fp), g.fp[0]
+        got = []
+        for p in self.pieces(g):
+            if self.form == "spin":
+                got.append((kern, (SPIN_GRID,), self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout,
+                                                            K.PUBLISH | K.SYNC | K.CONSUME, 0, kind), ()))
+            else:
+                grid = (max(1, min(MAX_GRID, (p.n * max(1, p.pub_blocks, p.out_blocks) + K.THREADS - 1)
+                                   // K.THREADS)),)
+                got.append((kern, grid, self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, K.PUBLISH, 0, kind),
+                            self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, K.CONSUME, 0, kind)))
+        if len(self._launch_cache) >= 512:
+            self._launch_cache.clear()
+        self._launch_cache[key] = got
+        return got
+
+    def _stream_piece(self, kern: Any, grid: tuple[int], publish: tuple[Any, ...], consume: tuple[Any, ...],
+                      stream: Any, e: int) -> None:
+        """Publish; this rank's flag word 0 := e (after the publish, fenced); wait for every peer's; consume."""
+        epoch = (np.uint32(e & 0xFFFFFFFF),)
+        kern(grid, (K.THREADS,), publish[:EPOCH_ARG] + epoch + publish[EPOCH_ARG + 1:])
+        self._write(stream.ptr, self._own, e)
         for r in range(self.nranks):
             if r != self.rank:
                 self._wait(stream.ptr, self._table.ptr(r), e)
-        with stream:
-            kern(grid, (K.THREADS,), self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, K.CONSUME, e, kind))
+        kern(grid, (K.THREADS,), consume[:EPOCH_ARG] + epoch + consume[EPOCH_ARG + 1:])
 
     def _order_after_last(self, stream: Any, capturing: bool) -> None:
         """A communicator's ops run one after the other on the GPU, whatever streams they are issued on
