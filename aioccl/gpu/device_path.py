@@ -53,8 +53,8 @@ from .piece import Piece, fingerprint, lower, unpack_fingerprint
 
 _log = log.get("GPU")
 H2D, D2H = 1, 2
-SPIN_GRID = 16  # blocks of every spin-form launch: the epoch's parity must be the same in every block
-MAX_GRID = 64
+SPIN_GRID = 32  # blocks of every spin-form launch: the epoch's parity must be the same in every block
+MAX_GRID = 264  # stream form: no block waits on another rank, so fill the GPU (132 SMs on an H100)
 EPOCH_ARG = 19  # where the epoch is in the kernel's arguments (``_args``)
 SPIN_HANDOFF_US = 200.0  # the probe's hand-off time under which the ranks' kernels run at once
 PROBE_LAUNCHES = 12
