@@ -71,8 +71,13 @@ class DevArray:
         return f"<DevArray {self.dtype.name}{list(self.shape)} on cuda:{self.device}>"
 
 
+_CUPY_ARRAY: list[type] = []  # cupy.ndarray, once cupy is loaded: the common case in one look
+
+
 def is_device_object(x: Any) -> bool:
     """Whether ``x`` lives in GPU memory, judged without importing cupy."""
+    if _CUPY_ARRAY and type(x) is _CUPY_ARRAY[0]:
+        return True
     if _is_torch(x):  # its __cuda_array_interface__ raises TypeError (bfloat16) or RuntimeError (requires_grad)
         return getattr(getattr(x, "device", None), "type", None) == "cuda"
     if hasattr(x, "__cuda_array_interface__"):
@@ -96,6 +101,8 @@ def empty(shape: tuple[int, ...], dtype: np.dtype, device: int) -> DevArray:
 def adapt_device(x: Any, name: str) -> tuple[DevArray, bool, Callable[[DevArray], Any], bool]:
     """View GPU object ``x`` as a DevArray without copying: ``(array, writable, wrap, immutable)``."""
     cp = load_cupy(f"{name} ({type(x).__name__}, in GPU memory)")
+    if not _CUPY_ARRAY:
+        _CUPY_ARRAY.append(cp.ndarray)
     is_jax = type(x).__module__.split(".")[0] in ("jax", "jaxlib")
     if isinstance(x, cp.ndarray):
         arr = DevArray(x, _logical(x, x.dtype), x.device.id)

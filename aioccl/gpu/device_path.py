@@ -48,6 +48,7 @@ from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAbo
 from ..kernels import gpu_piece as K
 from . import plans, streamops
 from .ipc import EXPORT_BYTES, Export, IpcTable
+from .launch import Launch
 from .op import GpuOp
 from .piece import Piece, fingerprint, lower, unpack_fingerprint
 
@@ -89,7 +90,7 @@ class DevicePath:
         self._lock = threading.Lock()
         self._modules: dict[str, Any] = {}
         self._functions: dict[str, Any] = {}
-        self._launch_cache: dict[tuple[Any, ...], list[tuple[Any, tuple[int], tuple[Any, ...], tuple[Any, ...]]]] = {}
+        self._launch_cache: dict[tuple[Any, ...], list[tuple[Launch, Launch | None]]] = {}
         self._pieces: dict[tuple[Any, ...], list[Piece]] = {}
         self._recent: OrderedDict[int, tuple[str, int]] = OrderedDict()  # epoch -> (op, seq)
         self._tracked: deque[_Tracked] = deque()
@@ -245,16 +246,15 @@ class DevicePath:
             if capturing and self.form == "stream":
                 raise InvalidArgument(f"{g.name}: capturing a CUDA graph needs the spin form (MPS, or one "
                                       f"process per GPU); these ranks share a GPU without it ({self.why})")
-            launches = self._launches(g)
             with cp.cuda.Device(self.dev):
+                launches = self._launches(g)
                 self._order_after_last(stream, capturing)
-                for kern, grid, args, consume in launches:
+                for launch, consume in launches:
                     e = self.epoch = self.epoch + 1
-                    with stream:
-                        if not consume:  # spin: the whole piece in one launch
-                            kern(grid, (K.THREADS,), args)
-                        else:
-                            self._stream_piece(kern, grid, args, consume, stream, e)
+                    if consume is None:  # spin: the whole piece in one launch
+                        launch(stream)
+                    else:
+                        self._stream_piece(launch, consume, stream, e)
                     self._recent[e & 0xFFFFFFFF] = (g.work.op, g.seq)
                     if len(self._recent) > 4096:
                         self._recent.popitem(last=False)
@@ -266,9 +266,9 @@ class DevicePath:
                                          g.timeout, (g.inp.array, g.out.array)))
         g.work._set_result(g.result())
 
-    def _launches(self, g: GpuOp) -> list[tuple[Any, tuple[int], tuple[Any, ...], tuple[Any, ...]]]:
-        """(kernel, grid, arguments, consume arguments or ()) per piece of ``g``, kept per call: the same call
-        on the same buffers (a training loop) builds nothing."""
+    def _launches(self, g: GpuOp) -> list[tuple[Launch, Launch | None]]:
+        """(launch, the stream form's consume launch) per piece of ``g``, kept per call: the same call on the
+        same buffers (a training loop) builds nothing."""
         dt = g.out.array.dtype
         in_ptr, out_ptr = g.inp.array.data.data.ptr, g.out.array.data.data.ptr
         key = (g.fp, g.op, in_ptr, out_ptr, g.timeout)
@@ -279,29 +279,29 @@ class DevicePath:
         fp, kind = fingerprint(*g.fp), g.fp[0]
         got = []
         for p in self.pieces(g):
+            def args(phase: int, p: Piece = p) -> tuple[Any, ...]:
+                return self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, phase, 0, kind)
+
             if self.form == "spin":
-                got.append((kern, (SPIN_GRID,), self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout,
-                                                            K.PUBLISH | K.SYNC | K.CONSUME, 0, kind), ()))
+                got.append((Launch(kern, SPIN_GRID, K.THREADS, args(K.PUBLISH | K.SYNC | K.CONSUME), EPOCH_ARG),
+                            None))
             else:
-                grid = (max(1, min(MAX_GRID, (p.n * max(1, p.pub_blocks, p.out_blocks) + K.THREADS - 1)
-                                   // K.THREADS)),)
-                got.append((kern, grid, self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, K.PUBLISH, 0, kind),
-                            self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, K.CONSUME, 0, kind)))
+                grid = max(1, min(MAX_GRID, (p.n * max(1, p.pub_blocks, p.out_blocks) + K.THREADS - 1) // K.THREADS))
+                got.append((Launch(kern, grid, K.THREADS, args(K.PUBLISH), EPOCH_ARG),
+                            Launch(kern, grid, K.THREADS, args(K.CONSUME), EPOCH_ARG)))
         if len(self._launch_cache) >= 512:
             self._launch_cache.clear()
         self._launch_cache[key] = got
         return got
 
-    def _stream_piece(self, kern: Any, grid: tuple[int], publish: tuple[Any, ...], consume: tuple[Any, ...],
-                      stream: Any, e: int) -> None:
+    def _stream_piece(self, publish: Launch, consume: Launch, stream: Any, e: int) -> None:
         """Publish; this rank's flag word 0 := e (after the publish, fenced); wait for every peer's; consume."""
-        epoch = (np.uint32(e & 0xFFFFFFFF),)
-        kern(grid, (K.THREADS,), publish[:EPOCH_ARG] + epoch + publish[EPOCH_ARG + 1:])
+        publish(stream, e)
         self._write(stream.ptr, self._own, e)
         for r in range(self.nranks):
             if r != self.rank:
                 self._wait(stream.ptr, self._table.ptr(r), e)
-        kern(grid, (K.THREADS,), consume[:EPOCH_ARG] + epoch + consume[EPOCH_ARG + 1:])
+        consume(stream, e)
 
     def _order_after_last(self, stream: Any, capturing: bool) -> None:
         """A communicator's ops run one after the other on the GPU, whatever streams they are issued on
