@@ -12,9 +12,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
 
 HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 _EXPORT = struct.Struct(f"<{HANDLE_BYTES}sQqi4x")  # handle, scratch bytes, pid, device ordinal
@@ -84,40 +81,3 @@ class IpcTable:
         self._by_handle.clear()
         self._ptrs = {self._rank: self._own}
         return errors
-
-
-def raw_view(cp: Any, ptr: int, nbytes: int, dev: int) -> Any:
-    """A uint8 cupy array over raw device memory (this rank's scratch or a peer's IPC mapping)."""
-    mem = cp.cuda.UnownedMemory(ptr, nbytes, None, dev)
-    return cp.ndarray((nbytes,), dtype=np.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
-
-
-@dataclass
-class IpcState:
-    """A communicator's CUDA IPC scratch once every rank agreed to use it."""
-
-    table: IpcTable
-    own_ptr: int
-    cap_bytes: int
-    views: list[Any]  # rank -> its scratch as a uint8 cupy array, in this process
-
-
-async def same_call(side: Any, fp: np.ndarray, seq: int, timeout: float) -> None:
-    """Exchange ``fp`` over the side communicator and check it (in place of a barrier: it waits for all)."""
-    everyone = await side.all_gather(fp, timeout=timeout)
-    check_same_call(everyone.reshape(side.world_size, fp.size), side.rank, seq)
-
-
-def check_same_call(everyone: np.ndarray, rank: int, seq: int) -> None:
-    """``CollectiveMismatch`` on every rank alike when some rank issued another call (``everyone``: one
-    fingerprint row per rank, the same table on every rank)."""
-    from ..engine.notices import describe_call
-    from ..errors import CollectiveMismatch
-
-    mine = tuple(int(v) for v in everyone[rank])
-    for j in range(everyone.shape[0]):
-        theirs = tuple(int(v) for v in everyone[j])
-        if theirs != mine:
-            a, b = describe_call(theirs), describe_call(mine)  # type: ignore[arg-type]
-            raise CollectiveMismatch(f"collective mismatch at seq {seq} over CUDA IPC: rank {j} issued {a}, "
-                                     f"rank {rank} issued {b}", seq, (j, rank), (a, b))

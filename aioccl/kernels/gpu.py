@@ -1,8 +1,9 @@
-"""GPU reductions: CUDA source per (operator, dtype), built into cupy ElementwiseKernels once.
+"""GPU reduction arithmetic per (operator, dtype) as CUDA source strings: the one table of it.
 
-The source is generated here, as plain strings, so it can be read and tested
-without a GPU (``tests/test_gpu_kernels.py`` compiles the very same operation
-strings as C with gcc and checks them against numpy, element by element).
+``EXPR`` is what the device kernel (``gpu_piece.py``) combines with; the
+operation strings below (``combine_spec``, ``scale_spec``) are the same
+arithmetic as C, which ``tests/test_gpu_kernels.py`` compiles with gcc and
+checks against numpy element by element, without a GPU.
 
 Every kernel computes ``c = op(a, b)`` the way the CPU path (numpy ufuncs,
 ``ml_dtypes``) does, so GPU and CPU results are bit-identical:
@@ -20,7 +21,6 @@ kernels convert explicitly (the preamble below).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -61,7 +61,7 @@ __device__ unsigned short aioccl_f32_to_bf16(float f) {
 """
 
 # x, y: the operands in the compute type
-_EXPR = {
+EXPR = {
     ReduceOp.SUM: "x + y",
     ReduceOp.AVG: "x + y",  # summed like SUM, divided once at the end (see scale_spec)
     ReduceOp.PROD: "x * y",
@@ -90,7 +90,7 @@ def storage_dtype(dt: np.dtype) -> np.dtype:
 def combine_spec(op: ReduceOp, dt: np.dtype) -> KernelSpec:
     """``c = op(a, b)`` for logical dtype ``dt``."""
     tname, _, how, ctype = _TYPES[np.dtype(dt)]
-    expr = _EXPR[op]
+    expr = EXPR[op]
     if how == "float":
         body = f"float x = (float)a; float y = (float)b; c = ({ctype})({expr});"
     elif how == "bf16":
@@ -128,29 +128,3 @@ def _signed_c(tname: str) -> str:
 def _native_c(tname: str) -> str:
     return {"uint8": "unsigned char", "uint32": "unsigned int", "uint64": "unsigned long long",
             "float32": "float", "float64": "double"}[tname]
-
-
-# -- on a GPU -------------------------------------------------------------------------------------------
-_BUILT: dict[str, Any] = {}
-
-
-def _kernel(spec: KernelSpec) -> Any:
-    """The ElementwiseKernel for ``spec``, built once per process (cupy caches the binary per device)."""
-    kern = _BUILT.get(spec.name)
-    if kern is None:
-        import cupy  # only reached with GPU buffers in hand
-
-        kern = _BUILT[spec.name] = cupy.ElementwiseKernel(spec.in_params, spec.out_params, spec.operation,
-                                                          spec.name, preamble=spec.preamble, no_return=True)
-    return kern
-
-
-def combine(op: ReduceOp, dt: np.dtype, dst: Any, a: Any, b: Any) -> None:
-    """``dst = op(a, b)`` on cupy arrays of ``dt``'s storage dtype, on the current stream; ``dst`` may alias ``a``."""
-    _kernel(combine_spec(op, dt))(a, b, dst)
-
-
-def scale(op: ReduceOp, dt: np.dtype, buf: Any, nranks: int) -> None:
-    """Finish an average in place on the current stream."""
-    if op is ReduceOp.AVG and buf.size:
-        _kernel(scale_spec(dt))(float(nranks), buf)

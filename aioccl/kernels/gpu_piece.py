@@ -34,7 +34,7 @@ import re
 import numpy as np
 
 from ..dtypes import ReduceOp
-from .gpu import BF16
+from .gpu import BF16, EXPR
 
 HEADER_BYTES = 4096
 FLAG_WORDS = 64  # at most this many blocks in a spin-form launch
@@ -59,12 +59,6 @@ _C: dict[np.dtype, tuple[str, str, str]] = {
 DTYPES = tuple(_C)
 COMBINES = (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX)  # avg: sum, then divide
 
-_EXPR = {
-    ReduceOp.SUM: "x + y",
-    ReduceOp.PROD: "x * y",
-    ReduceOp.MIN: "(x != x || x < y) ? x : y",  # NaN wins, as in np.minimum; on a tie y, as numpy
-    ReduceOp.MAX: "(x != x || x > y) ? x : y",
-}
 
 PRELUDE = r"""
 typedef unsigned int u32;
@@ -174,7 +168,7 @@ def kernel_name(op: ReduceOp | None, dt: np.dtype) -> str:
 def _functions(op: ReduceOp, dt: np.dtype) -> str:
     """The combine and scale device functions of the storage type."""
     ctype, how, wrap = _C[np.dtype(dt)]
-    expr = _EXPR[op]
+    expr = EXPR[op]
     tag = f"{op.value}_{np.dtype(dt).name}"
     if how in ("half", "bf16"):
         to, back = ("aioccl_h2f", "aioccl_f2h") if how == "half" else ("aioccl_b2f", "aioccl_f2b")

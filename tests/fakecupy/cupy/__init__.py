@@ -134,29 +134,6 @@ def from_dlpack(x: Any) -> ndarray:
 
 
 
-class ElementwiseKernel:
-    """Runs aioccl's kernels by name with numpy (their CUDA source is tested with gcc)."""
-
-    def __init__(self, in_params: str, out_params: str, operation: str, name: str, **kw: Any) -> None:
-        self.name = name
-        self.operation = operation
-
-    def __call__(self, *args: Any) -> None:
-        """Launched on the current stream: it runs when the stream gets there."""
-        from aioccl.dtypes import ReduceOp
-        from aioccl.kernels import cpu
-
-        parts = self.name.split("_", 2)  # aioccl, op or "scale", dtype
-        dt = np.dtype(ml_dtypes.bfloat16) if parts[2] == "bfloat16" else np.dtype(parts[2])
-        if parts[1] == "scale":
-            n, c = args
-            cuda.enqueue(lambda: cpu.scale(ReduceOp.AVG, c._a.view(dt), int(n)))
-            return
-        a, b, c = args
-        op = ReduceOp(parts[1])
-        cuda.enqueue(lambda: cpu.combine(op, c._a.view(dt), a._a.view(dt), b._a.view(dt)))
-
-
 class RawModule:
     """aioccl's piece kernels (``kernels/gpu_piece.py``), run by name with ``aioccl.gpu.piece.emulate``: the
     kernel's meaning in numpy, flags, deadline and error word included (its CUDA source is compiled with NVRTC
