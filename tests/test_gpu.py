@@ -195,12 +195,16 @@ def test_every_op_and_dtype_on_gpu_buffers_with_fakecupy(ipc, path):
         assert "GPU ops use staging through host memory: AIOCCL_GPU_IPC=0" in out
 
 
-@pytest.mark.parametrize("ipc, n, delay_ms", [("1", 4, "0"), ("0", 2, "3"), ("0", 4, "0.2"), ("1", 2, "3")])
-def test_every_op_on_its_own_stream_with_late_streams(ipc, n, delay_ms):
+@pytest.mark.parametrize("ipc, n, delay_ms, sync", [("1", 4, "0", "spin"), ("0", 2, "3", "auto"),
+                                                     ("0", 4, "0.2", "auto"), ("1", 2, "3", "stream")])
+def test_every_op_on_its_own_stream_with_late_streams(ipc, n, delay_ms, sync):
     """Every op with ``stream=`` a non-blocking stream, many pieces, 2 and 4 ranks, streams from prompt to
-    3 ms late; results are read on the default stream, so an op that completed before its results landed
-    fails here."""
-    _run_fake(ipc, n, ("1", "1500"), GPU_OPS_STREAM="1", FAKECUPY_DELAY_MS=delay_ms)
+    3 ms late; results are read on the default stream after it waited for ``work.event``, so an event
+    recorded before the results fails here. The device path in both forms (the stand-in's kernels are slow
+    to hand off, so ``auto`` picks the stream form, as time-sliced processes on a GPU do)."""
+    out = _run_fake(ipc, n, ("1", "1500"), GPU_OPS_STREAM="1", FAKECUPY_DELAY_MS=delay_ms, AIOCCL_GPU_SYNC=sync)
+    if ipc == "1":
+        assert f"path=ipc/{sync}" in out
 
 
 def test_the_stand_ins_streams_run_late_so_each_careless_pattern_reads_wrong_bytes():

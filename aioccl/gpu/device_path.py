@@ -54,7 +54,7 @@ from .piece import Piece, fingerprint, lower, unpack_fingerprint
 
 _log = log.get("GPU")
 H2D, D2H = 1, 2
-SPIN_GRID = 32  # blocks of every spin-form launch: the epoch's parity must be the same in every block
+SPIN_GRID_RANKS = 128  # spin-form blocks, all ranks together: every rank's blocks must be resident at once
 MAX_GRID = 264  # stream form: no block waits on another rank, so fill the GPU (132 SMs on an H100)
 EPOCH_ARG = 19  # where the epoch is in the kernel's arguments (``_args``)
 SPIN_HANDOFF_US = 200.0  # the probe's hand-off time under which the ranks' kernels run at once
@@ -86,6 +86,9 @@ class DevicePath:
         self._err = np.frombuffer(memoryview((ctypes.c_char * 16).from_address(err_ptr)).cast("B"), dtype=np.uint32)
         self._comm_id = comm_id
         self.form, self.why = "spin", ""
+        # every spin-form launch has this many blocks (the epoch's parity must agree in all of them), and the
+        # ranks' blocks together stay well inside what one H100 holds at once (132 SMs x 3 such blocks)
+        self.spin_grid = max(4, min(K.FLAG_WORDS, SPIN_GRID_RANKS // nranks))
         self.epoch = 0  # this rank's count of pieces, as the device counts them (without graph replays)
         self._lock = threading.Lock()
         self._modules: dict[str, Any] = {}
@@ -183,7 +186,7 @@ class DevicePath:
             marks = []
             for i in range(PROBE_LAUNCHES):
                 with stream:
-                    kern((SPIN_GRID,), (K.THREADS,), self._args(0, 0, 0, Piece(0, 0, 0, 0, 0, 0, 0, 0), 1, timeout,
+                    kern((self.spin_grid,), (K.THREADS,), self._args(0, 0, 0, Piece(0, 0, 0, 0, 0, 0, 0, 0), 1, timeout,
                                                                    K.PUBLISH | K.SYNC | K.CONSUME, 0, 0))
                 if i in (0, PROBE_LAUNCHES - 1):
                     ev = cp.cuda.Event(disable_timing=True)
@@ -283,7 +286,7 @@ class DevicePath:
                 return self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, phase, 0, kind)
 
             if self.form == "spin":
-                got.append((Launch(kern, SPIN_GRID, K.THREADS, args(K.PUBLISH | K.SYNC | K.CONSUME), EPOCH_ARG),
+                got.append((Launch(kern, self.spin_grid, K.THREADS, args(K.PUBLISH | K.SYNC | K.CONSUME), EPOCH_ARG),
                             None))
             else:
                 grid = max(1, min(MAX_GRID, (p.n * max(1, p.pub_blocks, p.out_blocks) + K.THREADS - 1) // K.THREADS))

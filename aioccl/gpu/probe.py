@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -69,3 +70,16 @@ def load_cupy(what: str) -> ModuleType:
     import cupy
 
     return cupy  # type: ignore[no-any-return]  # cupy has no type information
+
+
+def sync_hint(env: Mapping[str, str]) -> str:
+    """How same-host ranks sharing a GPU will be synchronised (``aioccl-info``; the setup measures it)."""
+    forced = env.get("AIOCCL_GPU_SYNC", "auto")
+    if forced != "auto":
+        return f"AIOCCL_GPU_SYNC={forced}"
+    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    if os.path.exists(os.path.join(pipe, "control")):
+        return (f"an MPS control daemon answers at {pipe}: ranks sharing a GPU should run at once and spin on "
+                f"flags (the setup measures a hand-off to be sure)")
+    return (f"no MPS control daemon at {pipe}: ranks sharing a GPU are time-sliced and wait with "
+            f"cuStreamWaitValue32 (slower; start nvidia-cuda-mps-control -d); one process per GPU spins")

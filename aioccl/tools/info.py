@@ -152,7 +152,8 @@ def collect(env: Mapping[str, str] | None = None) -> dict[str, Any]:
             "shm": shm["state"],
             "ib": ("available: " if ib.usable else "unavailable: ") + ib.reason,
         },
-        "gpu": {"available": gpu.available, "detail": gpu.reason, "devices": gpu.devices},
+        "gpu": {"available": gpu.available, "detail": gpu.reason, "devices": gpu.devices,
+                "sync": aioccl.gpu.probe.sync_hint(env)},
         "env": {k.name: {"value": v, "set": s, "default": k.default, "meaning": k.meaning}
                 for k, v, s in knobs.effective(env)},
         "env_unknown": knobs.unknown(env),
@@ -178,6 +179,8 @@ def render(info: dict[str, Any]) -> list[str]:
         lines.append(f"transport {name}: {state}")
     g = info["gpu"]
     lines.append(f"gpu: {'available' if g['available'] else 'unavailable'}: {g['detail']}")
+    if g["available"]:
+        lines.append(f"  same-host GPU ops: {g['sync']}")
     lines.append("environment (* = set):")
     for name, e in info["env"].items():
         lines.append(f"  {'*' if e['set'] else ' '} {name}={e['value']}")
