@@ -265,3 +265,13 @@ def test_aioccl_info_prints_the_gpu_reason():
     assert proc.returncode == 0, proc.stderr
     assert "gpu: unavailable: cupy 0-fake found no usable CUDA driver: cudaErrorNoDevice" in proc.stdout
     assert "transport shm: " in proc.stdout
+
+
+@pytest.mark.parametrize("sync", ["spin", "stream"])
+def test_a_gpu_op_one_rank_never_issues_ends_at_its_deadline_and_the_next_op_names_the_rank(sync):
+    proc = launch(2, "gpu_timeout.py", timeout=120,
+                  env={"PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}", "AIOCCL_GPU_SYNC": sync})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "TIMEOUT_OK rank=0" in out and "TIMEOUT_OK rank=1" in out, out[-3000:]
+    assert "timed out after 1s waiting for ranks [1]" in out, out[-3000:]

@@ -95,7 +95,7 @@ class DevicePath:
         self._functions: dict[str, Any] = {}
         self._launch_cache: dict[tuple[Any, ...], list[tuple[Launch, Launch | None]]] = {}
         self._pieces: dict[tuple[Any, ...], list[Piece]] = {}
-        self._recent: OrderedDict[int, tuple[str, int]] = OrderedDict()  # epoch -> (op, seq)
+        self._recent: OrderedDict[int, tuple[str, int, float]] = OrderedDict()  # epoch -> (op, seq, timeout)
         self._tracked: deque[_Tracked] = deque()
         self._last_stream: Any = None
         self._side_stream: Any = None
@@ -258,7 +258,7 @@ class DevicePath:
                         launch(stream)
                     else:
                         self._stream_piece(launch, consume, stream, e)
-                    self._recent[e & 0xFFFFFFFF] = (g.work.op, g.seq)
+                    self._recent[e & 0xFFFFFFFF] = (g.work.op, g.seq, g.timeout)
                     if len(self._recent) > 4096:
                         self._recent.popitem(last=False)
                 if not capturing:
@@ -384,10 +384,10 @@ class DevicePath:
 
     def _from_error_word(self) -> AiocclError:
         code, peer, epoch, kind = (int(v) for v in self._err)
-        name, seq = self._recent.get(epoch, (name_of(kind, "GPU op"), -1))
+        name, seq, timeout = self._recent.get(epoch, (name_of(kind, "GPU op"), -1, 0.0))
         where = f"device op #{epoch}"
         if code == K.ERR_TIMEOUT:
-            return CollectiveTimeout(name, seq, [peer], -1.0,
+            return CollectiveTimeout(name, seq, [peer], timeout,
                                      f"a kernel waited past the op's deadline for rank {peer}'s flag ({where})",
                                      self._comm_id)
         if code == K.ERR_MISMATCH:

@@ -42,6 +42,7 @@ class Item:
     ready_at: float
     fn: Callable[[], None] | None  # None: a marker (an event record, a wait)
     deps: list[tuple[Queue, int]] = field(default_factory=list)  # (queue, seq) that must have run first
+    until: Callable[[], bool] | None = None  # a stream wait on memory: ready once this holds (polled)
 
 
 class Queue:
@@ -90,7 +91,7 @@ class Gpu:
             return q
 
     def submit(self, ptr: int, fn: Callable[[], None] | None, deps: list[tuple[Queue, int]] | None = None,
-               after_s: float | None = None) -> tuple[Queue, int]:
+               after_s: float | None = None, until: Callable[[], bool] | None = None) -> tuple[Queue, int]:
         """Enqueue ``fn`` on stream ``ptr``; ``(queue, seq)`` names it for events and waits. ``after_s``: ready
         exactly that late (a long kernel, for tests that need one stream well behind another)."""
         with self.cond:
@@ -105,7 +106,7 @@ class Gpu:
             seq = q.next_seq
             q.next_seq += 1
             delay = self.delay * (0.5 + self.rng.random()) if after_s is None else after_s
-            q.items.append(Item(seq, time.monotonic() + delay, fn, need))
+            q.items.append(Item(seq, time.monotonic() + delay, fn, need, until))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fakecupy-gpu", daemon=True)
                 self._thread.start()
@@ -155,6 +156,9 @@ class Gpu:
                 continue
             if head.ready_at > now:
                 wake = min(wake, head.ready_at - now)
+                continue
+            if head.until is not None and not head.until():
+                wake = min(wake, 0.0002)  # the GPU polls the word; other streams run meanwhile
                 continue
             if best is None or head.ready_at < best[1].ready_at:
                 best = (q, head)

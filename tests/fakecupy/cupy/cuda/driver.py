@@ -4,11 +4,8 @@ none, so aioccl reaches libcuda itself; here they are GPU work on the stand-in's
 from __future__ import annotations
 
 import ctypes
-import time
 
 from . import _gpu
-
-WAIT_LIMIT_S = 120.0  # a real stream waits for ever; the stand-in's one worker must not
 
 
 def _word(ptr: int) -> ctypes.c_uint32:
@@ -23,12 +20,5 @@ def streamWriteValue32(stream: int, ptr: int, value: int, flags: int) -> None:  
 
 
 def streamWaitValue32(stream: int, ptr: int, value: int, flags: int) -> None:  # noqa: N802
-    """GEQ, as CUDA compares: ``(int32_t)(*ptr - value) >= 0``."""
-    def wait() -> None:
-        limit = time.monotonic() + WAIT_LIMIT_S
-        while ((_word(ptr).value - value) & 0xFFFFFFFF) >= 1 << 31:
-            if time.monotonic() > limit:
-                raise _gpu.FakeGpuError(f"fakecupy: a stream waited {WAIT_LIMIT_S:.0f}s for a flag")
-            time.sleep(0.0001)
-
-    _gpu.GPU.submit(int(stream), wait)
+    """GEQ, as CUDA compares: ``(int32_t)(*ptr - value) >= 0``. The stream holds there; others run on."""
+    _gpu.GPU.submit(int(stream), None, until=lambda: ((_word(ptr).value - value) & 0xFFFFFFFF) < 1 << 31)
