@@ -142,9 +142,9 @@ class DevicePath:
         half = ((min(ex.nbytes for ex in exports) - K.HEADER_BYTES) // 2) & ~255
         with cp.cuda.Device(dev):
             bases = cp.asarray(np.array([table.ptr(r) for r in range(side.world_size)], dtype=np.uint64))
-            err_ptr = rt.hostAlloc(16, 2)  # cudaHostAllocMapped: the kernels write it, the host reads it
+            err_ptr = rt.hostAlloc(32, 2)  # mapped: the kernels write the error word; then 16 bytes for _read
             cp.cuda.Device(dev).synchronize()  # the table is copied in before any stream reads it
-        ctypes.memset(err_ptr, 0, 16)
+        ctypes.memset(err_ptr, 0, 32)
         dp = cls(cp, side.rank, side.world_size, dev, table, own, half, bases, err_ptr, comm_id)
         await dp._choose_form(side, exports, timeout)
         return dp
@@ -367,13 +367,15 @@ class DevicePath:
         return self._side_stream
 
     def _read(self, ptr: int, nbytes: int) -> np.ndarray:
-        """Device memory (this rank's or a peer's header) read on a private stream, past any stuck one."""
-        host = np.zeros(nbytes, np.uint8)
+        """Device memory (this rank's or a peer's header) read on a private non-blocking stream into pinned
+        memory, so the copy waits for nothing else: another stream of this rank may be stuck in a wait."""
+        assert nbytes <= 8
         with self._cp.cuda.Device(self.dev):
             s = self._side()
-            self._cp.cuda.runtime.memcpyAsync(host.ctypes.data, ptr, nbytes, D2H, s.ptr)
+            self._cp.cuda.runtime.memcpyAsync(self._err_ptr + 16, ptr, nbytes, D2H, s.ptr)
             s.synchronize()
-        return host
+        return np.frombuffer(memoryview((ctypes.c_char * nbytes).from_address(self._err_ptr + 16)).cast("B"),
+                             dtype=np.uint8).copy()
 
     def _behind(self, epoch: int) -> list[int]:
         try:
