@@ -5,7 +5,8 @@
 Rank 0 issues an all_reduce (timeout 1 s) that rank 1 never joins. Its Work is done at enqueue (the device
 path's rule); on the GPU the kernel gives up at the deadline (spin form), or the engine's watch finds the op
 past it and frees the stream's waits (stream form). Rank 0's next GPU op must raise ``CollectiveTimeout``
-naming rank 1, and so must every later one; close() must then return. Prints ``TIMEOUT_OK``.
+naming rank 1, and so must every later one; close() must then return. Prints ``TIMEOUT_OK``. Every op
+here is float32, so no kernel is loaded while a stream waits (a CUDA module load may wait for the device).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def main() -> None:
         while True:
             time.sleep(0.1)
             try:
-                comm.all_reduce(cp.asarray(np.ones(2, np.int32)), timeout=1.0)
+                comm.all_reduce(cp.asarray(np.ones(2, np.float32)), timeout=1.0)
             except aioccl.CollectiveTimeout as exc:
                 assert exc.waiting_for == [1], exc
                 assert "all_reduce" in str(exc), exc
@@ -43,7 +44,7 @@ def main() -> None:
             if time.monotonic() > deadline:
                 raise AssertionError("the lonely op's deadline never surfaced")
         try:
-            comm.all_reduce(cp.asarray(np.ones(2, np.int32)))
+            comm.all_reduce(cp.asarray(np.ones(2, np.float32)))
         except aioccl.CollectiveTimeout:
             pass
         else:

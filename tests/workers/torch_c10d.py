@@ -293,6 +293,9 @@ def main() -> None:
         DEVICE, mode = "cuda", "conformance"
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     timeout = timedelta(seconds=2) if mode == "timeout" else None
+    import aioccl.interop.c10d  # registered by the entry point when installed; a checkout on PYTHONPATH is not
+
+    aioccl.interop.c10d.register()
     dist.init_process_group(backend="aioccl", **({"timeout": timeout} if timeout else {}))
     assert dist.get_backend() == "aioccl", dist.get_backend()
     {"conformance": conformance, "timeout": silent_rank, "killed": killed_rank}[mode]()
