@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch._C._distributed_c10d as _c10d  # AllgatherOptions: not re-exported by torch.distributed
 
 from ...communicator import Communicator
 from ...errors import InvalidArgument
@@ -121,7 +122,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
 
     # -- gathers ---------------------------------------------------------------------------------------------
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         return self._work([self._gather_into(output, input, self._deadline(opts))], [output],
                           "all_gather_into_tensor")
 
@@ -129,7 +130,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> TorchWork:
-        t = self._deadline(opts or dist.AllgatherOptions())
+        t = self._deadline(opts or _c10d.AllgatherOptions())
         works = [self._gather_into(o, i, t) for o, i in zip(outputs, inputs, strict=True)]
         return self._work(works, outputs, "all_gather_into_tensor_coalesced")
 
@@ -141,14 +142,14 @@ class AiocclProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: Any = None) -> TorchWork:
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         outs = output_tensors[0]
         w, flat = self._gather_list(outs, self._single(input_tensors, "allgather"), self._deadline(opts))
         return self._work([w], outs, "allgather", lambda: _unflatten(flat, outs))
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> TorchWork:
-        t = self._deadline(opts or dist.AllgatherOptions())
+        t = self._deadline(opts or _c10d.AllgatherOptions())
         started = [self._gather_list(o, i, t) for o, i in zip(output_lists, inputs, strict=True)]
 
         def finish() -> None:
