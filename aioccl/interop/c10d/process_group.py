@@ -19,8 +19,8 @@ import itertools
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch._C._distributed_c10d as _c10d  # AllgatherOptions: not re-exported by torch.distributed
+import torch.distributed as dist
 
 from ...communicator import Communicator
 from ...errors import InvalidArgument
