@@ -6,11 +6,13 @@
 # 1. the probe (what aioccl-info prints);
 # 2. tests/workers/gpu_ops.py: every op x every dtype on cupy buffers, exact data, both paths
 #    (CUDA IPC, and the staged path with AIOCCL_GPU_IPC=0), small scratch so ops run in many pieces;
+#    then the device path's deadline (gpu_timeout.py) and CUDA graphs (gpu_graph.py: refused without MPS);
 # 3. JAX on GPU: tests/workers/jax_process.py with JAX_PLATFORMS=cuda; 3b. torch CUDA tensors through c10d;
 # 4. aioccl-perf all_reduce on GPU buffers, 8 B .. 64 MiB, JSON in $OUT (or ./gpu-check-out);
 # 5. where the nvidia-nccl wheel is present, the same sweep through cupy.cuda.nccl for comparison
 #    (NCCL refuses two ranks on one GPU; with fewer GPUs than ranks it says so and is skipped).
-# Exits non-zero on the first failure.
+# Exits non-zero on the first failure. With MPS running (nvidia-cuda-mps-control -d), same-host ranks use the
+# device path's spin form; without, its stream form (docs/gpu.md). scripts/gpu-profile.sh times both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NPROC="${1:-2}"
@@ -32,6 +34,9 @@ for ipc in 1 0; do
   AIOCCL_GPU_IPC=$ipc AIOCCL_GPU_SCRATCH=65536 AIOCCL_GPU_STAGE_PIECE=65536 \
     "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/gpu_ops.py 100000 | grep -E "GPU_OK|FAIL"
 done
+
+"$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/gpu_timeout.py | grep -E "TIMEOUT_OK|Error"
+AIOCCL_GPU_SCRATCH=8192 "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/gpu_graph.py | grep -E "GRAPH_|Error"
 
 echo "== 3. JAX on GPU"
 JAX_PLATFORMS=cuda "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/jax_process.py | tail -n "$NPROC"
