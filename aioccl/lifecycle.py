@@ -255,6 +255,8 @@ class LifecycleOps:
             self._closed = exc
         for w in list(self._inflight):
             w._set_exception(exc)
+        if self._gpu is not None:
+            self._gpu.abort(exc)
         eng = self._engine
         chan = self._shm
         if chan is not None and chan is not eng.shm and not self._owns_engine and not eng.loop.is_closed():

@@ -275,3 +275,11 @@ def test_a_gpu_op_one_rank_never_issues_ends_at_its_deadline_and_the_next_op_nam
     assert proc.returncode == 0, out[-3000:]
     assert "TIMEOUT_OK rank=0" in out and "TIMEOUT_OK rank=1" in out, out[-3000:]
     assert "timed out after 1s waiting for ranks [1]" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("sync", ["spin", "stream"])
+def test_abort_frees_a_gpu_op_waiting_for_a_peer_that_never_comes(sync):
+    proc = launch(2, "gpu_abort.py", timeout=120,
+                  env={"PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}", "AIOCCL_GPU_SYNC": sync})
+    out = proc.stdout + proc.stderr
+    assert "ABORT_OK rank=0 synchronised" in out and "ABORT_OK rank=1" in out, out[-3000:]

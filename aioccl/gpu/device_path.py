@@ -349,7 +349,7 @@ class DevicePath:
             if self.failure is not None:
                 return
             self.failure = exc
-        _log.error("%s", exc)
+        (_log.warning if isinstance(exc, CommAborted) else _log.error)("%s", exc)
         if self._err[0] == 0:
             self._err[0] = K.ERR_ABORT
         if self.form == "stream":
@@ -406,8 +406,19 @@ class DevicePath:
 
     # -- lifetime ----------------------------------------------------------------------------------
     def release(self) -> None:
-        """Let the queued ops finish (or, after a failure, give up), unmap the peers' scratch, free this
-        rank's (errors are logged). Every kernel has a deadline, so the synchronisation ends."""
+        """Let the queued ops end, unmap the peers' scratch, free this rank's (errors are logged).
+
+        Each queued op ends: it completes, or its kernel gives up at the deadline (spin), or ``poll`` finds it
+        past the deadline and frees the stream's waits (stream), so neither loop nor synchronisation can
+        hang on a peer that is gone."""
+        while self.failure is None:
+            with self._lock:
+                while self._tracked and self._tracked[0].event.done:
+                    self._tracked.popleft()
+                if not self._tracked:
+                    break
+            self.poll()
+            time.sleep(0.001)
         rt = self._cp.cuda.runtime
         try:
             with self._cp.cuda.Device(self.dev):

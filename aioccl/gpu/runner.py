@@ -41,7 +41,7 @@ from .. import log
 from ..buffers import Buf
 from ..dtypes import ReduceOp
 from ..envvars import env_int
-from ..errors import CollectiveTimeout
+from ..errors import AiocclError, CollectiveTimeout, CommAborted
 from ..work import Work
 from . import plans
 from .device_path import DevicePath
@@ -361,6 +361,12 @@ class GpuRunner:
         g.blocks = []
 
     # -- lifetime ----------------------------------------------------------------------------------
+    def abort(self, exc: BaseException) -> None:
+        """``comm.abort()``: kernels still waiting for peers give up now, stream waits are freed; never blocks."""
+        dp = self._ipc
+        if isinstance(dp, DevicePath):
+            dp.fail(exc if isinstance(exc, AiocclError) else CommAborted(str(exc)))
+
     def release(self) -> None:
         """Let the device path's queued ops end and free it (after the last op; errors are logged)."""
         dp, self._ipc = self._ipc, False
