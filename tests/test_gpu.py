@@ -200,8 +200,8 @@ def test_every_op_and_dtype_on_gpu_buffers_with_fakecupy(ipc, path):
 def test_every_op_on_its_own_stream_with_late_streams(ipc, n, delay_ms, sync):
     """Every op with ``stream=`` a non-blocking stream, many pieces, 2 and 4 ranks, streams from prompt to
     3 ms late; results are read on the default stream after it waited for ``work.event``, so an event
-    recorded before the results fails here. The device path in both forms (the stand-in's kernels are slow
-    to hand off, so ``auto`` picks the stream form, as time-sliced processes on a GPU do)."""
+    recorded before the results fails here. The device path in both forms, the staged path with the
+    form left to ``auto`` (which it does not use)."""
     out = _run_fake(ipc, n, ("1", "1500"), GPU_OPS_STREAM="1", FAKECUPY_DELAY_MS=delay_ms, AIOCCL_GPU_SYNC=sync)
     if ipc == "1":
         assert f"path=ipc/{sync}" in out

@@ -29,9 +29,7 @@ deadline, and frees the stream by writing the flags it waits on.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
-import os
 import threading
 import time
 from collections import OrderedDict, deque
@@ -47,7 +45,7 @@ from ..engine.notices import describe_call
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted, InvalidArgument
 from ..kernels import gpu_piece as K
 from . import plans, streamops
-from .ipc import EXPORT_BYTES, Export, IpcTable
+from .ipc import IpcTable
 from .launch import Launch
 from .op import GpuOp
 from .piece import Piece, fingerprint, lower, unpack_fingerprint
@@ -56,9 +54,7 @@ _log = log.get("GPU")
 H2D, D2H = 1, 2
 SPIN_GRID_RANKS = 128  # spin-form blocks, all ranks together: every rank's blocks must be resident at once
 MAX_GRID = 264  # stream form: no block waits on another rank, so fill the GPU (132 SMs on an H100)
-EPOCH_ARG = 19  # where the epoch is in the kernel's arguments (``_args``)
-SPIN_HANDOFF_US = 200.0  # the probe's hand-off time under which the ranks' kernels run at once
-PROBE_LAUNCHES = 12
+EPOCH_ARG = 19  # where the epoch is in the kernel's arguments (``args``)
 TRACKED = 1024  # ops in flight per communicator; the caller waits for the oldest beyond this
 
 
@@ -78,12 +74,12 @@ class DevicePath:
 
     def __init__(self, cp: Any, rank: int, nranks: int, dev: int, table: IpcTable, own: int, half_bytes: int,
                  bases: Any, err_ptr: int, comm_id: str) -> None:
-        self._cp, self.rank, self.nranks, self.dev = cp, rank, nranks, dev
-        self._table, self._own, self.half_bytes = table, own, half_bytes
+        self.cp, self.rank, self.nranks, self.dev = cp, rank, nranks, dev
+        self._table, self.own, self.half_bytes = table, own, half_bytes
         self._bases = bases  # device array: rank -> its scratch as mapped here
         self._bases_ptr = np.uint64(bases.data.ptr)
         self._err_ptr = err_ptr
-        self._err = np.frombuffer(memoryview((ctypes.c_char * 16).from_address(err_ptr)).cast("B"), dtype=np.uint32)
+        self.err = np.frombuffer(memoryview((ctypes.c_char * 16).from_address(err_ptr)).cast("B"), dtype=np.uint32)
         self._comm_id = comm_id
         self.form, self.why = "spin", ""
         # every spin-form launch has this many blocks (the epoch's parity must agree in all of them), and the
@@ -102,118 +98,20 @@ class DevicePath:
         self._write, self._wait = streamops.load(cp)
         self.failure: AiocclError | None = None
 
-    # -- setup -------------------------------------------------------------------------------------
-    @classmethod
-    async def setup(cls, cp: Any, side: Any, dev: int, scratch_bytes: int, timeout: float,
-                    comm_id: str) -> DevicePath | str:
-        """The device path, or why some rank cannot use it (every rank gets the same answer)."""
-        rt = cp.cuda.runtime
-        reason, own = "", 0
-        export = Export(bytes(64), 0, os.getpid(), dev)
-        if os.environ.get("AIOCCL_GPU_IPC", "1") == "0":
-            reason = "AIOCCL_GPU_IPC=0"
-        else:
-            try:
-                with cp.cuda.Device(dev):
-                    size = K.HEADER_BYTES + scratch_bytes  # the header, then the two data halves
-                    own = rt.malloc(size)  # outside cupy's pool: the handle covers just this
-                    zeros = np.zeros(K.HEADER_BYTES, np.uint8)
-                    rt.memcpy(own, zeros.ctypes.data, K.HEADER_BYTES, H2D)
-                    export = Export(rt.ipcGetMemHandle(own), size, os.getpid(), dev)
-            except Exception as e:  # noqa: BLE001
-                reason = f"cannot export scratch: {e}"
-        mine = np.frombuffer(export.encode(), dtype=np.uint8)
-        everyone = (await side.all_gather(mine, timeout=timeout)).reshape(side.world_size, EXPORT_BYTES)
-        table = IpcTable(side.rank, own, lambda h: rt.ipcOpenMemHandle(h), rt.ipcCloseMemHandle)
-        exports = [Export.decode(everyone[r].tobytes()) for r in range(side.world_size)]
-        if not reason:
-            try:
-                with cp.cuda.Device(dev):
-                    for r, ex in enumerate(exports):
-                        table.add(r, ex)
-            except Exception as e:  # noqa: BLE001
-                reason = f"cannot open a peer's scratch: {e}"
-        agreed = await side.all_reduce(np.array([0 if reason else 1], dtype=np.int32), "min", timeout=timeout)
-        if not int(agreed[0]):
-            table.close()
-            if own:
-                rt.free(own)
-            return reason or "a peer could not use CUDA IPC"
-        half = ((min(ex.nbytes for ex in exports) - K.HEADER_BYTES) // 2) & ~255
-        with cp.cuda.Device(dev):
-            bases = cp.asarray(np.array([table.ptr(r) for r in range(side.world_size)], dtype=np.uint64))
-            err_ptr = rt.hostAlloc(32, 2)  # mapped: the kernels write the error word; then 16 bytes for _read
-            cp.cuda.Device(dev).synchronize()  # the table is copied in before any stream reads it
-        ctypes.memset(err_ptr, 0, 32)
-        dp = cls(cp, side.rank, side.world_size, dev, table, own, half, bases, err_ptr, comm_id)
-        await dp._choose_form(side, exports, timeout)
-        return dp
-
-    async def _choose_form(self, side: Any, exports: list[Export], timeout: float) -> None:
-        choice = os.environ.get("AIOCCL_GPU_SYNC", "auto")
-        if choice not in ("auto", "spin", "stream"):
-            raise InvalidArgument(f"AIOCCL_GPU_SYNC must be auto, spin or stream, got {choice!r}")
-        shared = len({ex.device for ex in exports}) < len(exports)
-        handoff_us, failed = 0.0, 0
-        if choice == "auto" and shared:
-            handoff_us, failed = await self._probe(min(timeout, 5.0))
-        worst = await side.all_reduce(np.array([handoff_us, failed], dtype=np.float64), "max", timeout=timeout)
-        handoff_us, failed = float(worst[0]), int(worst[1])
-        if choice == "auto":
-            spin = not shared or (not failed and handoff_us < SPIN_HANDOFF_US)
-            choice = "spin" if spin else "stream"
-            self.why = ("one process per GPU" if not shared else
-                        f"ranks share a GPU and a hand-off between their kernels took {handoff_us:.0f} us "
-                        f"(MPS {'on' if spin else 'off'}, or as good as)")
-        else:
-            self.why = "AIOCCL_GPU_SYNC"
-        self._err[:] = 0
-        flag0 = np.zeros(1, np.uint32)
-        with self._cp.cuda.Device(self.dev):
-            self._cp.cuda.runtime.memcpy(flag0.ctypes.data, self._own, 4, D2H)
-        top = await side.all_reduce(flag0.astype(np.int64), "max", timeout=timeout)
-        self.epoch = int(top[0])
-        self.form = choice
-        _log.info("GPU ops use CUDA IPC (%d MiB per half), kernels synchronised by %s: %s", self.half_bytes >> 20,
-                  "spinning on flags" if choice == "spin" else "stream waits on flags", self.why)
-
-    async def _probe(self, timeout: float) -> tuple[float, int]:
-        """Microseconds per hand-off between the ranks' kernels (spin form), and whether any timed out."""
-        cp = self._cp
-        kern = self._kernel(np.dtype(np.uint8), None)
-        with cp.cuda.Device(self.dev):
-            stream = cp.cuda.Stream(non_blocking=True)
-            marks = []
-            for i in range(PROBE_LAUNCHES):
-                with stream:
-                    kern((self.spin_grid,), (K.THREADS,), self._args(0, 0, 0, Piece(0, 0, 0, 0, 0, 0, 0, 0), 1, timeout,
-                                                                   K.PUBLISH | K.SYNC | K.CONSUME, 0, 0))
-                if i in (0, PROBE_LAUNCHES - 1):
-                    ev = cp.cuda.Event(disable_timing=True)
-                    ev.record(stream)
-                    marks.append(ev)
-        while not marks[0].done:  # polled without backing off: the measurement is in microseconds
-            await asyncio.sleep(0)
-        t0 = time.monotonic()
-        while not marks[1].done:
-            await asyncio.sleep(0)
-        us = (time.monotonic() - t0) * 1e6 / (PROBE_LAUNCHES - 1)
-        return us, int(self._err[0] != 0)
-
     # -- enqueue (the caller's thread) -------------------------------------------------------------
-    def _kernel(self, dt: np.dtype, op: ReduceOp | None) -> Any:
+    def kernel(self, dt: np.dtype, op: ReduceOp | None) -> Any:
         name = K.kernel_name(op, dt)
         fn = self._functions.get(name)
         if fn is None:
             mod = self._modules.get(dt.name)
             if mod is None:
-                with self._cp.cuda.Device(self.dev):
-                    mod = self._modules[dt.name] = self._cp.RawModule(code=K.module_source(dt),
+                with self.cp.cuda.Device(self.dev):
+                    mod = self._modules[dt.name] = self.cp.RawModule(code=K.module_source(dt),
                                                                        options=("-std=c++17",))
             fn = self._functions[name] = mod.get_function(name)
         return fn
 
-    def _args(self, in_ptr: int, out_ptr: int, count: int, p: Piece, fp: int, timeout: float, phase: int,
+    def args(self, in_ptr: int, out_ptr: int, count: int, p: Piece, fp: int, timeout: float, phase: int,
               epoch: int, kind: int) -> tuple[Any, ...]:
         return (self._bases_ptr, np.uint64(in_ptr), np.uint64(out_ptr), np.uint64(self._err_ptr),
                 np.int64(count), np.int64(p.a), np.int64(p.n), np.int64(self.half_bytes),
@@ -238,8 +136,8 @@ class DevicePath:
 
     def enqueue(self, g: GpuOp) -> None:
         """Launch ``g``'s pieces on its stream and complete its Work (raises the path's failure, if any)."""
-        cp = self._cp
-        if self._err[0] and self.failure is None:  # a kernel gave up since the last look: this op must not start
+        cp = self.cp
+        if self.err[0] and self.failure is None:  # a kernel gave up since the last look: this op must not start
             self.fail(self._from_error_word())
         with self._lock:
             if self.failure is not None:
@@ -278,12 +176,12 @@ class DevicePath:
         got = self._launch_cache.get(key)
         if got is not None:
             return got
-        kern = self._kernel(dt, g.op)
+        kern = self.kernel(dt, g.op)
         fp, kind = fingerprint(*g.fp), g.fp[0]
         got = []
         for p in self.pieces(g):
             def args(phase: int, p: Piece = p) -> tuple[Any, ...]:
-                return self._args(in_ptr, out_ptr, g.count, p, fp, g.timeout, phase, 0, kind)
+                return self.args(in_ptr, out_ptr, g.count, p, fp, g.timeout, phase, 0, kind)
 
             if self.form == "spin":
                 got.append((Launch(kern, self.spin_grid, K.THREADS, args(K.PUBLISH | K.SYNC | K.CONSUME), EPOCH_ARG),
@@ -300,7 +198,7 @@ class DevicePath:
     def _stream_piece(self, publish: Launch, consume: Launch, stream: Any, e: int) -> None:
         """Publish; this rank's flag word 0 := e (after the publish, fenced); wait for every peer's; consume."""
         publish(stream, e)
-        self._write(stream.ptr, self._own, e)
+        self._write(stream.ptr, self.own, e)
         for r in range(self.nranks):
             if r != self.rank:
                 self._wait(stream.ptr, self._table.ptr(r), e)
@@ -311,7 +209,7 @@ class DevicePath:
         (as NCCL's do): the scratch halves and the epochs assume it."""
         last = self._last_stream
         if last is not None and last != stream and not capturing:
-            ev = self._cp.cuda.Event(disable_timing=True)
+            ev = self.cp.cuda.Event(disable_timing=True)
             ev.record(last)
             stream.wait_event(ev)
         self._last_stream = stream
@@ -329,7 +227,7 @@ class DevicePath:
         if self.failure is not None:
             return self.failure
         exc: AiocclError | None = None
-        if self._err[0]:
+        if self.err[0]:
             exc = self._from_error_word()
         else:
             with self._lock:
@@ -350,11 +248,11 @@ class DevicePath:
                 return
             self.failure = exc
         (_log.warning if isinstance(exc, CommAborted) else _log.error)("%s", exc)
-        if self._err[0] == 0:
-            self._err[0] = K.ERR_ABORT
+        if self.err[0] == 0:
+            self.err[0] = K.ERR_ABORT
         if self.form == "stream":
             try:
-                with self._cp.cuda.Device(self.dev):
+                with self.cp.cuda.Device(self.dev):
                     s = self._side()
                     for r in range(self.nranks):  # far ahead of any epoch this rank waits for
                         self._write(s.ptr, self._table.ptr(r), self.epoch + (1 << 30))
@@ -363,16 +261,16 @@ class DevicePath:
 
     def _side(self) -> Any:
         if self._side_stream is None:
-            self._side_stream = self._cp.cuda.Stream(non_blocking=True)
+            self._side_stream = self.cp.cuda.Stream(non_blocking=True)
         return self._side_stream
 
     def _read(self, ptr: int, nbytes: int) -> np.ndarray:
         """Device memory (this rank's or a peer's header) read on a private non-blocking stream into pinned
         memory, so the copy waits for nothing else: another stream of this rank may be stuck in a wait."""
         assert nbytes <= 8
-        with self._cp.cuda.Device(self.dev):
+        with self.cp.cuda.Device(self.dev):
             s = self._side()
-            self._cp.cuda.runtime.memcpyAsync(self._err_ptr + 16, ptr, nbytes, D2H, s.ptr)
+            self.cp.cuda.runtime.memcpyAsync(self._err_ptr + 16, ptr, nbytes, D2H, s.ptr)
             s.synchronize()
         return np.frombuffer(memoryview((ctypes.c_char * nbytes).from_address(self._err_ptr + 16)).cast("B"),
                              dtype=np.uint8).copy()
@@ -385,7 +283,7 @@ class DevicePath:
             return [r for r in range(self.nranks) if r != self.rank]
 
     def _from_error_word(self) -> AiocclError:
-        code, peer, epoch, kind = (int(v) for v in self._err)
+        code, peer, epoch, kind = (int(v) for v in self.err)
         name, seq, timeout = self._recent.get(epoch, (name_of(kind, "GPU op"), -1, 0.0))
         where = f"device op #{epoch}"
         if code == K.ERR_TIMEOUT:
@@ -396,7 +294,7 @@ class DevicePath:
             slot = K.FP_OFFSET + 8 * (epoch & 1)
             try:
                 theirs = int(self._read(self._table.ptr(peer) + slot, 8).view(np.uint64)[0])
-                mine = int(self._read(self._own + slot, 8).view(np.uint64)[0])
+                mine = int(self._read(self.own + slot, 8).view(np.uint64)[0])
                 a, b = describe_call(unpack_fingerprint(theirs)), describe_call(unpack_fingerprint(mine))
             except Exception:  # noqa: BLE001
                 a = b = "another call"
@@ -419,17 +317,17 @@ class DevicePath:
                     break
             self.poll()
             time.sleep(0.001)
-        rt = self._cp.cuda.runtime
+        rt = self.cp.cuda.runtime
         try:
-            with self._cp.cuda.Device(self.dev):
-                self._cp.cuda.Device(self.dev).synchronize()
+            with self.cp.cuda.Device(self.dev):
+                self.cp.cuda.Device(self.dev).synchronize()
         except Exception as e:  # noqa: BLE001
             _log.warning("synchronising the GPU at close failed: %s", e)
         for err in self._table.close():
             _log.warning("closing a peer's CUDA IPC mapping failed: %s", err)
-        for free, ptr in ((rt.free, self._own), (rt.freeHost, self._err_ptr)):
+        for free, ptr in ((rt.free, self.own), (rt.freeHost, self._err_ptr)):
             try:
                 free(ptr)
             except Exception as e:  # noqa: BLE001
                 _log.warning("freeing GPU path memory failed: %s", e)
-        self._err = np.zeros(4, np.uint32)
+        self.err = np.zeros(4, np.uint32)

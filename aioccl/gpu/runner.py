@@ -43,7 +43,7 @@ from ..dtypes import ReduceOp
 from ..envvars import env_int
 from ..errors import AiocclError, CollectiveTimeout, CommAborted
 from ..work import Work
-from . import plans
+from . import device_setup, plans
 from .device_path import DevicePath
 from .events import wait_event
 from .host_phase import host_op
@@ -136,7 +136,7 @@ class GpuRunner:
         """The device path, once, on the engine's loop; its watch runs there for the communicator's life."""
         try:
             side = await self._side
-            dp = await DevicePath.setup(self._cp, side, dev, self._scratch_bytes, timeout,
+            dp = await device_setup.setup(self._cp, side, dev, self._scratch_bytes, timeout,
                                         f"{self._comm._view.ctx:x}")
             if isinstance(dp, str):
                 self._ipc = False
