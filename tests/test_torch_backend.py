@@ -16,15 +16,16 @@ torch = pytest.importorskip("torch", reason="torch is not installed (make test i
 dist = pytest.importorskip("torch.distributed")
 
 
-def torchrun(n: int, script: str, *args: str, env: dict[str, str] | None = None,
-             timeout: float = 240, monitor_s: float | None = None) -> subprocess.CompletedProcess[str]:
+def torchrun(n: int, script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 240,
+             monitor_s: float | None = None, extra: list[str] | None = None) -> subprocess.CompletedProcess[str]:
     """``torchrun --nproc-per-node n tests/workers/<script>``: torch's own launcher and store.
     ``monitor_s``: how often torchrun looks at its workers (once one has died, it kills the others)."""
     from aioccl.bootstrap.unique_id import free_port
 
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     monitor = ["--monitor-interval", str(monitor_s)] if monitor_s is not None else []
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), *monitor, "--master-port",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), *monitor, *(extra or []),
+           "--master-port",
            str(free_port("127.0.0.1")), str(WORKERS / script), *args]
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
@@ -99,3 +100,29 @@ def test_what_aioccl_cannot_do_is_refused_clearly():
         AiocclProcessGroup._single([torch.zeros(1), torch.zeros(1)], "allreduce")
     with pytest.raises(InvalidArgument, match="contiguous"):
         AiocclProcessGroup._flat(torch.zeros(4, 4)[:, 1], "all_gather_into_tensor")
+
+
+@pytest.mark.parametrize("mode, fails", [("raise", 1), ("raise", 2), ("init", 1)])
+def test_torchrun_restarts_an_aioccl_job_as_it_does_a_gloo_one(mode, fails):
+    """torch's store outlives an attempt: a restarted rank must find this attempt's unique id, never the dead
+    root of the last one (it used to dial it, then wait out its deadline)."""
+    proc = torchrun(2, "torch_restart.py", mode, str(fails), extra=["--max-restarts", "2"], timeout=180,
+                    monitor_s=0.2)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for r in (0, 1):
+        assert f"RESTART_OK attempt={fails} rank={r}" in out, out[-4000:]
+
+
+def test_a_stale_unique_id_fails_in_a_second_naming_why():
+    """An id read from a store after its root exited (the root listened before it was published)."""
+    from dataclasses import replace
+
+    from aioccl import BootstrapError, Communicator
+    from aioccl.bootstrap.unique_id import UniqueId, free_port
+
+    stale = replace(UniqueId("127.0.0.1", free_port("127.0.0.1"), bytes(16)), root_up=True)
+    t0 = __import__("time").monotonic()
+    with pytest.raises(BootstrapError, match="stale: it belongs to an earlier run or restart"):
+        Communicator.create_sync(stale, 1, 2, timeout=60)
+    assert __import__("time").monotonic() - t0 < 5

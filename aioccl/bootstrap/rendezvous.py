@@ -55,9 +55,16 @@ class Table:
 Streams = Callable[[list[dict[str, Any]], int, int], int]  # (table, rank i, rank j) -> streams, same both ways
 
 
-async def _connect(host: str, port: int, deadline: float, what: str) -> socket.socket:
+STALE_ROOT = ("the root was listening when its id was published, so this id is stale: it belongs to an earlier "
+              "run or restart whose root has exited (under torchrun, the store outlived that attempt)")
+REFUSED_TRIES = 5  # a root known to have been up: refused this often in a row (~0.3 s) means it is gone
+
+
+async def _connect(host: str, port: int, deadline: float, what: str, stale: str = "") -> socket.socket:
+    """Connect, retrying until ``deadline`` (the peer may not listen yet). With ``stale`` (why the peer
+    must already be listening), a refused connection is final after a few tries: ``BootstrapError(stale)``."""
     loop = asyncio.get_running_loop()
-    delay, last = 0.01, None
+    delay, last, refused = 0.01, None, 0
     while time.monotonic() < deadline:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -69,6 +76,9 @@ async def _connect(host: str, port: int, deadline: float, what: str) -> socket.s
         except (OSError, TimeoutError) as e:
             sock.close()
             last = e
+            refused = refused + 1 if isinstance(e, ConnectionRefusedError) else 0
+            if stale and refused >= REFUSED_TRIES:
+                raise BootstrapError(f"could not connect to {what} at {host}:{port}: {e}; {stale}") from None
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
     raise BootstrapError(f"could not connect to {what} at {host}:{port}: {last}")
@@ -162,7 +172,8 @@ async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float,
     _log.info("rank %d: listening for peers on %s:%d", rank, addr, listener.getsockname()[1])
     gate = Gate(listener, uid.secret, rank)
     try:
-        root = await _connect(uid.host, uid.port, deadline, "the root")
+        root = await _connect(uid.host, uid.port, deadline, "the root",
+                              STALE_ROOT if uid.root_up else "")
         try:
             await auth.as_client(root, uid.secret, timeout=max(1.0, deadline - time.monotonic()))
             await send_json(root, {"rank": rank, "world_size": world_size, "addr": addr,

@@ -22,6 +22,9 @@ class UniqueId:
     host: str
     port: int
     secret: bytes = field(repr=False)
+    # the root was listening when this id was handed over (a store's copy, published by the root's own
+    # process after it bound): a refused connection then means the root is gone, not that it is starting
+    root_up: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:

@@ -2,7 +2,9 @@
 
 The world (the default group) bootstraps from torch's own store: rank 0 puts
 a fresh ``UniqueId`` under a key of the group's prefix store and the others
-read it, so there is no second port to configure. Every later group
+read it, so there is no second port to configure. The key names torchrun's
+restart count: its store outlives an attempt, and a restarted rank must not
+dial the previous attempt's root (a stale id read anyway fails in a second). Every later group
 (``dist.new_group``, which torch calls on the members only) is made from the
 world's connections with ``Communicator.create_group``: no new sockets, and
 a shared-memory channel when its ranks share a host. A group of a world that
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
@@ -61,11 +64,20 @@ def deadline(timeout: Any) -> float:
     return float(timeout.total_seconds())
 
 
+def uid_key(env: Any = None) -> str:
+    """The store key of a group's unique id: per torchrun restart, since torch's store may outlive an attempt
+    (the group's prefix store already separates groups)."""
+    env = os.environ if env is None else env
+    return f"{UID_KEY}/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
 def bootstrap(store: Any, rank: int, size: int, timeout: float) -> Communicator:
     """A communicator of ``size`` ranks met through torch's ``store`` (rank 0 publishes the unique id)."""
+    key = uid_key()
     if rank == 0:
         uid = UniqueId.new(host=os.environ.get("MASTER_ADDR") or None)
-        store.set(UID_KEY, str(uid))
+        store.set(key, str(uid))
     else:
-        uid = UniqueId.parse(store.get(UID_KEY).decode())  # blocks for the store's own timeout at most
-    return Communicator.create_sync(uid, rank, size, timeout)
+        uid = UniqueId.parse(store.get(key).decode())  # blocks for the store's own timeout at most
+    # rank 0 listened before it published: a refused root is gone (a stale id), so fail fast, not in minutes
+    return Communicator.create_sync(replace(uid, root_up=True), rank, size, timeout)
