@@ -306,3 +306,31 @@ def test_a_reduction_runs_early_only_when_later_receives_cannot_touch_it():
     assert early_reductions(Step(recvs=(t, Recv(2, Region(OUT, 5, 6))))) == 0
     assert early_reductions(Step(recvs=(t,))) == 0  # one receive: nothing to overlap
     assert early_reductions(Step(recvs=(t, later), lockstep=True)) == 0
+
+
+def test_a_rank_with_another_secret_is_told_so_and_the_root_names_where_it_came_from():
+    """Two "nodes" given different secrets: the rank learns that the root refused its secret (not that the
+    connection closed), and the root's final error names the address the wrong secret came from."""
+    from aioccl import Communicator, UniqueId
+    from aioccl.bootstrap.root import RootServer
+
+    root = RootServer.bind("127.0.0.1", 0, b"r" * 16, timeout=2)
+    root.start_thread()
+    uid = UniqueId("127.0.0.1", root.port, b"r" * 16)
+    errors: dict[int, BaseException] = {}
+
+    def root_rank() -> None:
+        try:
+            Communicator.create_sync(uid, 0, 2, timeout=10)
+        except BaseException as e:  # noqa: BLE001
+            errors[0] = e
+
+    t = threading.Thread(target=root_rank)
+    t.start()
+    wrong = UniqueId(uid.host, uid.port, bytes(16))
+    with pytest.raises(BootstrapError, match="refused this rank's secret: every rank must be given the same"):
+        Communicator.create_sync(wrong, 1, 2, timeout=3)
+    t.join(30)
+    assert isinstance(errors.get(0), BootstrapError), errors
+    msg = str(errors[0])
+    assert "ranks [1] of 2" in msg and "connections from 127.0.0.1 (1x) knew another secret" in msg, msg

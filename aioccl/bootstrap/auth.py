@@ -22,10 +22,17 @@ from .sockio import recv_bytes
 MAGIC = b"AIOCCL\x01\x00"
 NONCE = 16
 MAC = 32
+# what the server sends instead of its proof when the client's answer was wrong: the client can then say
+# that its secret was refused rather than that the connection closed (it learns nothing else)
+REFUSED = b"AIOCCL-SECRET-REFUSED".ljust(MAC, b"\0")
 
 
 class AuthError(ConnectionError):
     """The other side failed to prove knowledge of the secret, or spoke garbage."""
+
+
+class SecretRefused(AuthError):
+    """The server checked this side's answer and found that the secrets differ."""
 
 
 def _mac(secret: bytes, label: bytes, a: bytes, b: bytes) -> bytes:
@@ -58,6 +65,9 @@ def verify_answer(secret: bytes, nonce_s: bytes, reply: bytes) -> bytes:
 
 
 def verify_proof(secret: bytes, nonce_s: bytes, nonce_c: bytes, proof: bytes) -> None:
+    if proof == REFUSED:
+        raise SecretRefused("the other side refused this process's secret: it was given a different one "
+                            "(--secret / AIOCCL_COMM_SECRET, or the unique id) than this process")
     if not hmac.compare_digest(proof, _mac(secret, b"server", nonce_c, nonce_s)):
         raise AuthError("server does not know the communicator's secret")
 
@@ -68,7 +78,13 @@ async def as_server(sock: socket.socket, secret: bytes, timeout: float) -> None:
         nonce_s, msg = challenge()
         await loop.sock_sendall(sock, msg)
         reply = await recv_bytes(sock, len(MAGIC) + NONCE + MAC)
-        await loop.sock_sendall(sock, verify_answer(secret, nonce_s, reply))
+        try:
+            proof = verify_answer(secret, nonce_s, reply)
+        except AuthError:
+            if reply.startswith(MAGIC):  # an aioccl peer with another secret: tell it so, then drop it
+                await loop.sock_sendall(sock, REFUSED)
+            raise
+        await loop.sock_sendall(sock, proof)
 
 
 async def as_client(sock: socket.socket, secret: bytes, timeout: float) -> None:

@@ -181,6 +181,10 @@ async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float,
                                    "pid": os.getpid(), **(extra or {})})
             async with asyncio.timeout(max(0.1, deadline - time.monotonic()) + 1.0):
                 reply = await recv_json(root)
+        except auth.SecretRefused as e:
+            raise BootstrapError(f"rank {rank}: the root at {uid.host}:{uid.port} refused this rank's secret: "
+                                 f"every rank must be given the same --secret (AIOCCL_COMM_SECRET) or unique id"
+                                 ) from e
         except (auth.AuthError, Closed, OSError, TimeoutError) as e:
             raise BootstrapError(f"rank {rank}: rendezvous with the root {uid.host}:{uid.port} failed: {e!r}") from e
         finally:

@@ -34,6 +34,7 @@ class RootServer:
         self.timeout = env_timeout(os.environ) if timeout is None else check_timeout(timeout)
         self.thread: threading.Thread | None = None
         self.rejected = 0  # connections dropped for failing the handshake (observable in tests)
+        self.wrong_secret: dict[str, int] = {}  # source address -> aioccl handshakes with another secret
         self._loop: asyncio.AbstractEventLoop | None = None
         self._complete: asyncio.Event | None = None
         self._abandoned = False
@@ -110,6 +111,10 @@ class RootServer:
                     complete.set()
             except (auth.AuthError, ValueError, KeyError, TypeError, OSError, TimeoutError) as e:
                 self.rejected += 1
+                if isinstance(e, auth.AuthError) and "secret" in str(e):
+                    host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+                    if host in self.wrong_secret or len(self.wrong_secret) < 64:  # bounded, whatever comes
+                        self.wrong_secret[host] = self.wrong_secret.get(host, 0) + 1
                 _log.warning("root: dropped connection from %s: %s", peer, e)
             finally:
                 if not keep:
@@ -146,7 +151,8 @@ class RootServer:
         else:
             missing = sorted(set(range(size)) - set(ranks))
             reply = {"ok": False, "error": f"ranks {missing} of {size}{_nodes(missing)} did not reach the root "
-                                           f"within {self.timeout:g}s (arrived: {sorted(ranks)})"}
+                                           f"within {self.timeout:g}s (arrived: {sorted(ranks)})"
+                                           f"{_wrong_secret(self.wrong_secret)}"}
             _log.warning("root: %s", reply["error"])
         for conn, _ in ranks.values():
             try:
@@ -155,6 +161,14 @@ class RootServer:
                 _log.warning("root: could not answer a rank: %s", e)
             finally:
                 conn.close()
+
+
+def _wrong_secret(sources: dict[str, int]) -> str:
+    if not sources:
+        return ""
+    where = ", ".join(f"{host} ({n}x)" for host, n in sorted(sources.items()))
+    return (f"; connections from {where} knew another secret: those ranks were given a different --secret "
+            f"(AIOCCL_COMM_SECRET) or unique id")
 
 
 def _nodes(missing: list[int]) -> str:
