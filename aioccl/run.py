@@ -44,6 +44,13 @@ from .bootstrap.unique_id import free_port
 GRACE = 5.0
 
 
+DEFAULT_MASTER_PORT = 29500  # as torchrun: the store listens here, the root one port up
+SECRET_NEEDED = (
+    "aioccl-run: with several nodes, every node needs the same secret, so that only this job's ranks can join "
+    "it or open its data connections. Make one and give it to every node:\n"
+    "    export AIOCCL_COMM_SECRET=$(python3 -c 'import secrets; print(secrets.token_hex(16))')\n"
+    "then run aioccl-run with that variable set (or pass --secret <the same 32 hex digits>) on each node.")
+
 def _nproc(text: str) -> int:
     """``--nproc-per-node``: a count, or torchrun's ``auto`` (one per GPU when there are GPUs, else per CPU)."""
     if text in ("auto", "gpu", "cpu"):
@@ -91,7 +98,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rdzv-id", "--rdzv_id", default=None, help="accepted for torchrun compatibility")
     p.add_argument("--standalone", action="store_true", help="one node, free local ports (the default)")
     p.add_argument("--secret", type=_secret, default=None,
-                   help="32 hex digits shared by all nodes (or AIOCCL_COMM_SECRET)")
+                   help="32 hex digits shared by all nodes (or AIOCCL_COMM_SECRET); make one with: "
+                        "python3 -c 'import secrets; print(secrets.token_hex(16))'")
     p.add_argument("--keep-going", action="store_true",
                    help="when a rank fails, let the others run on (programs that shrink() and continue)")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with the rank")
@@ -111,8 +119,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error("--standalone runs one node; drop --nnodes or --standalone")
     if ns.nproc_per_node < 1 or ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
         p.error("need --nproc-per-node >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes")
-    if ns.nnodes > 1 and (ns.master_addr is None or ns.master_port is None):
-        p.error("--master-addr and --master-port (or --rdzv-endpoint) are required with --nnodes > 1")
+    if ns.nnodes > 1 and ns.master_addr is None:
+        p.error("--master-addr (or --rdzv-endpoint) is required with --nnodes > 1: node 0's address")
+    if ns.nnodes > 1 and ns.master_port is None:
+        ns.master_port = DEFAULT_MASTER_PORT  # torchrun's default
     env_secret = os.environ.get("AIOCCL_COMM_SECRET")
     if ns.secret is None and env_secret:
         try:
@@ -129,8 +139,7 @@ def child_envs(ns: argparse.Namespace, base: dict[str, str], error_dir: str | No
     secret = ns.secret or base.get("AIOCCL_COMM_SECRET")
     if secret is None:
         if ns.nnodes > 1:
-            raise SystemExit("aioccl-run: with several nodes, set AIOCCL_COMM_SECRET (or --secret) to the same "
-                             "32 hex digits on every node")
+            raise SystemExit(SECRET_NEEDED)
         secret = secrets.token_hex(16)
     world = ns.nnodes * ns.nproc_per_node
     envs = []

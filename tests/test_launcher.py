@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import ROOT, WORKERS, launch
 
 
@@ -137,3 +139,18 @@ def test_ranks_die_with_a_killed_launcher():
         _wait_gone(pids, 5)
     finally:
         _kill_group(proc)
+
+
+def test_several_nodes_take_torchruns_default_port_and_a_missing_secret_says_how_to_make_one():
+    """``aioccl-run --nnodes 2 --node-rank N --master-addr A`` as the getting-started page writes it: the port
+    defaults to 29500 as under torchrun, and without a secret the error shows the command that makes one."""
+    from aioccl.run import DEFAULT_MASTER_PORT, child_envs, parse
+
+    ns = parse(["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--nproc-per-node", "2", "x.py"])
+    assert ns.master_port == DEFAULT_MASTER_PORT == 29500
+    with pytest.raises(SystemExit) as e:
+        child_envs(ns, {})
+    assert "export AIOCCL_COMM_SECRET=$(python3 -c 'import secrets; print(secrets.token_hex(16))')" in str(e.value)
+    envs = child_envs(ns, {"AIOCCL_COMM_SECRET": "ab" * 16})
+    assert [env["MASTER_PORT"] for env in envs] == ["29500", "29500"]
+    assert {env["AIOCCL_COMM_ID"] for env in envs} == {"10.0.0.1:29501"}
