@@ -334,3 +334,20 @@ def test_a_rank_with_another_secret_is_told_so_and_the_root_names_where_it_came_
     assert isinstance(errors.get(0), BootstrapError), errors
     msg = str(errors[0])
     assert "ranks [1] of 2" in msg and "connections from 127.0.0.1 (1x) knew another secret" in msg, msg
+
+
+def test_a_mismatch_describes_each_call_with_only_what_it_takes():
+    """An all_reduce has no root and a broadcast no reduction op: neither appears in its description."""
+    from aioccl.algorithms.table import BY_NAME
+    from aioccl.dtypes import ReduceOp, dtype_code
+    from aioccl.engine.executor import describe
+
+    def desc(name: str, op: int) -> tuple[int, ...]:
+        kind = BY_NAME[name].code | (1 << 8) | (dtype_code(np.dtype(np.int32)) << 16) | (op << 24)
+        return (7, kind, 10, 0, 0, 0)
+
+    ar, bc, red = describe(desc("all_reduce", ReduceOp.SUM.code)), describe(desc("broadcast", 0)), \
+        describe(desc("reduce", ReduceOp.MAX.code))
+    assert ar.startswith("all_reduce seq 7 of 10 x int32, op sum, algorithm") and "root" not in ar, ar
+    assert bc.startswith("broadcast seq 7 of 10 x int32, root 0, algorithm") and " op " not in bc, bc
+    assert ", op max, root 0, algorithm" in red, red

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..algorithms.schedule import IN, OUT, SCRATCH, Fetch, Recv, RecvReduce, Region, Src
-from ..algorithms.table import name_of
+from ..algorithms.table import BY_CODE, name_of
 from ..buffers import byte_view
 from ..dtypes import ReduceOp, dtype_from_code
 from ..errors import CollectiveMismatch
@@ -275,6 +275,8 @@ def describe(desc: tuple[int, ...]) -> str:
     code, algo, dtype, op = kind & 0xFF, (kind >> 8) & 0xFF, (kind >> 16) & 0xFF, (kind >> 24) & 0xFF
     dt = dtype_from_code(dtype)
     algo_name = next((a for a, c in ALGO_CODES.items() if c == algo), "?")
-    op_name = next((o.value for o in ReduceOp if o.code == op), None)
+    row = BY_CODE.get(code)  # only what the call takes: an all_reduce has no root, a broadcast no op
+    op_name = next((o.value for o in ReduceOp if o.code == op), None) if row is None or row.reduces else None
+    root = f", root {desc[D_ROOT]}" if row is None or row.rooted else ""
     return (f"{name_of(code)} seq {desc[D_SEQ]} of {desc[D_COUNT]} x {dt.name if dt is not None else '-'}"
-            f"{', op ' + op_name if op_name else ''}, root {desc[D_ROOT]}, algorithm {algo_name}")
+            f"{', op ' + op_name if op_name else ''}{root}, algorithm {algo_name}")
