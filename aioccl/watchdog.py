@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import socket
 import time
 import warnings
 import weakref
@@ -29,6 +30,7 @@ from .introspection import pending_op
 if TYPE_CHECKING:
     from .communicator import Communicator
 
+_HOST = socket.gethostname()
 _log = log.get("COLL")
 DEFAULT_WATCHDOG_S = 10.0
 
@@ -68,8 +70,10 @@ class Watchdog:
                 w._next_warn = age + self.interval
                 p = pending_op(w, now)
                 state = "queued behind earlier ops" if p.waiting_for is None else f"waiting for ranks {p.waiting_for}"
-                _log.warning("%s seq %d on comm %x (%s) has waited %.0f s, %s", p.op, p.seq, comm._view.ctx,
-                             p.detail, age, state)
+                # who is waiting, in the line itself: without AIOCCL_DEBUG's prefix, under torchrun (whose
+                # output carries no rank), this is the only way to tell which rank's op it is
+                _log.warning("rank %d on %s: %s seq %d on comm %x (%s) has waited %.0f s, %s", comm.rank, _HOST,
+                             p.op, p.seq, comm._view.ctx, p.detail, age, state)
                 self.reported += 1
         self._timer = self.loop.call_later(self.interval / 4, self._tick)
 

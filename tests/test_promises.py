@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -104,6 +105,7 @@ def test_watchdog_names_a_deadlock_long_before_the_deadline(transport):
         lines = [ln for ln in proc.stderr.splitlines()
                  if ln.startswith(f"[rank {rank}]") and f"recv(peer={peer}, tag=9) seq 9" in ln and "has waited" in ln]
         assert lines and f"waiting for ranks [{peer}]" in lines[0], proc.stderr
+        assert f"rank {rank} on {socket.gethostname()}: recv" in lines[0], lines[0]  # no prefix needed
         assert 2 <= len(lines) <= 6, lines  # once per interval, not per tick
     got = results(proc)
     # both time out at 2.5 s; the later one may instead see the earlier one close its communicator
