@@ -83,7 +83,9 @@ class OpTracking:
             exc.comm = exc.comm or f"{self._view.ctx:x}"
             now = time.monotonic()
             exc.recent = self._recorder.lines() + [f"in flight: {pending_op(w, now)}" for w in list(self._inflight)]
-            _log.warning("%s", exc)
+            # the error reaches whoever awaits the op (and the launcher's summary); one nobody awaits is
+            # reported at exit (watchdog.failed), so a warning here would print the same text a third time
+            _log.info("%s", exc)
 
     def pending(self) -> list[PendingOp]:
         """The ops issued on this communicator and not finished yet, oldest first, with the ranks each

@@ -154,3 +154,17 @@ def test_several_nodes_take_torchruns_default_port_and_a_missing_secret_says_how
     envs = child_envs(ns, {"AIOCCL_COMM_SECRET": "ab" * 16})
     assert [env["MASTER_PORT"] for env in envs] == ["29500", "29500"]
     assert {env["AIOCCL_COMM_ID"] for env in envs} == {"10.0.0.1:29501"}
+
+
+def test_a_timeout_is_printed_once_by_its_rank_and_once_in_the_launchers_summary(tmp_path):
+    """Not also as a log line when the op is awaited: the traceback and aioccl-run's summary say it."""
+    script = tmp_path / "timeout.py"
+    script.write_text("import time\nimport numpy as np\nimport aioccl\ncomm = aioccl.init_sync(timeout=30)\n"
+                      "if comm.rank == 0:\n    comm.all_reduce(np.ones(3), timeout=1.0).wait()\n"
+                      "else:\n    time.sleep(3)\n")
+    proc = subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", "2", str(script)],
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert out.count("timed out after 1s waiting for ranks [1]") == 2, out
+    assert "aioccl-run: failed: first failure: rank 0 exited with code 1: CollectiveTimeout" in out, out
