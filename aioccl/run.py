@@ -32,6 +32,7 @@ import ctypes
 import functools
 import os
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -105,7 +106,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with the rank")
     p.add_argument("-m", "--module", dest="module", action="store_true",
                    help="run the target as a module (python -m)")
-    p.add_argument("target", help="script path, or module name with -m")
+    p.add_argument("--no-python", "--no_python", action="store_true",
+                   help="run the target as a command, not a Python script (a target that is no file but a "
+                        "command on PATH, such as aioccl-info, is run so anyway)")
+    p.add_argument("target", help="script path, module name with -m, or a command on PATH")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the target")
     ns = p.parse_args(argv)
     if ns.rdzv_backend not in (None, "c10d", "static"):
@@ -218,6 +222,8 @@ async def launch(ns: argparse.Namespace) -> int:
 
 async def _launch(ns: argparse.Namespace, error_dir: str) -> int:
     cmd = [sys.executable, *(["-m"] if ns.module else []), ns.target, *ns.args]
+    if ns.no_python or (not ns.module and not os.path.exists(ns.target) and shutil.which(ns.target)):
+        cmd = [ns.target, *ns.args]  # a command on PATH (aioccl-info, a console script): run it as it is
     envs = child_envs(ns, dict(os.environ), error_dir)
     procs: list[tuple[int, asyncio.subprocess.Process]] = []
     pumps = []

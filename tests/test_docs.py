@@ -74,7 +74,8 @@ def test_every_getting_started_block_runs(tmp_path):
     assert "both ranks gathered [0, 0, 1, 1]" in out
     assert "[rank 2] rank 2: [0, 1, 2]" in out
     assert "transport shm: available" in out and "environment (* = set):" in out
-    assert len(ran) == 4, len(ran)  # two aioccl-run lines, the in-process program, aioccl-info
+    assert "[rank 0] pairs (row: from rank, column: to rank):" in out and "[rank 0]     0 self  shm" in out
+    assert len(ran) == 5, len(ran)  # two aioccl-run lines, the in-process program, aioccl-info, its topology
 
 
 def test_every_package_has_a_readme_naming_each_of_its_modules():

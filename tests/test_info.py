@@ -102,3 +102,13 @@ def test_cupy_is_found_under_any_of_its_distribution_names(monkeypatch):
     assert info_mod._module_version("cupy") == "14.2.0"
     monkeypatch.setattr(metadata, "packages_distributions", lambda: {})
     assert info_mod._module_version("cupy") is None
+
+
+def test_topology_outside_a_job_says_how_to_run_it_instead_of_a_traceback():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOCCL_RANK", "AIOCCL_WORLD", "AIOCCL_COMM_ID"))}
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    p = subprocess.run([sys.executable, "-m", "aioccl.tools.info", "--topology"], capture_output=True, text=True,
+                       timeout=60, env={**env, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "aioccl-run --nproc-per-node 2 aioccl-info --topology" in p.stderr, p.stderr

@@ -1,7 +1,7 @@
 """``aioccl-info``: what this machine gives aioccl, one line each, with the reason where a feature is off.
 
     aioccl-info [--json]
-    aioccl-run --nnodes 2 ... -m aioccl.tools.info --topology   # the job's hosts and every pair's transport
+    aioccl-run --nnodes 2 ... aioccl-info --topology   # the job's hosts and every pair's transport
 
 Meant to be pasted into bug reports: versions, optional libraries (and why
 one is missing or unusable), network interfaces and the one a rank would
@@ -196,7 +196,7 @@ PAIR_CODES = ("self", "shm", "tcp", "ib")
 
 def topology() -> list[str]:
     """Join the launcher's job and return, on rank 0, every host and the transport of every pair
-    (``aioccl-run ... -m aioccl.tools.info --topology``); other ranks return nothing."""
+    (``aioccl-run ... aioccl-info --topology``); other ranks return nothing."""
     import numpy as np
 
     import aioccl
@@ -224,6 +224,16 @@ def main(argv: list[str] | None = None) -> None:
                    help="under a launcher: join the job; rank 0 prints its hosts and every pair's transport")
     ns = p.parse_args(argv)
     if ns.topology:
+        from aioccl import environment
+        from aioccl.errors import BootstrapError
+
+        try:
+            environment.read(os.environ)
+        except BootstrapError:
+            p.exit(2, "aioccl-info: --topology joins a job, so every rank runs it under a launcher:\n"
+                      "    aioccl-run --nproc-per-node 2 aioccl-info --topology\n"
+                      "(or torchrun ... -m aioccl.tools.info --topology; add --nnodes/--node-rank/--master-addr "
+                      "on each host)\n")
         lines = topology()
         if lines:
             print("\n".join(lines), flush=True)
