@@ -351,3 +351,14 @@ def test_a_mismatch_describes_each_call_with_only_what_it_takes():
     assert ar.startswith("all_reduce seq 7 of 10 x int32, op sum, algorithm") and "root" not in ar, ar
     assert bc.startswith("broadcast seq 7 of 10 x int32, root 0, algorithm") and " op " not in bc, bc
     assert ", op max, root 0, algorithm" in red, red
+
+
+def test_a_host_whose_only_nic_is_a_veth_advertises_it_not_loopback(monkeypatch):
+    """A container or network namespace: its one NIC is a veth, which other hosts reach; 127.0.0.1 they do not."""
+    monkeypatch.setattr(netif, "ipv4_interfaces", lambda: [("lo", "127.0.0.1"), ("veth1", "10.77.0.2")])
+    assert netif.default_advertised(None) == "10.77.0.2"
+    monkeypatch.setattr(netif, "ipv4_interfaces",
+                        lambda: [("lo", "127.0.0.1"), ("veth1", "10.77.0.2"), ("eth0", "192.168.1.5")])
+    assert netif.default_advertised(None) == "192.168.1.5"  # a real NIC first, as NCCL orders them
+    monkeypatch.setattr(netif, "ipv4_interfaces", lambda: [("lo", "127.0.0.1")])
+    assert netif.default_advertised(None) == "127.0.0.1"

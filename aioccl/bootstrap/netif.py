@@ -70,10 +70,16 @@ def local_address(root_host: str, root_port: int, ifname: str | None) -> str:
 
 
 def default_advertised(ifname: str | None) -> str:
-    """Address to advertise for a root created with no host given: NCCL's default order."""
+    """Address to advertise for a root created with no host given: NCCL's default order, the first interface
+    that is not lo/docker/veth/virbr; where a host has only such ones (a container or a network namespace whose
+    one NIC is a veth), the first that is not loopback, since other hosts can reach that one and not 127.0.0.1."""
     if ifname:
         return pick_by_name(ifname)
-    for name, addr in ipv4_interfaces():
+    found = ipv4_interfaces()
+    for name, addr in found:
         if not name.startswith(DEFAULT_SKIP):
+            return addr
+    for name, addr in found:
+        if not name.startswith("lo") and not addr.startswith("127."):
             return addr
     return "127.0.0.1"

@@ -81,8 +81,9 @@ def network(env: Mapping[str, str]) -> dict[str, Any]:
             host, _, port = root.rpartition(":")
             chosen, why = netif.route_to(host, int(port or 0)), f"the route to the root {root}"
         else:
-            chosen, why = netif.default_advertised(None), "the first interface that is not lo/docker/veth/virbr " \
-                                                          "(what a new UniqueId advertises)"
+            chosen, why = netif.default_advertised(None), "the first interface that is not lo/docker/veth/virbr, " \
+                                                          "else the first that is not loopback (what a new " \
+                                                          "UniqueId advertises; ranks use their route to the root)"
     except (AiocclError, ValueError, OSError) as e:
         chosen, why = None, str(e)
     return {"interfaces": interfaces, "chosen": chosen, "why": why}
