@@ -42,7 +42,12 @@ class TorchWork(dist.Work):
                  finish: Callable[[], None] | None = None, engine_thread: int | None = None) -> None:
         super().__init__()
         self._result, self._what, self._finish = result, what, finish
-        self._future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        # The future torch sees is chained on a private one whose callback raises on failure: that marks it
+        # failed in C++ (setError), which DDP's reducer checks. torch.futures.Future.set_exception stores the
+        # exception as the *value* instead, and the reducer, reading it as tensors, crashed the process
+        # with SIGSEGV (issue 35: a survivor of a killed peer).
+        self._base: torch.futures.Future[None] = torch.futures.Future()
+        self._future: torch.futures.Future[list[torch.Tensor]] = self._base.then(self._outcome)
         self._lock = threading.Lock()
         self._left = len(works)
         self._exc: BaseException | None = None
@@ -69,11 +74,13 @@ class TorchWork(dist.Work):
                 self._finish()
             except Exception as e:  # noqa: BLE001  (a bug here must not leave the future pending)
                 self._exc = backend_error(e)
-        if self._exc is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(self._exc)  # type: ignore[arg-type]  # (the stub wants a T)
+        self._base.set_result(None)  # runs _outcome: the result, or the error as a failed future
         self._done.set()
+
+    def _outcome(self, _base: torch.futures.Future[None]) -> list[torch.Tensor]:
+        if self._exc is not None:
+            raise self._exc
+        return self._result
 
     # -- torch's Work ----------------------------------------------------------------------------------
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
