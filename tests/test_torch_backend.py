@@ -102,12 +102,17 @@ def test_what_aioccl_cannot_do_is_refused_clearly():
         AiocclProcessGroup._flat(torch.zeros(4, 4)[:, 1], "all_gather_into_tensor")
 
 
-@pytest.mark.parametrize("mode, fails", [("raise", 1), ("raise", 2), ("init", 1)])
-def test_torchrun_restarts_an_aioccl_job_as_it_does_a_gloo_one(mode, fails):
+@pytest.mark.parametrize("mode, fails, rdzv", [("raise", 1, "static"), ("raise", 2, "static"), ("init", 1, "static"),
+                                               ("raise", 1, "c10d")])
+def test_torchrun_restarts_an_aioccl_job_as_it_does_a_gloo_one(mode, fails, rdzv):
     """torch's store outlives an attempt: a restarted rank must find this attempt's unique id, never the dead
     root of the last one (it used to dial it, then wait out its deadline)."""
-    proc = torchrun(2, "torch_restart.py", mode, str(fails), extra=["--max-restarts", "2"], timeout=180,
-                    monitor_s=0.2)
+    from aioccl.bootstrap.unique_id import free_port
+
+    extra = ["--max-restarts", "2"]
+    if rdzv == "c10d":
+        extra += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port('127.0.0.1')}", "--rdzv-id", "t"]
+    proc = torchrun(2, "torch_restart.py", mode, str(fails), extra=extra, timeout=180, monitor_s=0.2)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     for r in (0, 1):
