@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+import aioccl
+
 from conftest import ROOT, TRANSPORT_ENV, WORKERS
 
 torch = pytest.importorskip("torch", reason="torch is not installed (make test installs the CPU build)")
@@ -131,3 +133,44 @@ def test_a_stale_unique_id_fails_in_a_second_naming_why():
     with pytest.raises(BootstrapError, match="stale: it belongs to an earlier run or restart"):
         Communicator.create_sync(stale, 1, 2, timeout=60)
     assert __import__("time").monotonic() - t0 < 5
+
+
+def test_with_aioccl_comm_secret_set_the_secret_stays_off_torchs_store(monkeypatch):
+    """The secret policy of both launchers: AIOCCL_COMM_SECRET on every node keeps the secret off the network
+    (the store gets the root's address only); a node without it is told what to set."""
+    import threading
+
+    from aioccl.interop.c10d import backend
+
+    class Store:  # torch's Store interface as bootstrap uses it: set, and a get that waits
+        def __init__(self) -> None:
+            self.data: dict[str, bytes] = {}
+            self.cond = threading.Condition()
+
+        def set(self, key: str, value: str) -> None:
+            with self.cond:
+                self.data[key] = value.encode()
+                self.cond.notify_all()
+
+        def get(self, key: str) -> bytes:
+            with self.cond:
+                self.cond.wait_for(lambda: key in self.data, timeout=30)
+                return self.data[key]
+
+    secret = "ab" * 16
+    monkeypatch.setenv("AIOCCL_COMM_SECRET", secret)
+    store, comms = Store(), {}
+    threads = [threading.Thread(target=lambda r=r: comms.__setitem__(r, backend.bootstrap(store, r, 2, 30)))
+               for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(comms) == [0, 1]
+    (published,) = store.data.values()
+    assert published.endswith(backend.OWN_SECRET.encode()) and secret.encode() not in published, published
+    for c in comms.values():
+        c.close().wait()
+    monkeypatch.delenv("AIOCCL_COMM_SECRET")
+    with pytest.raises(aioccl.InvalidArgument, match="set the same AIOCCL_COMM_SECRET on this node too"):
+        backend.bootstrap(store, 1, 2, 5)

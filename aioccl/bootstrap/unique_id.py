@@ -50,13 +50,13 @@ class UniqueId:
             raise InvalidArgument(f"not a unique id: {text!r} (expected host:port/<32 hex>): {e}") from None
 
     @classmethod
-    def new(cls, host: str | None = None, port: int = 0) -> UniqueId:
-        """Start a root server in this process and return its id."""
+    def new(cls, host: str | None = None, port: int = 0, secret: bytes | None = None) -> UniqueId:
+        """Start a root server in this process and return its id (a random secret unless ``secret``)."""
         from .netif import default_advertised
         from .root import RootServer
 
         advertised = host or default_advertised(os.environ.get("AIOCCL_SOCKET_IFNAME"))
-        secret = os.urandom(SECRET_BYTES)
+        secret = os.urandom(SECRET_BYTES) if secret is None else secret
         server = RootServer.bind("" if host is None else host, port, secret)
         server.start_thread()
         return cls(advertised, server.port, secret)

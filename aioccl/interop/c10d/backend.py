@@ -30,6 +30,7 @@ from torch.distributed.constants import default_pg_timeout
 from ...bootstrap.unique_id import UniqueId
 from ...communicator import Communicator
 from ...envvars import env_timeout
+from ...errors import InvalidArgument
 from .process_group import AiocclProcessGroup
 from .work import backend_error
 
@@ -64,6 +65,20 @@ def deadline(timeout: Any) -> float:
     return float(timeout.total_seconds())
 
 
+def _own_secret() -> bytes | None:
+    text = os.environ.get("AIOCCL_COMM_SECRET", "").strip()
+    if not text:
+        return None
+    try:
+        secret = bytes.fromhex(text)
+    except ValueError:
+        secret = b""
+    if len(secret) != 16:
+        raise InvalidArgument("AIOCCL_COMM_SECRET must be 32 hex digits; make one with: "
+                              "python3 -c 'import secrets; print(secrets.token_hex(16))'")
+    return secret
+
+
 def uid_key(env: Any = None) -> str:
     """The store key of a group's unique id: per torchrun restart, since torch's store may outlive an attempt
     (the group's prefix store already separates groups)."""
@@ -71,13 +86,28 @@ def uid_key(env: Any = None) -> str:
     return f"{UID_KEY}/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
+OWN_SECRET = "/secret-from-AIOCCL_COMM_SECRET"  # in the store instead of the secret: every node has it
+
+
 def bootstrap(store: Any, rank: int, size: int, timeout: float) -> Communicator:
-    """A communicator of ``size`` ranks met through torch's ``store`` (rank 0 publishes the unique id)."""
+    """A communicator of ``size`` ranks met through torch's ``store`` (rank 0 publishes the unique id).
+
+    The secret policy is aioccl-run's: with ``AIOCCL_COMM_SECRET`` set on every node, the secret never crosses
+    the network (the store gets the root's address only); without it, rank 0 makes a random one and the store
+    carries it, so it keeps out whoever cannot reach the store."""
     key = uid_key()
+    own = _own_secret()
     if rank == 0:
-        uid = UniqueId.new(host=os.environ.get("MASTER_ADDR") or None)
-        store.set(key, str(uid))
+        uid = UniqueId.new(host=os.environ.get("MASTER_ADDR") or None, secret=own)
+        host = f"[{uid.host}]" if ":" in uid.host else uid.host
+        store.set(key, f"{host}:{uid.port}{OWN_SECRET}" if own else str(uid))
     else:
-        uid = UniqueId.parse(store.get(key).decode())  # blocks for the store's own timeout at most
+        text = store.get(key).decode()  # blocks for the store's own timeout at most
+        if text.endswith(OWN_SECRET):
+            if own is None:
+                raise InvalidArgument("rank 0 keeps the secret off torch's store (AIOCCL_COMM_SECRET is set "
+                                      "there): set the same AIOCCL_COMM_SECRET on this node too")
+            text = text[:-len(OWN_SECRET)] + "/" + own.hex()
+        uid = UniqueId.parse(text)
     # rank 0 listened before it published: a refused root is gone (a stale id), so fail fast, not in minutes
     return Communicator.create_sync(replace(uid, root_up=True), rank, size, timeout)
