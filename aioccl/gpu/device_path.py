@@ -112,13 +112,14 @@ class DevicePath:
         return fn
 
     def args(self, in_ptr: int, out_ptr: int, count: int, p: Piece, fp: int, timeout: float, phase: int,
-              epoch: int, kind: int) -> tuple[Any, ...]:
+             kind: int) -> tuple[Any, ...]:
+        """The kernel's arguments; the epoch (``EPOCH_ARG``) is 0, which the spin form derives on the device
+        and the stream form's ``Launch`` sets per launch."""
         return (self._bases_ptr, np.uint64(in_ptr), np.uint64(out_ptr), np.uint64(self._err_ptr),
                 np.int64(count), np.int64(p.a), np.int64(p.n), np.int64(self.half_bytes),
                 np.int64(min(timeout, 1e9) * 1e9), np.uint64(fp), np.float64(p.divisor), np.int32(self.rank),
                 np.int32(self.nranks), np.int32(p.pub_blocks), np.int32(p.out_blocks), np.int32(p.nred),
-                np.int32(p.src_root), np.int32(p.slot_block), np.int32(phase), np.uint32(epoch & 0xFFFFFFFF),
-                np.int32(kind))
+                np.int32(p.src_root), np.int32(p.slot_block), np.int32(phase), np.uint32(0), np.int32(kind))
 
     def pieces(self, g: GpuOp) -> list[Piece]:
         dt = g.out.array.dtype
@@ -181,7 +182,7 @@ class DevicePath:
         got = []
         for p in self.pieces(g):
             def args(phase: int, p: Piece = p) -> tuple[Any, ...]:
-                return self.args(in_ptr, out_ptr, g.count, p, fp, g.timeout, phase, 0, kind)
+                return self.args(in_ptr, out_ptr, g.count, p, fp, g.timeout, phase, kind)
 
             if self.form == "spin":
                 got.append((Launch(kern, self.spin_grid, K.THREADS, args(K.PUBLISH | K.SYNC | K.CONSUME), EPOCH_ARG),
@@ -214,9 +215,14 @@ class DevicePath:
             stream.wait_event(ev)
         self._last_stream = stream
 
-    def _track(self, t: _Tracked) -> None:
+    def _drop_done(self) -> _Tracked | None:
+        """Forget the ops whose kernels have run (their buffers go with them); the oldest still queued."""
         while self._tracked and self._tracked[0].event.done:
             self._tracked.popleft()
+        return self._tracked[0] if self._tracked else None
+
+    def _track(self, t: _Tracked) -> None:
+        self._drop_done()
         if len(self._tracked) >= TRACKED:  # the budget: wait for the oldest (its deadline bounds the wait)
             self._tracked.popleft().event.synchronize()
         self._tracked.append(t)
@@ -231,9 +237,7 @@ class DevicePath:
             exc = self._from_error_word()
         else:
             with self._lock:
-                while self._tracked and self._tracked[0].event.done:
-                    self._tracked.popleft()
-                t = self._tracked[0] if self._tracked else None
+                t = self._drop_done()
             if t is not None and time.monotonic() > t.deadline:
                 exc = CollectiveTimeout(t.name, t.seq, self._behind(t.epoch), t.timeout,
                                         "not done on the GPU (stream waits on the peers' flags)", self._comm_id)
@@ -311,9 +315,7 @@ class DevicePath:
         hang on a peer that is gone."""
         while self.failure is None:
             with self._lock:
-                while self._tracked and self._tracked[0].event.done:
-                    self._tracked.popleft()
-                if not self._tracked:
+                if self._drop_done() is None:
                     break
             self.poll()
             time.sleep(0.001)

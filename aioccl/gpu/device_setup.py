@@ -21,8 +21,9 @@ import numpy as np
 from .. import log
 from ..errors import InvalidArgument
 from ..kernels import gpu_piece as K
-from .device_path import DevicePath
+from .device_path import EPOCH_ARG, DevicePath
 from .ipc import EXPORT_BYTES, Export, IpcTable
+from .launch import Launch
 from .piece import Piece
 
 _log = log.get("GPU")
@@ -109,11 +110,11 @@ async def _probe(dp: DevicePath, timeout: float) -> tuple[float, int]:
     kern = dp.kernel(np.dtype(np.uint8), None)
     with cp.cuda.Device(dp.dev):
         stream = cp.cuda.Stream(non_blocking=True)
+        handoff = Launch(kern, dp.spin_grid, K.THREADS, dp.args(0, 0, 0, Piece(0, 0, 0, 0, 0, 0, 0, 0), 1, timeout,
+                                                                K.PUBLISH | K.SYNC | K.CONSUME, 0), EPOCH_ARG)
         marks = []
         for i in range(PROBE_LAUNCHES):
-            with stream:
-                kern((dp.spin_grid,), (K.THREADS,), dp.args(0, 0, 0, Piece(0, 0, 0, 0, 0, 0, 0, 0), 1, timeout,
-                                                               K.PUBLISH | K.SYNC | K.CONSUME, 0, 0))
+            handoff(stream)
             if i in (0, PROBE_LAUNCHES - 1):
                 ev = cp.cuda.Event(disable_timing=True)
                 ev.record(stream)
