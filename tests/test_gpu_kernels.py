@@ -1,11 +1,13 @@
-"""The GPU reduction kernels' CUDA source, checked without a GPU.
+"""The GPU's reduction arithmetic, checked without a GPU.
 
-The operation strings that ``aioccl.kernels.gpu`` hands to cupy are valid C
-as well (that is by design), so gcc compiles the very same strings into a
-shared library here and every (op, dtype) pair runs against numpy on edge
-cases (wrap-around, NaN, every bfloat16 and float16 rounding case sampled),
-compared bit for bit. What this cannot check is cupy's own float16 class and
-NVRTC; scripts/gpu-check.sh covers those on a GPU.
+The device functions that ``aioccl.kernels.gpu`` generates (and the piece
+kernel calls) are valid C as well, by design: gcc compiles the very same
+strings into a shared library here and every (op, dtype) pair runs against
+numpy on edge cases (wrap-around, NaN, every bfloat16 and float16 rounding
+case sampled), compared bit for bit. float16's conversions are PTX on the
+GPU; here C's ``_Float16`` conversions stand in, which round the same way
+(to nearest even). NVRTC compiles the PTX in tests/test_gpu_piece.py, and
+scripts/gpu-check.sh runs it on a GPU.
 """
 
 from __future__ import annotations
@@ -22,39 +24,40 @@ import pytest
 
 from aioccl.dtypes import SUPPORTED_DTYPES, ReduceOp, is_float
 from aioccl.kernels import cpu
-from aioccl.kernels.gpu import BF16, combine_spec, scale_spec, storage_dtype
+from aioccl.kernels.gpu import (
+    BF16,
+    BF16_CONVERT,
+    C_TYPES,
+    COMBINES,
+    combine_op,
+    device_functions,
+    function_names,
+    storage_dtype,
+)
 
-C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int32": "int", "uint32": "unsigned int",
-           "int64": "long long", "uint64": "unsigned long long", "float16": "_Float16",
-           "uint16": "unsigned short", "float32": "float", "float64": "double"}
+# float16 <-> float for gcc, in place of the kernel's PTX cvt (cvt.rn rounds to nearest even, as C does)
+HALF_IN_C = """
+static float aioccl_h2f(unsigned short h) { _Float16 x; __builtin_memcpy(&x, &h, 2); return (float)x; }
+static unsigned short aioccl_f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; __builtin_memcpy(&h, &x, 2);
+                                            return h; }
+"""
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or sys.platform != "linux",
                                 reason="needs gcc (x86-64 Linux, for _Float16) to compile the kernel source as C")
-
-
-def _param_type(params: str) -> str:
-    return C_TYPES[params.split()[0]]
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     d = tmp_path_factory.mktemp("kernels")
-    parts = ["#define __device__ static", "#define float16 _Float16"]
-    preamble_added = False
+    parts = ["#define __device__ static", "#define __forceinline__ inline", HALF_IN_C, BF16_CONVERT]
     for dt in SUPPORTED_DTYPES:
-        for op in ReduceOp:
-            spec = combine_spec(op, dt)
-            if spec.preamble and not preamble_added:
-                parts.append(spec.preamble)
-                preamble_added = True
-            t = _param_type(spec.in_params)
-            body = f"{t} a = A[i], b = B[i], c; {spec.operation} C[i] = c;"
-            parts.append(f"void {spec.name}(const {t}* A, const {t}* B, {t}* C, long n) {{\n"
-                         f"  for (long i = 0; i < n; i++) {{ {body} }}\n}}")
-        if is_float(dt):
-            spec = scale_spec(dt)
-            t = _param_type(spec.out_params)
-            parts.append(f"void {spec.name}(double n, {t}* C, long len) {{\n"
-                         f"  for (long i = 0; i < len; i++) {{ {t} c = C[i]; {spec.operation} C[i] = c; }}\n}}")
+        t = C_TYPES[dt][0]
+        for op in COMBINES:
+            comb, scale = function_names(op, dt)
+            parts.append(device_functions(op, dt))
+            parts.append(f"void loop_{comb}(const {t}* A, const {t}* B, {t}* C, long n) {{\n"
+                         f"  for (long i = 0; i < n; i++) C[i] = {comb}(A[i], B[i]);\n}}")
+            parts.append(f"void loop_{scale}(double n, {t}* C, long len) {{\n"
+                         f"  for (long i = 0; i < len; i++) C[i] = {scale}(C[i], n);\n}}")
     src = d / "kernels.c"
     src.write_text("\n".join(parts) + "\n")
     so = d / "kernels.so"
@@ -102,7 +105,7 @@ def test_combine_kernel_source_matches_numpy_bit_for_bit(lib, dt, op):
         cpu.combine(op, want, a, b)
     sd = storage_dtype(dt)
     got = np.full(a.size, 0x5A, dtype=np.uint8).repeat(dt.itemsize).view(sd)  # poisoned
-    fn = getattr(lib, combine_spec(op, dt).name)
+    fn = getattr(lib, "loop_" + function_names(combine_op(op), dt)[0])
     fn(a.view(sd).ctypes.data_as(ctypes.c_void_p), b.view(sd).ctypes.data_as(ctypes.c_void_p),
        got.ctypes.data_as(ctypes.c_void_p), ctypes.c_long(a.size))
     got = got.view(dt)
@@ -124,8 +127,8 @@ def test_scale_kernel_source_matches_numpy(lib, dt, nranks):
     with np.errstate(all="ignore"):
         cpu.scale(ReduceOp.AVG, want, nranks)
     got = buf.view(storage_dtype(dt)).copy()
-    getattr(lib, scale_spec(dt).name)(ctypes.c_double(nranks), got.ctypes.data_as(ctypes.c_void_p),
-                                      ctypes.c_long(got.size))
+    scale = getattr(lib, "loop_" + function_names(ReduceOp.SUM, dt)[1])
+    scale(ctypes.c_double(nranks), got.ctypes.data_as(ctypes.c_void_p), ctypes.c_long(got.size))
     _same_bits(got.view(dt), want)
 
 
@@ -137,6 +140,6 @@ def test_every_dtype_has_a_storage_type_cupy_knows():
         assert storage_dtype(dt) != BF16
 
 
-def test_kernel_names_are_unique_per_op_and_dtype():
-    names = {combine_spec(op, dt).name for dt in SUPPORTED_DTYPES for op in ReduceOp}
-    assert len(names) == len(SUPPORTED_DTYPES) * len(ReduceOp)
+def test_function_names_are_unique_per_op_and_dtype():
+    names = {n for dt in SUPPORTED_DTYPES for op in COMBINES for n in function_names(op, dt)}
+    assert len(names) == 2 * len(SUPPORTED_DTYPES) * len(COMBINES)

@@ -34,7 +34,7 @@ import re
 import numpy as np
 
 from ..dtypes import ReduceOp
-from .gpu import BF16, EXPR
+from .gpu import BF16_CONVERT, C_TYPES, COMBINES, HALF_CONVERT, combine_op, device_functions, function_names
 
 HEADER_BYTES = 4096
 FLAG_WORDS = 64  # at most this many blocks in a spin-form launch
@@ -43,24 +43,9 @@ PUBLISH, SYNC, CONSUME = 1, 2, 4
 ERR_TIMEOUT, ERR_MISMATCH, ERR_ABORT = 1, 2, 3
 THREADS = 512
 
-# logical dtype -> (storage C type, how to compute, unsigned twin for wrapping)
-_C: dict[np.dtype, tuple[str, str, str]] = {
-    np.dtype(np.int8): ("signed char", "wrap", "unsigned char"),
-    np.dtype(np.uint8): ("unsigned char", "native", ""),
-    np.dtype(np.int32): ("int", "wrap", "unsigned int"),
-    np.dtype(np.uint32): ("unsigned int", "native", ""),
-    np.dtype(np.int64): ("long long", "wrap", "unsigned long long"),
-    np.dtype(np.uint64): ("unsigned long long", "native", ""),
-    np.dtype(np.float16): ("unsigned short", "half", ""),
-    BF16: ("unsigned short", "bf16", ""),
-    np.dtype(np.float32): ("float", "native", ""),
-    np.dtype(np.float64): ("double", "native", ""),
-}
-DTYPES = tuple(_C)
-COMBINES = (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX)  # avg: sum, then divide
+DTYPES = tuple(C_TYPES)
 
-
-PRELUDE = r"""
+PRELUDE = HALF_CONVERT + BF16_CONVERT + r"""
 typedef unsigned int u32;
 typedef unsigned long long u64;
 __device__ __forceinline__ u32 aioccl_ld_acquire(const u32* p) {
@@ -71,21 +56,6 @@ __device__ __forceinline__ void aioccl_st_release(u32* p, u32 v) {
 }
 __device__ __forceinline__ u64 aioccl_now_ns() {
     u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
-}
-__device__ __forceinline__ float aioccl_h2f(unsigned short h) {
-    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-}
-__device__ __forceinline__ unsigned short aioccl_f2h(float f) {
-    unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
-}
-__device__ __forceinline__ float aioccl_b2f(unsigned short h) {
-    union { u32 u; float f; } v; v.u = ((u32)h) << 16; return v.f;
-}
-__device__ __forceinline__ unsigned short aioccl_f2b(float f) {
-    union { u32 u; float f; } v; v.f = f;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((v.u >> 16) | 0x40u);
-    v.u += 0x7fffu + ((v.u >> 16) & 1u);
-    return (unsigned short)(v.u >> 16);
 }
 __device__ __forceinline__ void aioccl_fail(volatile u32* err, u32 code, u32 peer, u32 epoch, u32 kind) {
     if (err[0] == 0) { err[1] = peer; err[2] = epoch; err[3] = kind; __threadfence_system(); err[0] = code; }
@@ -161,40 +131,20 @@ _PLACEHOLDER = re.compile(r"\b(NAME|COMBINE|SCALE|HEADER|FPOFF|TIMEOUT|MISMATCH|
 
 def kernel_name(op: ReduceOp | None, dt: np.dtype) -> str:
     """The kernel for operator ``op`` (None: an op that only moves data) on logical dtype ``dt``."""
-    op = ReduceOp.SUM if op in (None, ReduceOp.AVG) else op
-    return f"aioccl_piece_{op.value}_{np.dtype(dt).name}"
-
-
-def _functions(op: ReduceOp, dt: np.dtype) -> str:
-    """The combine and scale device functions of the storage type."""
-    ctype, how, wrap = _C[np.dtype(dt)]
-    expr = EXPR[op]
-    tag = f"{op.value}_{np.dtype(dt).name}"
-    if how in ("half", "bf16"):
-        to, back = ("aioccl_h2f", "aioccl_f2h") if how == "half" else ("aioccl_b2f", "aioccl_f2b")
-        comb = f"float x = {to}(a), y = {to}(b); return {back}({expr});"
-        scale = f"return {back}({to}(c) / (float)d);"
-    elif how == "wrap" and op in (ReduceOp.SUM, ReduceOp.PROD):  # signed overflow wraps, as in numpy
-        comb = f"{wrap} x = ({wrap})a, y = ({wrap})b; return ({ctype})({wrap})({expr});"
-        scale = "return c;"
-    else:
-        comb = f"{ctype} x = a, y = b; return ({ctype})({expr});"
-        scale = {"float": "return c / (float)d;", "double": "return c / d;"}.get(ctype, "return c;")
-    return (f"__device__ __forceinline__ {ctype} aioccl_comb_{tag}({ctype} a, {ctype} b) {{ {comb} }}\n"
-            f"__device__ __forceinline__ {ctype} aioccl_scale_{tag}({ctype} c, double d) {{ {scale} }}\n")
+    return f"aioccl_piece_{combine_op(op).value}_{np.dtype(dt).name}"
 
 
 def dtype_source(dt: np.dtype) -> str:
     """The four kernels (sum, prod, min, max) of one dtype, after ``PRELUDE``: one module per dtype."""
-    ctype = _C[np.dtype(dt)][0]
+    ctype = C_TYPES[np.dtype(dt)][0]
     parts = []
     for op in COMBINES:
-        tag = f"{op.value}_{np.dtype(dt).name}"
-        subs = {"NAME": kernel_name(op, dt), "COMBINE": f"aioccl_comb_{tag}", "SCALE": f"aioccl_scale_{tag}",
+        comb, scale = function_names(op, dt)
+        subs = {"NAME": kernel_name(op, dt), "COMBINE": comb, "SCALE": scale,
                 "HEADER": str(HEADER_BYTES), "FPOFF": str(FP_OFFSET), "TIMEOUT": str(ERR_TIMEOUT),
                 "MISMATCH": str(ERR_MISMATCH), "T": ctype}
         body = _PLACEHOLDER.sub(lambda m, s=subs: s[m.group(1)], _BODY)  # type: ignore[misc]
-        parts.append(_functions(op, dt) + body)
+        parts.append(device_functions(op, dt) + body)
     return "\n".join(parts)
 
 
