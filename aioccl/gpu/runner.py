@@ -107,10 +107,11 @@ class GpuRunner:
         """A collective: its Work and the engine-side start (None: enqueued on the GPU already, Work done)."""
         g, dev = self._new(name, count, root, inp, out, op, result, timeout, stream)
         if self._same_host and self._ipc is not False:
-            self._start_setup(dev, timeout)
-            sync_caller = not self._comm._engine.placement.on_loop_thread()  # its stream order needs the setup
-            if sync_caller and not self._setup_done.wait(timeout):
-                raise CollectiveTimeout(g.work.op, g.seq, [], timeout, "setting up the GPU path")
+            if not self._setup_done.is_set():  # the first ops only: later ones go straight to the device
+                self._start_setup(dev, timeout)
+                sync_caller = not self._comm._engine.placement.on_loop_thread()  # its stream order needs it
+                if sync_caller and not self._setup_done.wait(timeout):
+                    raise CollectiveTimeout(g.work.op, g.seq, [], timeout, "setting up the GPU path")
             if self._setup_error is not None:
                 raise self._setup_error
             dp = self._ipc
