@@ -73,17 +73,28 @@ def read(env: Mapping[str, str]) -> LaunchEnv:
         raise BootstrapError(f"rank {rank} out of range for world size {size} (from {source})")
     host, port = _root_address(env, source)
     job = env.get("SLURM_JOB_ID") or env.get("OMPI_MCA_ess_base_jobid") or env.get("TORCHELASTIC_RUN_ID") or ""
-    if env.get("AIOCCL_COMM_SECRET"):
-        try:
-            secret, weak = bytes.fromhex(env["AIOCCL_COMM_SECRET"]), False
-        except ValueError:
-            raise BootstrapError("AIOCCL_COMM_SECRET must be 32 hex digits") from None
-        if len(secret) != 16:
-            raise BootstrapError("AIOCCL_COMM_SECRET must be 32 hex digits")
+    given = comm_secret(env)
+    if given is not None:
+        secret, weak = given, False
     else:
         seed = f"aioccl-job|{source}|{job}|{host}|{port}|{size}".encode()
         secret, weak = hashlib.blake2b(seed, digest_size=16).digest(), True
     return LaunchEnv(rank, size, local, host, port, secret, source, weak)
+
+
+def comm_secret(env: Mapping[str, str]) -> bytes | None:
+    """``AIOCCL_COMM_SECRET`` as bytes (None when unset); ``BootstrapError`` saying how to make one if malformed."""
+    text = env.get("AIOCCL_COMM_SECRET", "").strip()
+    if not text:
+        return None
+    try:
+        secret = bytes.fromhex(text)
+    except ValueError:
+        secret = b""
+    if len(secret) != 16:
+        raise BootstrapError("AIOCCL_COMM_SECRET must be 32 hex digits; make one with: "
+                             "python3 -c 'import secrets; print(secrets.token_hex(16))'")
+    return secret
 
 
 def _root_address(env: Mapping[str, str], source: str) -> tuple[str, int]:

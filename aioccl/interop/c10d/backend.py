@@ -29,6 +29,7 @@ from torch.distributed.constants import default_pg_timeout
 
 from ...bootstrap.unique_id import UniqueId
 from ...communicator import Communicator
+from ...environment import comm_secret
 from ...envvars import env_timeout
 from ...errors import InvalidArgument
 from .process_group import AiocclProcessGroup
@@ -65,20 +66,6 @@ def deadline(timeout: Any) -> float:
     return float(timeout.total_seconds())
 
 
-def _own_secret() -> bytes | None:
-    text = os.environ.get("AIOCCL_COMM_SECRET", "").strip()
-    if not text:
-        return None
-    try:
-        secret = bytes.fromhex(text)
-    except ValueError:
-        secret = b""
-    if len(secret) != 16:
-        raise InvalidArgument("AIOCCL_COMM_SECRET must be 32 hex digits; make one with: "
-                              "python3 -c 'import secrets; print(secrets.token_hex(16))'")
-    return secret
-
-
 def uid_key(env: Any = None) -> str:
     """The store key of a group's unique id: per torchrun restart, since torch's store may outlive an attempt
     (the group's prefix store already separates groups)."""
@@ -96,7 +83,7 @@ def bootstrap(store: Any, rank: int, size: int, timeout: float) -> Communicator:
     the network (the store gets the root's address only); without it, rank 0 makes a random one and the store
     carries it, so it keeps out whoever cannot reach the store."""
     key = uid_key()
-    own = _own_secret()
+    own = comm_secret(os.environ)
     if rank == 0:
         uid = UniqueId.new(host=os.environ.get("MASTER_ADDR") or None, secret=own)
         host = f"[{uid.host}]" if ":" in uid.host else uid.host
