@@ -7,6 +7,12 @@
 3. connect to every lower rank and accept from every higher one; each data
    connection is authenticated too, then names its comm id, its rank and
    which of the pair's streams it is (a pair may use several: ``streams``).
+
+A connection that breaks before it is proven (a root or gate under a flood
+evicts, resets or never answers) is tried again with backoff until the
+deadline: a flood delays a rank, it does not fail it. Only answers that
+cannot change are final: a refused secret, a port held by a program that does
+not speak aioccl, a root known to have exited.
 """
 
 from __future__ import annotations
@@ -22,13 +28,16 @@ from typing import Any, cast
 from .. import log
 from ..errors import BootstrapError
 from . import auth
+from .admission import FIRST_BYTES_S, HANDSHAKE_S, Admission, DropLog, accept_forever, reason_of
 from .netif import local_address
 from .sockio import Closed, recv_json, send_json, tune
 from .unique_id import UniqueId
 
 _log = log.get("BOOTSTRAP")
-HANDSHAKE_S = 10.0  # a connection must prove the secret and say hello within this
-MAX_HANDSHAKES = 64  # connections being authenticated at once; more are dropped at once
+MAX_HANDSHAKES = 64  # connections in the handshake at once; one more evicts the oldest unauthenticated
+ATTEMPT_S = 5.0  # one try at a handshake; a server that says nothing for this long is tried again
+NOT_AIOCCL = ("something else listens on that port and does not speak aioccl's handshake (another program "
+              "took the port, or the address is wrong)")
 
 
 def host_identity() -> str:
@@ -57,6 +66,7 @@ Streams = Callable[[list[dict[str, Any]], int, int], int]  # (table, rank i, ran
 
 STALE_ROOT = ("the root was listening when its id was published, so this id is stale: it belongs to an earlier "
               "run or restart whose root has exited (under torchrun, the store outlived that attempt)")
+ROOT_GONE = "this rank met the root a moment ago, so it has exited since (its process died or gave up)"
 REFUSED_TRIES = 5  # a root known to have been up: refused this often in a row (~0.3 s) means it is gone
 
 
@@ -87,26 +97,29 @@ async def _connect(host: str, port: int, deadline: float, what: str, stale: str 
 class Gate:
     """This rank's listening socket, served from the moment it is bound.
 
-    Every connection is authenticated concurrently (at most
-    ``MAX_HANDSHAKES`` at once, each within ``HANDSHAKE_S``), so
-    a slow, silent or hostile stranger neither delays a real peer nor holds
-    anything past its deadline; each one is logged once, with its address,
-    and dropped. A connection that proves the secret and says hello is kept
-    until the table from the root says which peers to expect.
+    Every connection is authenticated concurrently, under ``admission.py``'s
+    rules (at most ``MAX_HANDSHAKES`` in the handshake, the oldest stranger
+    evicted for a newcomer), so a slow, silent or hostile stranger neither
+    delays a real peer nor holds anything past its deadline. A connection that
+    proves the secret and says hello is kept until the table from the root says
+    which peers to expect; the same peer stream connecting again replaces it.
     """
 
     def __init__(self, listener: socket.socket, secret: bytes, rank: int) -> None:
         self.listener, self.secret, self.rank = listener, secret, rank
         self.comm_id: int | None = None
-        self.want: set[tuple[int, int]] = set()  # (rank, stream) still to arrive
+        self.expected: set[tuple[int, int]] = set()  # (rank, stream) of every connection to admit
+        self.want: set[tuple[int, int]] = set()  # those still to arrive
         self.conns: dict[tuple[int, int], socket.socket] = {}
         self._table = asyncio.Event()
         self._arrived = asyncio.Event()
-        self._pending: set[asyncio.Task[None]] = set()
-        self._acceptor = asyncio.get_running_loop().create_task(self._accept_loop())
+        self.drops = DropLog(_log, f"rank {rank}")
+        self._admission = Admission(MAX_HANDSHAKES, self.drops)
+        self._acceptor = asyncio.get_running_loop().create_task(
+            accept_forever(listener, self._admission, self._admit))
 
     def expect(self, comm_id: int, want: set[tuple[int, int]]) -> None:
-        self.comm_id, self.want = comm_id, set(want)
+        self.comm_id, self.want, self.expected = comm_id, set(want), set(want)
         self._table.set()
         if not self.want:
             self._arrived.set()
@@ -119,40 +132,31 @@ class Gate:
         """Stop accepting (the caller closes the listener next: its reader must be gone first)."""
         self._acceptor.cancel()
         asyncio.get_running_loop().remove_reader(self.listener.fileno())
-        for t in list(self._pending):
-            t.cancel()
-
-    async def _accept_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            sock, who = await loop.sock_accept(self.listener)
-            tune(sock)
-            if len(self._pending) >= MAX_HANDSHAKES:
-                _log.warning("rank %d: dropped a connection from %s: %d handshakes already in progress",
-                             self.rank, who, MAX_HANDSHAKES)
-                sock.close()
-                continue
-            t = loop.create_task(self._admit(sock, who))
-            self._pending.add(t)
-            t.add_done_callback(self._pending.discard)
+        self._admission.cancel_all()
+        self.drops.flush()
 
     async def _admit(self, sock: socket.socket, who: Any) -> None:
         ok = False
         try:
-            await auth.as_server(sock, self.secret, timeout=HANDSHAKE_S)
+            tune(sock)
+            await auth.as_server(sock, self.secret, timeout=FIRST_BYTES_S)
+            self._admission.proven(asyncio.current_task())
             async with asyncio.timeout(HANDSHAKE_S):
                 hello = await recv_json(sock)
             j, comm_id, stream = int(hello["rank"]), int(hello["comm_id"]), int(hello.get("stream", 0))
             await self._table.wait()  # a peer that knows the secret may get the table before us
-            if comm_id != self.comm_id or (j, stream) not in self.want:
+            if comm_id != self.comm_id or (j, stream) not in self.expected:
                 raise ValueError(f"unexpected data connection {hello}")
             ok = True
         except (auth.AuthError, Closed, ValueError, KeyError, TypeError, OSError, TimeoutError) as e:
-            _log.warning("rank %d: dropped a connection from %s: %s", self.rank, who, e)
+            self.drops.drop(who, reason_of(e), str(e) or repr(e))
             return
         finally:
             if not ok:
                 sock.close()
+        old = self.conns.pop((j, stream), None)
+        if old is not None:  # the peer's first try broke on its side and it dialled again
+            old.close()
         self.conns[j, stream] = sock
         self.want.discard((j, stream))
         if not self.want:
@@ -172,23 +176,9 @@ async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float,
     _log.info("rank %d: listening for peers on %s:%d", rank, addr, listener.getsockname()[1])
     gate = Gate(listener, uid.secret, rank)
     try:
-        root = await _connect(uid.host, uid.port, deadline, "the root",
-                              STALE_ROOT if uid.root_up else "")
-        try:
-            await auth.as_client(root, uid.secret, timeout=max(1.0, deadline - time.monotonic()))
-            await send_json(root, {"rank": rank, "world_size": world_size, "addr": addr,
-                                   "port": listener.getsockname()[1], "host": host_identity(),
-                                   "pid": os.getpid(), **(extra or {})})
-            async with asyncio.timeout(max(0.1, deadline - time.monotonic()) + 1.0):
-                reply = await recv_json(root)
-        except auth.SecretRefused as e:
-            raise BootstrapError(f"rank {rank}: the root at {uid.host}:{uid.port} refused this rank's secret: "
-                                 f"every rank must be given the same --secret (AIOCCL_COMM_SECRET) or unique id"
-                                 ) from e
-        except (auth.AuthError, Closed, OSError, TimeoutError) as e:
-            raise BootstrapError(f"rank {rank}: rendezvous with the root {uid.host}:{uid.port} failed: {e!r}") from e
-        finally:
-            root.close()
+        hello = {"rank": rank, "world_size": world_size, "addr": addr, "port": listener.getsockname()[1],
+                 "host": host_identity(), "pid": os.getpid(), **(extra or {})}
+        reply = await _ask_root(uid, rank, hello, deadline)
         if not reply.get("ok"):
             raise BootstrapError(f"rank {rank}: the root refused: {reply.get('error')}")
         comm_id, peers = int(reply["comm_id"]), reply["peers"]
@@ -200,6 +190,60 @@ async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float,
         listener.close()
 
 
+async def _ask_root(uid: UniqueId, rank: int, hello: dict[str, Any], deadline: float) -> dict[str, Any]:
+    """Register with the root and wait for its answer; a connection that breaks is made again (the root
+    takes the same process's second hello in place of its first)."""
+    stale = STALE_ROOT if uid.root_up else ""
+    while True:
+        root = await _meet(uid.host, uid.port, uid.secret, deadline, "the root", hello, stale, rank)
+        stale = stale or ROOT_GONE  # it was up: this rank met it
+        try:
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic()) + 1.0):
+                return cast("dict[str, Any]", await recv_json(root))
+        except (Closed, ConnectionError) as e:
+            if time.monotonic() >= deadline:
+                raise BootstrapError(f"rank {rank}: rendezvous with the root {uid.host}:{uid.port} failed: "
+                                     f"{e!r}") from e
+            _log.info("rank %d: the root's connection broke while it gathered the ranks (%r); joining again",
+                      rank, e)
+        except (OSError, TimeoutError) as e:
+            raise BootstrapError(f"rank {rank}: rendezvous with the root {uid.host}:{uid.port} failed: {e!r}") from e
+        finally:
+            root.close()
+
+
+async def _meet(host: str, port: int, secret: bytes, deadline: float, what: str, hello: dict[str, Any],
+                stale: str = "", rank: int = -1) -> socket.socket:
+    """Connect, prove the secret and send ``hello``; a try that breaks before that is done (evicted, reset,
+    no answer within ``ATTEMPT_S``: a flooded server) is made again with backoff until ``deadline``."""
+    delay, tries = 0.02, 0
+    while True:
+        sock = await _connect(host, port, deadline, what, stale)
+        tries += 1
+        try:
+            await auth.as_client(sock, secret, timeout=min(ATTEMPT_S, max(0.5, deadline - time.monotonic())))
+            await send_json(sock, hello)
+            return sock
+        except auth.SecretRefused as e:
+            sock.close()
+            raise BootstrapError(f"rank {rank}: {what} at {host}:{port} refused this rank's secret: every rank "
+                                 f"must be given the same --secret (AIOCCL_COMM_SECRET) or unique id") from e
+        except auth.AuthError as e:
+            sock.close()
+            raise BootstrapError(f"rank {rank}: {what} at {host}:{port}: {e}: {NOT_AIOCCL}") from e
+        except (OSError, TimeoutError) as e:
+            sock.close()
+            if time.monotonic() + delay >= deadline:
+                silent = (f"; it accepted but never sent aioccl's challenge within {ATTEMPT_S:g}s: {NOT_AIOCCL}, "
+                          f"or it is flooded" if isinstance(e, TimeoutError) else "")
+                raise BootstrapError(f"rank {rank}: no handshake with {what} at {host}:{port} before the deadline "
+                                     f"in {tries} tries (last: {e!r}){silent}") from e
+            if tries in (1, 10, 100):
+                _log.info("rank %d: handshake with %s at %s:%d broke (%r); trying again", rank, what, host, port, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
 async def _mesh(gate: Gate, secret: bytes, comm_id: int, rank: int, peers: list[dict[str, Any]], deadline: float,
                 streams: Streams | None) -> tuple[dict[int, socket.socket], dict[int, list[socket.socket]]]:
     """Dial every lower rank; the gate admits every higher one (each as many streams as the pair uses)."""
@@ -209,14 +253,9 @@ async def _mesh(gate: Gate, secret: bytes, comm_id: int, rank: int, peers: list[
 
     async def dial(j: int, stream: int) -> None:
         p = peers[j]
-        sock = await _connect(p["addr"], p["port"], deadline, f"rank {j}")
-        try:
-            await auth.as_client(sock, secret, timeout=max(1.0, deadline - time.monotonic()))
-            await send_json(sock, {"comm_id": comm_id, "rank": rank, **({"stream": stream} if stream else {})})
-        except BaseException:
-            sock.close()
-            raise
-        got[j, stream] = sock
+        got[j, stream] = await _meet(p["addr"], p["port"], secret, deadline, f"rank {j}",
+                                     {"comm_id": comm_id, "rank": rank, **({"stream": stream} if stream else {})},
+                                     rank=rank)
 
     gate.expect(comm_id, {(j, s) for j in range(rank + 1, n) for s in range(count[j])})
     try:

@@ -3,7 +3,8 @@
 One root serves one communicator. It runs on its own daemon thread and
 event loop (like NCCL's bootstrap root thread), so it keeps serving no matter
 what the ranks' loops are doing. Connections that fail the handshake or send
-nonsense are logged and dropped; the root keeps waiting for the real ranks.
+nonsense are dropped; a flood of them is bounded and costs the real ranks
+nothing (``admission.py``), and the root keeps waiting for the real ranks.
 Its deadline starts when the first rank arrives: if the rest do not come in
 time, every waiting rank is told exactly which ranks are missing.
 """
@@ -19,11 +20,11 @@ from typing import Any
 from .. import log
 from ..envvars import check_timeout, env_timeout
 from . import auth
+from .admission import FIRST_BYTES_S, HANDSHAKE_S, Admission, DropLog, accept_forever, reason_of, source
 from .sockio import recv_json, send_json, tune
 
 _log = log.get("BOOTSTRAP")
-HANDSHAKE_S = 10.0  # a connection must prove the secret and say hello within this
-MAX_HANDSHAKES = 256  # connections being authenticated at once; more are dropped at once (a flood)
+MAX_HANDSHAKES = 256  # connections in the handshake at once; one more evicts the oldest unauthenticated
 
 
 class RootServer:
@@ -33,7 +34,7 @@ class RootServer:
         self.port = sock.getsockname()[1]
         self.timeout = env_timeout(os.environ) if timeout is None else check_timeout(timeout)
         self.thread: threading.Thread | None = None
-        self.rejected = 0  # connections dropped for failing the handshake (observable in tests)
+        self.drops = DropLog(_log, "root")  # connections dropped (observable in tests: .total)
         self.wrong_secret: dict[str, int] = {}  # source address -> aioccl handshakes with another secret
         self._loop: asyncio.AbstractEventLoop | None = None
         self._complete: asyncio.Event | None = None
@@ -80,13 +81,14 @@ class RootServer:
         self._loop, self._complete = loop, complete
         if self._abandoned:
             complete.set()
-        tasks: set[asyncio.Task[None]] = set()
+        admission = Admission(MAX_HANDSHAKES, self.drops)
 
         async def handle(conn: socket.socket, peer: Any) -> None:
             keep = False
             try:
                 tune(conn)
-                await auth.as_server(conn, self.secret, timeout=HANDSHAKE_S)
+                await auth.as_server(conn, self.secret, timeout=FIRST_BYTES_S)
+                admission.proven(asyncio.current_task())
                 async with asyncio.timeout(HANDSHAKE_S):
                     hello = await recv_json(conn)
                 rank, size = int(hello["rank"]), int(hello["world_size"])
@@ -98,47 +100,37 @@ class RootServer:
                     error = f"rank {rank} says world_size {size}, but earlier ranks said {world[0]}"
                 elif not 0 <= rank < size:
                     error = f"rank {rank} is out of range for world_size {size}"
-                elif rank in ranks:
+                elif rank in ranks and not _same_process(ranks[rank][1], hello):
                     error = f"rank {rank} joined twice (second time from {peer})"
                 if error:
                     _log.warning("root: %s", error)
                     await send_json(conn, {"ok": False, "error": error})
                     return
+                if rank in ranks:  # the same process again: its first connection broke on its side
+                    ranks.pop(rank)[0].close()
                 ranks[rank] = (conn, hello)
                 keep = True
                 _log.info("root: rank %d/%d arrived from %s", rank, size, peer)
                 if len(ranks) == size:
                     complete.set()
             except (auth.AuthError, ValueError, KeyError, TypeError, OSError, TimeoutError) as e:
-                self.rejected += 1
-                if isinstance(e, auth.AuthError) and "secret" in str(e):
-                    host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+                secret = isinstance(e, auth.AuthError) and "secret" in str(e)
+                if secret:
+                    host = source(peer)
                     if host in self.wrong_secret or len(self.wrong_secret) < 64:  # bounded, whatever comes
                         self.wrong_secret[host] = self.wrong_secret.get(host, 0) + 1
-                _log.warning("root: dropped connection from %s: %s", peer, e)
+                self.drops.drop(peer, "wrong secret" if secret else reason_of(e), str(e) or repr(e))
             finally:
                 if not keep:
                     conn.close()
 
-        async def accept_loop() -> None:
-            while True:
-                conn, peer = await loop.sock_accept(self.sock)
-                if len(tasks) >= MAX_HANDSHAKES:
-                    self.rejected += 1
-                    _log.warning("root: dropped connection from %s: %d connections already open", peer, len(tasks))
-                    conn.close()
-                    continue
-                t = loop.create_task(handle(conn, peer))
-                tasks.add(t)
-                t.add_done_callback(tasks.discard)
-
-        acceptor = loop.create_task(accept_loop())
+        acceptor = loop.create_task(accept_forever(self.sock, admission, handle))
         await complete.wait()
         acceptor.cancel()
         loop.remove_reader(self.sock.fileno())  # before close: a pending accept would see a dead fd
         self.sock.close()
-        for t in list(tasks):
-            t.cancel()
+        admission.cancel_all()
+        self.drops.flush()
         if self._abandoned or not world:
             for conn, _ in ranks.values():
                 conn.close()
@@ -161,6 +153,10 @@ class RootServer:
                 _log.warning("root: could not answer a rank: %s", e)
             finally:
                 conn.close()
+
+
+def _same_process(first: dict[str, Any], again: dict[str, Any]) -> bool:
+    return all(first.get(k) == again.get(k) for k in ("pid", "host", "addr", "port"))
 
 
 def _wrong_secret(sources: dict[str, int]) -> str:
