@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 
 from . import error_file
-from .bootstrap.unique_id import free_port
+from .bootstrap.ports import PortTaken, Reservation, reserve
 
 GRACE = 5.0
 
@@ -136,10 +136,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return ns
 
 
-def child_envs(ns: argparse.Namespace, base: dict[str, str], error_dir: str | None = None) -> list[dict[str, str]]:
+def reserve_ports(ns: argparse.Namespace) -> Reservation | None:
+    """On the node that hosts them (node 0), hold torch's store port and aioccl's root port (the next one)
+    for the job's life, so nothing else can take them before the ranks bind them (``bootstrap/ports.py``)."""
+    if ns.node_rank != 0:
+        return None
+    what = "--master-port (torch's store; aioccl's root takes the next port)" if ns.master_port else "aioccl-run"
+    try:
+        return reserve("", ns.master_port or 0, count=2, what=what)
+    except PortTaken as e:
+        raise SystemExit(f"aioccl-run: {e}") from None
+
+
+def child_envs(ns: argparse.Namespace, base: dict[str, str], error_dir: str | None = None,
+               ports: Reservation | None = None) -> list[dict[str, str]]:
     addr = ns.master_addr or "127.0.0.1"
-    store_port = ns.master_port or free_port(addr)
-    root_port = store_port + 1 if ns.master_port else free_port(addr)
+    store_port = ports.port if ports is not None else ns.master_port
+    root_port = store_port + 1
     secret = ns.secret or base.get("AIOCCL_COMM_SECRET")
     if secret is None:
         if ns.nnodes > 1:
@@ -224,7 +237,15 @@ async def _launch(ns: argparse.Namespace, error_dir: str) -> int:
     cmd = [sys.executable, *(["-m"] if ns.module else []), ns.target, *ns.args]
     if ns.no_python or (not ns.module and not os.path.exists(ns.target) and shutil.which(ns.target)):
         cmd = [ns.target, *ns.args]  # a command on PATH (aioccl-info, a console script): run it as it is
-    envs = child_envs(ns, dict(os.environ), error_dir)
+    ports = reserve_ports(ns)  # held until every rank has exited
+    try:
+        return await _run_ranks(ns, cmd, child_envs(ns, dict(os.environ), error_dir, ports), error_dir)
+    finally:
+        if ports is not None:
+            ports.close()
+
+
+async def _run_ranks(ns: argparse.Namespace, cmd: list[str], envs: list[dict[str, str]], error_dir: str) -> int:
     procs: list[tuple[int, asyncio.subprocess.Process]] = []
     pumps = []
     loop = asyncio.get_running_loop()

@@ -83,13 +83,14 @@ def _latency(fn, calls: int) -> float:
 
 
 def run(backend: str, n: int, args: argparse.Namespace) -> dict:
-    from aioccl.bootstrap.unique_id import free_port
+    from aioccl.bootstrap.ports import reserve
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
-           str(free_port("127.0.0.1")), __file__, "--worker", backend, "--steps", str(args.steps),
-           "--calls", str(args.calls), "--batch", str(args.batch)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
-                       env={**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))})
+    with reserve("127.0.0.1", count=2) as ports:  # torch's store, and aioccl's root on the next port
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
+               str(ports.port), __file__, "--worker", backend, "--steps", str(args.steps),
+               "--calls", str(args.calls), "--batch", str(args.batch)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
+                           env={**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))})
     found = RESULT.search(p.stdout)
     if p.returncode or found is None:
         raise SystemExit(f"{backend} x{n} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")

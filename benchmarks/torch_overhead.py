@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _modes  # noqa: E402
+
+from aioccl.bootstrap.ports import reserve  # noqa: E402
 
 MODES = ("aioccl-numpy", "aioccl-torch", "gloo")
 NAMES = {"aioccl-numpy": "aioccl, numpy array", "aioccl-torch": "aioccl, torch tensor",
@@ -71,13 +72,6 @@ def rank_main(mode: str, iters: int, port: int) -> None:
     asyncio.run(main())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def main() -> None:
     ap = _modes.parser(__doc__, MODES)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -85,8 +79,11 @@ def main() -> None:
     if ns.rank_mode:
         rank_main(ns.rank_mode, ns.iters, ns.port)
         return
-    runs = _modes.rotate(MODES, ns.repeats, lambda mode: _modes.launch(
-        __file__, mode, ns.procs, ["--iters", str(ns.iters), "--port", str(free_port())]))
+    def one(mode: str) -> dict[str, float]:
+        with reserve("127.0.0.1") as port:  # held while the ranks use it
+            return _modes.launch(__file__, mode, ns.procs, ["--iters", str(ns.iters), "--port", str(port.port)])
+
+    runs = _modes.rotate(MODES, ns.repeats, one)
     table = _modes.medians(runs, SIZES)
     import torch
 

@@ -141,10 +141,11 @@ def _wait_all(d: Path, pattern: str, n: int, procs: list[subprocess.Popen[str]],
 
 
 def run(ns: argparse.Namespace) -> int:
-    from aioccl.bootstrap.unique_id import free_port
+    from aioccl.bootstrap.ports import reserve
 
     d = Path(tempfile.mkdtemp(prefix="aioccl-flood-"))
-    port = free_port("127.0.0.1")
+    reservation = reserve("127.0.0.1")  # the world root's port, held until rank 0 has bound it
+    port = reservation.port
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AIOCCL_", "OMPI_", "PMI", "SLURM"))}
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(ns.ranks), PYTHONUNBUFFERED="1")
     report: list[str] = []
@@ -157,6 +158,7 @@ def run(ns: argparse.Namespace) -> int:
     ok = False
     try:
         _wait_all(d, "world.*", ns.ranks, procs, 120)
+        reservation.close()
         _stop(spray, "world root", report)
         for i, target in enumerate(TARGETS, start=1):
             spray = _sprayer(["--target", target, "--port-dir", str(d), "--pids", *pids], 600)
@@ -168,6 +170,7 @@ def run(ns: argparse.Namespace) -> int:
         outs = [p.communicate(timeout=120) for p in procs]
         ok = True
     finally:
+        reservation.close()
         if spray.poll() is None:
             spray.kill()
         if not ok:

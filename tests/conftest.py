@@ -17,8 +17,24 @@ import pytest
 import pytest_asyncio
 
 import aioccl
+from aioccl.bootstrap.ports import Reservation, reserve, reserve_in
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def reserved_port(count: int = 1, lo: int | None = None, hi: int | None = None) -> Reservation:
+    """Hold ``count`` consecutive loopback ports (or one in ``[lo, hi)``) for as long as the test uses them:
+    a ``with`` around the processes that bind them (``bootstrap/ports.py``; never "find one, close it")."""
+    if lo is not None and hi is not None:
+        return reserve_in(lo, hi, "127.0.0.1")
+    return reserve("127.0.0.1", count=count)
+
+
+@pytest.fixture
+def loopback_port():
+    """A loopback port reserved for the whole test (and the next one too: torchrun puts aioccl's root there)."""
+    with reserved_port(2) as r:
+        yield r.port
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import aioccl
-from aioccl.bootstrap.unique_id import free_port
 
 from conftest import close_all, make_comms
 
@@ -40,13 +39,13 @@ async def test_every_bad_timeout_is_an_invalid_argument_and_the_comm_stays_usabl
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "abc", "-3", "0"])
-async def test_bad_aioccl_timeout_names_the_variable(monkeypatch, value):
+async def test_bad_aioccl_timeout_names_the_variable(monkeypatch, value, loopback_port):
     monkeypatch.setenv("AIOCCL_TIMEOUT", value)
     with pytest.raises(aioccl.InvalidArgument, match="AIOCCL_TIMEOUT"):
         await aioccl.Communicator.create(aioccl.UniqueId.parse("127.0.0.1:1/" + "0" * 32), 0, 2)
     monkeypatch.setenv("AIOCCL_RANK", "0")
     monkeypatch.setenv("AIOCCL_WORLD_SIZE", "2")
-    monkeypatch.setenv("AIOCCL_COMM_ID", f"127.0.0.1:{free_port('127.0.0.1')}")
+    monkeypatch.setenv("AIOCCL_COMM_ID", f"127.0.0.1:{loopback_port}")
     with pytest.raises(aioccl.InvalidArgument, match="AIOCCL_TIMEOUT"):
         await aioccl.init()
 
@@ -59,8 +58,8 @@ def _roots() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "aioccl-root" and t.is_alive()]
 
 
-async def test_cancelled_init_releases_the_root_and_init_can_be_retried(monkeypatch):
-    port = free_port("127.0.0.1")
+async def test_cancelled_init_releases_the_root_and_init_can_be_retried(monkeypatch, loopback_port):
+    port = loopback_port
     monkeypatch.setenv("AIOCCL_RANK", "0")
     monkeypatch.setenv("AIOCCL_WORLD_SIZE", "2")
     monkeypatch.setenv("AIOCCL_COMM_ID", f"127.0.0.1:{port}")

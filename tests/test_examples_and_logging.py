@@ -85,12 +85,10 @@ def test_anyio_pipeline_on_both_backends(backend):
     assert "INFO" not in p.stdout + p.stderr  # nothing (pyverbs' import included) turned on INFO logging
 
 
-def test_torch_ddp_tutorial_runs_under_torchrun_with_backend_aioccl():
+def test_torch_ddp_tutorial_runs_under_torchrun_with_backend_aioccl(loopback_port):
     pytest.importorskip("torch", reason="torch is not installed (make test installs the CPU build)")
-    from aioccl.bootstrap.unique_id import free_port
-
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                        str(free_port("127.0.0.1")), str(ROOT / "examples" / "torch_ddp.py")],
+                        str(loopback_port), str(ROOT / "examples" / "torch_ddp.py")],
                        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     for r in range(2):

@@ -8,9 +8,7 @@ import sys
 
 import pytest
 
-from aioccl.bootstrap.unique_id import free_port
-
-from conftest import ROOT, WORKERS
+from conftest import ROOT, WORKERS, reserved_port
 
 
 def torchrun(rank: int, n: int, port: int) -> dict[str, str]:
@@ -32,15 +30,16 @@ def slurm(rank: int, n: int, port: int) -> dict[str, str]:
 @pytest.mark.parametrize("make_env", [torchrun, ompi, slurm])
 def test_init_from_launcher_environment(make_env):
     n = 3
-    port = free_port("127.0.0.1")
-    if make_env is slurm:
-        port = 20000 + (port % 20000)  # Slurm's port is derived from the job id
+    # Slurm's port is derived from the job id: reserve one in its range
+    reservation = reserved_port(lo=20000, hi=40000) if make_env is slurm else reserved_port()
+    port = reservation.port
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AIOCCL_", "RANK", "WORLD_SIZE", "OMPI_",
                                                                      "SLURM_", "MASTER_"))}
     procs = [subprocess.Popen([sys.executable, str(WORKERS / "env_init.py")],
                               env={**base, "PYTHONPATH": str(ROOT), **make_env(r, n, port)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
-    outs = [p.communicate(timeout=60) for p in procs]
+    with reservation:  # held until the ranks are done with it
+        outs = [p.communicate(timeout=60) for p in procs]
     for r, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, err[-2000:]
         assert out.strip() == f"rank={r} size={n} local={r} sum=6"

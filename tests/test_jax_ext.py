@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 
@@ -23,18 +22,13 @@ import aioccl
 import jax_ext
 from jax_ext.runtime import group_layout
 
-from conftest import ROOT, WORKERS, launch
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import ROOT, WORKERS, launch, reserved_port
 
 
 def _run_procs(script: str, nproc: int, env: dict[str, str], timeout: float = 240) -> list[str]:
     """``nproc`` copies of a worker joined by jax.distributed; returns each one's output."""
-    port = _free_port()
+    reservation = reserved_port()  # held until the workers are done: nothing else can take it meanwhile
+    port = reservation.port
     procs = []
     for pid in range(nproc):
         penv = {**os.environ, "PYTHONPATH": str(ROOT), "JAXW_COORD": f"127.0.0.1:{port}", "JAXW_NPROC": str(nproc),
@@ -50,6 +44,7 @@ def _run_procs(script: str, nproc: int, env: dict[str, str], timeout: float = 24
     finally:
         for p in procs:
             p.kill()
+        reservation.close()
     return outs
 
 

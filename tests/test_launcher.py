@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -168,3 +169,46 @@ def test_a_timeout_is_printed_once_by_its_rank_and_once_in_the_launchers_summary
     assert proc.returncode != 0
     assert out.count("timed out after 1s waiting for ranks [1]") == 2, out
     assert "aioccl-run: failed: first failure: rank 0 exited with code 1: CollectiveTimeout" in out, out
+
+
+def test_the_launchers_ports_are_held_for_the_job_and_a_taken_one_is_named_before_any_rank_starts(tmp_path):
+    """Its store and root ports stay bound by aioccl-run while the ranks run (no other process can take them
+    between the choice and the bind); a --master-port in use fails at once, naming the port."""
+    script = tmp_path / "probe.py"
+    script.write_text("import os, socket\nimport aioccl\ncomm = aioccl.init_sync(timeout=30)\n"
+                      "s = socket.socket()\ntry:\n    s.bind(('127.0.0.1', int(os.environ['MASTER_PORT'])))\n"
+                      "    print('PROBE bound: the port was free')\nexcept OSError as e:\n"
+                      "    print('PROBE held', e.errno)\ncomm.close()\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", "2", str(script)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("PROBE held 98") == 2, proc.stdout  # EADDRINUSE
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", "2", "--master-port",
+                               str(port), str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and time.monotonic() - t0 < 20
+    assert f"--master-port (torch's store; aioccl's root takes the next port): port {port}-{port + 1} on this " \
+           f"host is taken" in proc.stderr, proc.stderr
+    assert "PROBE" not in proc.stdout  # no rank started
+
+
+def test_a_reservation_keeps_plain_binds_out_and_lets_the_intended_listener_in():
+    from aioccl.bootstrap.ports import PortTaken, reserve
+
+    with reserve("127.0.0.1", count=2) as r:
+        assert r.ports == [r.port, r.port + 1]
+        for p in r.ports:
+            with socket.socket() as other, pytest.raises(OSError):
+                other.bind(("127.0.0.1", p))
+        with socket.socket() as root:  # what aioccl's root and torch's TCPStore do
+            root.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            root.bind(("127.0.0.1", r.port))
+            root.listen()
+            with pytest.raises(PortTaken, match=f"--master-port: port {r.port} on 127.0.0.1 is taken"):
+                reserve("127.0.0.1", r.port, what="--master-port")

@@ -12,7 +12,7 @@ import pytest
 
 import aioccl
 
-from conftest import ROOT, TRANSPORT_ENV, WORKERS
+from conftest import ROOT, TRANSPORT_ENV, WORKERS, reserved_port
 
 torch = pytest.importorskip("torch", reason="torch is not installed (make test installs the CPU build)")
 dist = pytest.importorskip("torch.distributed")
@@ -22,14 +22,12 @@ def torchrun(n: int, script: str, *args: str, env: dict[str, str] | None = None,
              monitor_s: float | None = None, extra: list[str] | None = None) -> subprocess.CompletedProcess[str]:
     """``torchrun --nproc-per-node n tests/workers/<script>``: torch's own launcher and store.
     ``monitor_s``: how often torchrun looks at its workers (once one has died, it kills the others)."""
-    from aioccl.bootstrap.unique_id import free_port
-
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     monitor = ["--monitor-interval", str(monitor_s)] if monitor_s is not None else []
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), *monitor, *(extra or []),
-           "--master-port",
-           str(free_port("127.0.0.1")), str(WORKERS / script), *args]
-    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    with reserved_port(2) as ports:  # torch's store, and aioccl's root on the next port
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), *monitor, *(extra or []),
+               "--master-port", str(ports.port), str(WORKERS / script), *args]
+        return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("n, transport", [(2, "shm"), (3, "shm"), (2, "tcp")])
@@ -106,14 +104,12 @@ def test_what_aioccl_cannot_do_is_refused_clearly():
 
 @pytest.mark.parametrize("mode, fails, rdzv", [("raise", 1, "static"), ("raise", 2, "static"), ("init", 1, "static"),
                                                ("raise", 1, "c10d")])
-def test_torchrun_restarts_an_aioccl_job_as_it_does_a_gloo_one(mode, fails, rdzv):
+def test_torchrun_restarts_an_aioccl_job_as_it_does_a_gloo_one(mode, fails, rdzv, loopback_port):
     """torch's store outlives an attempt: a restarted rank must find this attempt's unique id, never the dead
     root of the last one (it used to dial it, then wait out its deadline)."""
-    from aioccl.bootstrap.unique_id import free_port
-
     extra = ["--max-restarts", "2"]
     if rdzv == "c10d":
-        extra += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port('127.0.0.1')}", "--rdzv-id", "t"]
+        extra += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{loopback_port}", "--rdzv-id", "t"]
     proc = torchrun(2, "torch_restart.py", mode, str(fails), extra=extra, timeout=180, monitor_s=0.2)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -121,14 +117,14 @@ def test_torchrun_restarts_an_aioccl_job_as_it_does_a_gloo_one(mode, fails, rdzv
         assert f"RESTART_OK attempt={fails} rank={r}" in out, out[-4000:]
 
 
-def test_a_stale_unique_id_fails_in_a_second_naming_why():
+def test_a_stale_unique_id_fails_in_a_second_naming_why(loopback_port):
     """An id read from a store after its root exited (the root listened before it was published)."""
     from dataclasses import replace
 
     from aioccl import BootstrapError, Communicator
-    from aioccl.bootstrap.unique_id import UniqueId, free_port
+    from aioccl.bootstrap.unique_id import UniqueId
 
-    stale = replace(UniqueId("127.0.0.1", free_port("127.0.0.1"), bytes(16)), root_up=True)
+    stale = replace(UniqueId("127.0.0.1", loopback_port, bytes(16)), root_up=True)
     t0 = __import__("time").monotonic()
     with pytest.raises(BootstrapError, match="stale: it belongs to an earlier run or restart"):
         Communicator.create_sync(stale, 1, 2, timeout=60)

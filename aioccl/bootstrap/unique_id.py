@@ -9,7 +9,6 @@ immediately usable by every rank, including ones in this process.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 
 from ..errors import InvalidArgument
@@ -61,9 +60,3 @@ class UniqueId:
         server.start_thread()
         return cls(advertised, server.port, secret)
 
-
-def free_port(host: str = "") -> int:
-    """A port that was free a moment ago (for launchers that must name one up front)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
