@@ -10,6 +10,12 @@ over repeats of each run's median per-iteration time of the slowest rank;
 all_reduce and broadcast are in place, all_gather and reduce_scatter out of
 place (each library's native form). Writes compare.json, compare.md (tables
 with ratios) and one busbw plot per op.
+
+Busy machine: ``--loads none,hog1,hog2,mixed`` runs everything again beside
+each background load of ``_load.py`` (one or two CPU-bound processes; a
+seeded mix of process starts, sleeps, fsyncs and compute, like a test suite
+beside you), started afresh for every library's run, and adds a table of
+each library's time under load over its own idle time.
 """
 
 from __future__ import annotations
@@ -27,11 +33,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from _load import LOADS, load  # noqa: E402
 from _sweep import iterations  # noqa: E402  (the peers' iteration counts, shared with their runners)
 
 ROOT = HERE.parent
-# aioccl: its default (shared memory on one host), with registered buffers (comm.alloc), sockets only
+# aioccl: its default (shared memory on one host), with registered buffers (comm.alloc), sockets only, and
+# (by name only) with a pure spin instead of a yielding one (AIOCCL_SHM_YIELD=0, the wait before issue 36)
 LIBS = ("aioccl", "aioccl-reg", "aioccl-tcp", "gloo", "mpi")
+OPTIONAL = ("aioccl-spin",)
 PEERS = ("gloo", "mpi")
 
 
@@ -43,6 +52,8 @@ def run_aioccl(lib: str, op: str, n: int, sizes: list[int], extra_env: dict[str,
     extra = ["--registered"] if lib == "aioccl-reg" else []
     if lib == "aioccl-tcp":
         env["AIOCCL_SHM_DISABLE"] = "1"
+    if lib == "aioccl-spin":
+        env["AIOCCL_SHM_YIELD"] = "0"
     key = "in_place" if op in ("all_reduce", "broadcast") else "out_of_place"
     points = []
     for size in sizes:
@@ -99,7 +110,7 @@ def table(results: list[dict], ops: list[str], ranks: list[int]) -> str:
             for r in results:
                 if r["op"] == op and r["ranks"] == n:
                     by.setdefault(r["bytes"], {})[r["lib"]] = r
-            libs = [lib for lib in LIBS if any(lib in row for row in by.values())]
+            libs = [lib for lib in LIBS + OPTIONAL if any(lib in row for row in by.values())]
             peers = [p for p in PEERS if p in libs]
             head = (["size"] + [f"{lib} us" for lib in libs] + [f"{lib} busbw" for lib in libs]
                     + [f"{p}/aioccl" for p in peers])
@@ -115,6 +126,22 @@ def table(results: list[dict], ops: list[str], ranks: list[int]) -> str:
     return "\n".join(lines)
 
 
+def busy_table(results: list[dict], loads: list[str]) -> str:
+    """Per library, op, ranks and size: the median under each load, and its ratio to the same library idle."""
+    keys = sorted({(r["op"], r["ranks"], r["bytes"], r["lib"]) for r in results})
+    at = {(r["op"], r["ranks"], r["bytes"], r["lib"], r["load"]): r["median_us"] for r in results}
+    head = ["op", "ranks", "size", "lib"] + [f"{ld} us" for ld in loads] + [f"{ld}/idle" for ld in loads[1:]]
+    lines = ["\n### busy machine: each library under load, against itself idle\n", "| " + " | ".join(head) + " |",
+             "|---" * len(head) + "|"]
+    for op, n, size, lib in keys:
+        times = [at.get((op, n, size, lib, ld)) for ld in loads]
+        idle = times[0]
+        cells = [op, str(n), str(size), lib] + [f"{t:.1f}" if t else "-" for t in times]
+        cells += [f"{t / idle:.1f}x" if t and idle else "-" for t in times[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(results: list[dict], ops: list[str], ranks: list[int], out: Path) -> None:
     import matplotlib
 
@@ -124,7 +151,7 @@ def plot(results: list[dict], ops: list[str], ranks: list[int], out: Path) -> No
     for op in ops:
         fig, axes = plt.subplots(1, len(ranks), figsize=(5 * len(ranks), 3.8), squeeze=False, sharey=True)
         for ax, n in zip(axes[0], ranks, strict=True):
-            for lib in LIBS:
+            for lib in LIBS + OPTIONAL:
                 pts = sorted((r["bytes"], r["busbw"]) for r in results if (r["op"], r["ranks"], r["lib"]) ==
                              (op, n, lib))
                 if pts:
@@ -146,6 +173,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--libs", default=",".join(LIBS))
     p.add_argument("--out", default="docs/bench")
+    p.add_argument("--loads", default="none", help=f"background loads to run under, in turn: {','.join(LOADS)}")
     a = p.parse_args()
     from aioccl.tools.perf import parse_size
 
@@ -153,39 +181,50 @@ def main() -> None:
     ops = a.ops.split(",")
     sizes = [parse_size(x) for x in a.sizes.split(",")]
     libs = a.libs.split(",")
+    loads = a.loads.split(",")
+    if any(ld not in LOADS for ld in loads):
+        p.error(f"--loads: each one of {', '.join(LOADS)}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     raw: list[dict] = []
     for rep in range(a.repeats):
-        for n in ranks:
-            for i, op in enumerate(ops):
-                order = libs[(rep + i) % len(libs):] + libs[:(rep + i) % len(libs)]
-                for lib in order:
-                    t0 = time.time()
-                    rows = run_aioccl(lib, op, n, sizes) if lib.startswith("aioccl") else run_peer(lib, op, n, sizes)
-                    for r in rows:
-                        r["repeat"] = rep
-                        if r["wrong"]:
-                            print(f"WRONG RESULTS: {r}", file=sys.stderr)
-                    raw += rows
-                    print(f"repeat {rep + 1}/{a.repeats} {n} ranks {op:<15} {lib:<10} {time.time() - t0:5.1f}s",
-                          flush=True)
+        for kind in loads:
+            for n in ranks:
+                for i, op in enumerate(ops):
+                    order = libs[(rep + i) % len(libs):] + libs[:(rep + i) % len(libs)]
+                    for lib in order:
+                        t0 = time.time()
+                        with load(kind):
+                            rows = (run_aioccl(lib, op, n, sizes) if lib.startswith("aioccl")
+                                    else run_peer(lib, op, n, sizes))
+                        for r in rows:
+                            r["repeat"], r["load"] = rep, kind
+                            if r["wrong"]:
+                                print(f"WRONG RESULTS: {r}", file=sys.stderr)
+                        raw += rows
+                        print(f"repeat {rep + 1}/{a.repeats} load {kind:<5} {n} ranks {op:<15} {lib:<10} "
+                              f"{time.time() - t0:5.1f}s", flush=True)
     merged = {}
     for r in raw:
-        merged.setdefault((r["lib"], r["op"], r["ranks"], r["bytes"]), []).append(r)
+        merged.setdefault((r["lib"], r["op"], r["ranks"], r["bytes"], r["load"]), []).append(r)
     results = []
-    for (lib, op, n, size), rs in sorted(merged.items()):
+    for (lib, op, n, size, kind), rs in sorted(merged.items()):
         med = statistics.median(x["median_us"] for x in rs)
-        results.append({"lib": lib, "op": op, "ranks": n, "bytes": size, "median_us": med,
+        results.append({"lib": lib, "op": op, "ranks": n, "bytes": size, "load": kind, "median_us": med,
                         "runs_us": [x["median_us"] for x in rs], "wrong": sum(x["wrong"] for x in rs),
                         "busbw": statistics.median(x["busbw"] for x in rs)})
     meta = {"versions": versions(), "command": " ".join(sys.argv), "ranks": ranks, "ops": ops, "sizes": sizes,
-            "repeats": a.repeats}
+            "repeats": a.repeats, "loads": loads}
     (out / "compare.json").write_text(json.dumps({"meta": meta, "results": results, "raw": raw}, indent=1))
     md = (f"Command: `{meta['command']}`\n\nVersions: "
-          + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + "\n" + table(results, ops, ranks))
-    (out / "compare.md").write_text(md + "\n")
-    plot(results, ops, ranks, out)
+          + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + "\n")
+    for kind in loads:
+        md += (f"\n## load: {kind}\n" if len(loads) > 1 else "") + table(
+            [r for r in results if r["load"] == kind], ops, ranks) + "\n"
+    if len(loads) > 1:
+        md += busy_table(results, loads) + "\n"
+    (out / "compare.md").write_text(md)
+    plot([r for r in results if r["load"] == loads[0]], ops, ranks, out)
     print(md)
 
 

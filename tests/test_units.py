@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 import numpy as np
@@ -179,13 +180,24 @@ def test_heap_first_fit_and_coalescing():
 def test_shm_settings_parse_and_reject():
     from aioccl.engine.shm_setup import settings
 
-    s = settings({"AIOCCL_SHM_DISABLE": "1", "AIOCCL_SHM_BUFFSIZE": "10000", "AIOCCL_SHM_SPIN_US": "5"})
-    assert s["disabled"] and s["half"] == 9984 and s["spin_s"] == pytest.approx(5e-6)
+    s = settings({"AIOCCL_SHM_DISABLE": "1", "AIOCCL_SHM_BUFFSIZE": "10000"})
+    assert s["disabled"] and s["half"] == 9984
     assert not settings({})["disabled"] and not settings({"AIOCCL_SHM_DISABLE": "0"})["disabled"]
-    for bad in ({"AIOCCL_SHM_BUFFSIZE": "big"}, {"AIOCCL_SHM_BUFFSIZE": "100"}, {"AIOCCL_SHM_HEAP": "-1"},
-                {"AIOCCL_SHM_SPIN_US": "x"}):
+    for bad in ({"AIOCCL_SHM_BUFFSIZE": "big"}, {"AIOCCL_SHM_BUFFSIZE": "100"}, {"AIOCCL_SHM_HEAP": "-1"}):
         with pytest.raises(aioccl.InvalidArgument):
             settings(bad)
+
+
+def test_a_waiting_rank_spins_yielding_by_default_and_purely_only_when_asked_and_there_is_a_core_to_spare():
+    from aioccl.transport.shm import wait_policy
+
+    cpus = len(os.sched_getaffinity(0))
+    assert wait_policy({"AIOCCL_SHM_SPIN_US": "5"}, 2) == (pytest.approx(5e-6), True)
+    assert wait_policy({}, cpus + 1) == (pytest.approx(100e-6), True)  # yielding, a spin costs the peer nothing
+    assert wait_policy({"AIOCCL_SHM_YIELD": "0"}, 1) == (pytest.approx(100e-6), False)
+    assert wait_policy({"AIOCCL_SHM_YIELD": "0"}, cpus + 1) == (0.0, True)  # no core to spare: never spin
+    with pytest.raises(aioccl.InvalidArgument, match="AIOCCL_SHM_SPIN_US"):
+        wait_policy({"AIOCCL_SHM_SPIN_US": "x"}, 2)
 
 
 def test_numeric_knobs_parse_one_way():

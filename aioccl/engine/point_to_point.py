@@ -120,9 +120,11 @@ def _spin(eng: Engine, conn: ShmPairConnection, fut: asyncio.Future[Any],
         now = time.perf_counter()
         end, last = now + spin, now + MAX_STREAM_SPIN_S
         conn.watch(True)  # the peer's frames need no bell meanwhile
-        ctl, clock, done = conn.rx.ctl, time.perf_counter, fut.done
+        ctl, clock, done, polite = conn.rx.ctl, time.perf_counter, fut.done, conn.hub.yield_cpu
         try:
             while not done() and not conn.closed and now < last:
+                if polite:
+                    os.sched_yield()
                 if ctl[HEAD] != ctl[TAIL]:  # one look at the counters per turn; the reader only for bytes
                     conn.pump()
                 now = clock()

@@ -27,9 +27,9 @@ from .. import log
 from ..algorithms import plan
 from ..algorithms.table import BY_NAME
 from ..dtypes import ReduceOp, dtype_code
-from ..envvars import env_float, env_int
+from ..envvars import env_int
 from ..errors import CollectiveTimeout
-from ..transport.shm import SHM_DIR, LoopBell, Segment, segment_name, sweep_stale
+from ..transport.shm import SHM_DIR, LoopBell, Segment, segment_name, sweep_stale, wait_policy
 from ..work import Work
 from .executor import drive, execute
 from .op import Op, Progress
@@ -42,19 +42,16 @@ if TYPE_CHECKING:
 _log = log.get("SHM")
 DEFAULT_HALF = 1 << 20
 DEFAULT_HEAP = 256 << 20
-DEFAULT_SPIN_US = 100.0
 SETUP_CTX_SALT = 0x53484D5345545550  # keeps the setup messages apart from any communicator's
 # shared-memory ordering relies on total store order; other architectures keep to sockets for now
 TSO_MACHINES = ("x86_64", "AMD64", "i686", "i386")
 
 
 def settings(env: Mapping[str, str]) -> dict[str, Any]:
-    spin_us = env_float(env, "AIOCCL_SHM_SPIN_US", DEFAULT_SPIN_US)
     return {
         "disabled": env.get("AIOCCL_SHM_DISABLE", "0").strip().lower() not in ("", "0", "false", "no"),
         "half": env_int(env, "AIOCCL_SHM_BUFFSIZE", DEFAULT_HALF, 4096) // 64 * 64,
         "heap": env_int(env, "AIOCCL_SHM_HEAP", DEFAULT_HEAP, 0) // 4096 * 4096,
-        "spin_s": max(0.0, spin_us) * 1e-6,
     }
 
 
@@ -126,10 +123,10 @@ async def setup(engine: Engine, view: CommView, timeout: float, what: str = "cre
         return None
     assert mine is not None and bell is not None
     mine.unlink()  # everyone has mapped it: from now on it lives exactly as long as its mappings
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local = sum(1 for p in engine.table.peers if p["host"] == peers[rank]["host"])
+    spin_s, yield_cpu = wait_policy(env, local)
     chan = ShmChannel(engine.loop, rank, [s for s in segs if s is not None], bell, engine.pool,
-                      conf["spin_s"], yield_cpu=local > cpus, ctx=view.ctx, world=view.ranks)
+                      spin_s, yield_cpu=yield_cpu, ctx=view.ctx, world=view.ranks)
     engine.attach_channel(chan, view)
     _log.info("rank %d: shared memory with %d local ranks (comm %x), %d KiB staging halves, %d MiB heap", rank, n,
               view.ctx, chan.cap_bytes >> 10, conf["heap"] >> 20)

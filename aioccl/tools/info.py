@@ -112,7 +112,7 @@ def check_knobs(env: Mapping[str, str]) -> list[str]:
     from aioccl.errors import AiocclError
     from aioccl.gpu import runner as gpu_runner
     from aioccl.introspection import recorder_size
-    from aioccl.transport import shm_pair_setup, tcp
+    from aioccl.transport import shm, shm_pair_setup, tcp
     from aioccl.transport.ib import setup as ib_setup
     from aioccl.tuning import Tuning
     from aioccl.watchdog import watchdog_seconds
@@ -121,6 +121,7 @@ def check_knobs(env: Mapping[str, str]) -> list[str]:
         lambda: env_timeout(env), lambda: recorder_size(env), lambda: tcp.peer_timeout(dict(env)),
         lambda: Tuning.from_env(env), lambda: shm_setup.settings(env), lambda: ib_setup.settings(env),
         lambda: gpu_runner.settings(env), lambda: watchdog_seconds(env), lambda: shm_pair_setup.ring_capacity(env),
+        lambda: shm.wait_policy(env, 1),
         lambda: rendezvous.eager_limit(env), lambda: rendezvous.unexpected_budget(env)]
     problems = []
     for check in checks:

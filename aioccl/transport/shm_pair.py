@@ -54,6 +54,7 @@ class PairHub:
         self.bell.listeners.append(self._on_bell)
         self.conns: list[ShmPairConnection] = []
         self.spin_s = 0.0  # how long a receive may spin on a ring before it waits for the bell
+        self.yield_cpu = True  # and whether it yields the CPU between looks (shm.wait_policy)
         self.segment: Segment | None = None  # mine, holding my inbound rings; closed with the hub
 
     def start(self) -> None:

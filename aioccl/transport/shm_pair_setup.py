@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from .. import log
 from ..bootstrap.sockio import recv_json, send_json
-from ..envvars import env_float, env_int
+from ..envvars import env_int
 from .cma import PeerMemory, cookie
-from .shm import CONTROL_BYTES, SHM_DIR, Segment, segment_name, sweep_stale
+from .shm import CONTROL_BYTES, SHM_DIR, Segment, segment_name, sweep_stale, wait_policy
 from .shm_pair import PairHub, ShmPairConnection
 from .shm_ring import ByteRing, ring_bytes
 
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 _log = log.get("SHM")
 DEFAULT_RING = 4 << 20
-DEFAULT_SPIN_US = 100.0
 PAIR_SALT = 0x5041495252494E47  # keeps the ring segments' names apart from the collectives' segments
 TSO_MACHINES = ("x86_64", "AMD64", "i686", "i386")  # the rings rely on total store order
 
@@ -44,14 +43,6 @@ TSO_MACHINES = ("x86_64", "AMD64", "i686", "i386")  # the rings rely on total st
 def ring_capacity(env: Mapping[str, str] = os.environ) -> int:
     """``AIOCCL_SHM_RING``: bytes of each direction's ring between two same-host ranks."""
     return env_int(env, "AIOCCL_SHM_RING", DEFAULT_RING, 4096, 1 << 30) // 64 * 64
-
-
-def spin_seconds(env: Mapping[str, str], local_ranks: int) -> float:
-    """``AIOCCL_SHM_SPIN_US`` as seconds; none when this host's ranks outnumber its cores (a spinning
-    rank would take the core its peer needs to answer)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    spin = max(0.0, env_float(env, "AIOCCL_SHM_SPIN_US", DEFAULT_SPIN_US)) * 1e-6
-    return spin if local_ranks <= cpus else 0.0
 
 
 def hello(env: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -94,7 +85,7 @@ async def connect(engine: Engine, comm_id: int, peers: set[int], liveness: float
         mine = Segment.create(segment_name(comm_id ^ PAIR_SALT, engine.rank, os.getpid()), half, 0)
         hub = PairHub(engine.loop, comm_id, engine.rank)
         hub.segment = mine
-        hub.spin_s = spin_seconds(env, 1 + len(order))
+        hub.spin_s, hub.yield_cpu = wait_policy(env, 1 + len(order))
     except OSError as e:
         why_not = f"could not set up my rings: {e}"
     conns: dict[int, ShmPairConnection] = {}
