@@ -9,7 +9,9 @@ Phases, each with its own sprayer (``flood.py``, as fast as it can):
    flooded;
 1. (no flood) a warm-up round; then each rank records its open fds and RSS;
 2. rounds under a flood of, in turn, the round's root, the ranks' bootstrap
-   gates, the doorbells. Each round, rank 0 starts a root
+   gates, the doorbells (``--transport tcp``: no shared memory and 3 TCP
+   streams per pair, so the gates admit every pair's lanes too; no
+   doorbells). Each round, rank 0 starts a root
    (``UniqueId.new``), the ranks form a communicator through it (the last
    rank comes ``--late`` s after the others, so gates and root are open
    under the flood), run ``--ops`` all_reduces and all_gathers checked
@@ -35,7 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOOD = ROOT / "scripts" / "flood.py"
-TARGETS = ("root", "gates", "bells")
+TARGETS = {"shm": ("root", "gates", "bells"), "tcp": ("root", "gates")}
+TRANSPORT_ENV = {"shm": {}, "tcp": {"AIOCCL_SHM_DISABLE": "1", "AIOCCL_NSOCKS": "3"}}
 
 
 def _rss_kib() -> int:
@@ -105,7 +108,7 @@ async def worker(ns: argparse.Namespace) -> None:
     checked = await _round(world, rank, size, 0, ns, d)
     gc.collect()
     fds0, rss0 = _fds(), _rss_kib()
-    for i, _ in enumerate(TARGETS, start=1):
+    for i, _ in enumerate(TARGETS[ns.transport], start=1):
         await _wait_file(d / f"go{i}")
         checked += await _round(world, rank, size, i, ns, d)
         (d / f"done{i}.{rank}").write_text("")
@@ -147,20 +150,22 @@ def run(ns: argparse.Namespace) -> int:
     reservation = reserve("127.0.0.1")  # the world root's port, held until rank 0 has bound it
     port = reservation.port
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AIOCCL_", "OMPI_", "PMI", "SLURM"))}
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(ns.ranks), PYTHONUNBUFFERED="1")
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(ns.ranks), PYTHONUNBUFFERED="1",
+                **TRANSPORT_ENV[ns.transport])
     report: list[str] = []
     spray = _sprayer(["--port", str(port), "--target", "root"], 600)
     time.sleep(0.5)  # the flood is on before the first rank comes
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", "--dir", str(d), "--ops", str(ns.ops),
-                               "--late", str(ns.late)], env={**base, "RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(ns.ranks)]
+    cmd = [sys.executable, __file__, "--worker", "--dir", str(d), "--ops", str(ns.ops), "--late", str(ns.late),
+           "--transport", ns.transport]
+    procs = [subprocess.Popen(cmd, env={**base, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(ns.ranks)]
     pids = [str(p.pid) for p in procs]
     ok = False
     try:
         _wait_all(d, "world.*", ns.ranks, procs, 120)
         reservation.close()
         _stop(spray, "world root", report)
-        for i, target in enumerate(TARGETS, start=1):
+        for i, target in enumerate(TARGETS[ns.transport], start=1):
             spray = _sprayer(["--target", target, "--port-dir", str(d), "--pids", *pids], 600)
             time.sleep(0.3 + ns.seconds_per_phase)
             (d / f"go{i}").write_text("")
@@ -206,6 +211,7 @@ def main() -> None:
     p.add_argument("--late", type=float, default=1.0, help="the last rank joins each round this much later")
     p.add_argument("--seconds-per-phase", type=float, default=0.0, help="flood alone this long before a round")
     p.add_argument("--rss-slack-mib", type=float, default=8.0)
+    p.add_argument("--transport", choices=tuple(TARGETS), default="shm")
     p.add_argument("--worker", action="store_true")
     p.add_argument("--dir", default="")
     ns = p.parse_args()
