@@ -18,6 +18,8 @@ Phases, each with its own sprayer (``flood.py``, as fast as it can):
    element by element, and close it;
 3. (the flood stopped) each rank records its fds and RSS again: they must be
    what they were before the flood (fds equal; RSS within ``--rss-slack-mib``).
+   Meanwhile a thread sampled both every 10 ms: the peaks show the bound held
+   the whole time (at most the root's and a gate's handshake queues more fds).
 
 Prints one JSON line per rank and ``FLOOD CHECK PASSED`` or the reason it failed.
 """
@@ -32,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -106,19 +109,33 @@ async def worker(ns: argparse.Namespace) -> None:
     world = await aioccl.init(timeout=120)
     (d / f"world.{rank}").write_text("")
     checked = await _round(world, rank, size, 0, ns, d)
+    await asyncio.sleep(0.3)  # the warm-up round's root thread has let go of its sockets
     gc.collect()
     fds0, rss0 = _fds(), _rss_kib()
+    peaks, sampling = [fds0, rss0], threading.Event()
+
+    def sample() -> None:
+        while not sampling.wait(0.01):
+            try:
+                peaks[0], peaks[1] = max(peaks[0], _fds()), max(peaks[1], _rss_kib())
+            except OSError:
+                pass
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     for i, _ in enumerate(TARGETS[ns.transport], start=1):
         await _wait_file(d / f"go{i}")
         checked += await _round(world, rank, size, i, ns, d)
         (d / f"done{i}.{rank}").write_text("")
     await _wait_file(d / "stopped")
+    sampling.set()
+    sampler.join()
     await asyncio.sleep(0.3)
     gc.collect()
     fds1, rss1 = _fds(), _rss_kib()
     await world.close()
-    print(json.dumps({"rank": rank, "checked": checked, "fds_before": fds0, "fds_after": fds1,
-                      "rss_before_kib": rss0, "rss_after_kib": rss1}), flush=True)
+    print(json.dumps({"rank": rank, "checked": checked, "fds_before": fds0, "fds_peak": peaks[0], "fds_after": fds1,
+                      "rss_before_kib": rss0, "rss_peak_kib": peaks[1], "rss_after_kib": rss1}), flush=True)
 
 
 def _sprayer(args: list[str], seconds: float) -> subprocess.Popen[str]:
@@ -145,6 +162,8 @@ def _wait_all(d: Path, pattern: str, n: int, procs: list[subprocess.Popen[str]],
 
 def run(ns: argparse.Namespace) -> int:
     from aioccl.bootstrap.ports import reserve
+    from aioccl.bootstrap.rendezvous import MAX_HANDSHAKES as MAX_GATE
+    from aioccl.bootstrap.root import MAX_HANDSHAKES as MAX_ROOT
 
     d = Path(tempfile.mkdtemp(prefix="aioccl-flood-"))
     reservation = reserve("127.0.0.1")  # the world root's port, held until rank 0 has bound it
@@ -193,8 +212,13 @@ def run(ns: argparse.Namespace) -> int:
             continue
         rec = json.loads(line)
         print(line)
-        if rec["fds_after"] != rec["fds_before"]:
+        if rec["fds_after"] > rec["fds_before"]:
             failures.append(f"rank {r}: {rec['fds_before']} fds before the flood, {rec['fds_after']} after")
+        bound = (MAX_ROOT + MAX_GATE if r == 0 else MAX_GATE) + 2 * ns.ranks * 3 + 8  # + the round's own sockets
+        if rec["fds_peak"] - rec["fds_before"] > bound:
+            failures.append(f"rank {r}: {rec['fds_peak'] - rec['fds_before']} more fds at the peak, bound {bound}")
+        if rec["rss_peak_kib"] - rec["rss_before_kib"] > ns.rss_peak_mib * 1024:
+            failures.append(f"rank {r}: RSS peaked {(rec['rss_peak_kib'] - rec['rss_before_kib']) // 1024} MiB up")
         if rec["rss_after_kib"] - rec["rss_before_kib"] > ns.rss_slack_mib * 1024:
             failures.append(f"rank {r}: RSS grew by {(rec['rss_after_kib'] - rec['rss_before_kib']) // 1024} MiB")
     if failures:
@@ -211,6 +235,7 @@ def main() -> None:
     p.add_argument("--late", type=float, default=1.0, help="the last rank joins each round this much later")
     p.add_argument("--seconds-per-phase", type=float, default=0.0, help="flood alone this long before a round")
     p.add_argument("--rss-slack-mib", type=float, default=8.0)
+    p.add_argument("--rss-peak-mib", type=float, default=64.0, help="bound on RSS growth during the flood")
     p.add_argument("--transport", choices=tuple(TARGETS), default="shm")
     p.add_argument("--worker", action="store_true")
     p.add_argument("--dir", default="")

@@ -44,15 +44,18 @@ async def test_a_full_handshake_queue_evicts_its_oldest_stranger_never_a_proven_
     drops = DropLog(logging.getLogger("test.flood"), "root")
     adm = Admission(3, drops)
     tasks = [asyncio.create_task(_sleeper()) for _ in range(6)]
-    adm.admit(tasks[0], ("10.0.0.1", 1))
-    adm.admit(tasks[1], ("10.0.0.1", 2))
+    socks = [socket.socket() for _ in range(6)]
+    adm.admit(tasks[0], socks[0], ("10.0.0.1", 1))
+    adm.admit(tasks[1], socks[1], ("10.0.0.1", 2))
     adm.proven(tasks[1])  # proved the secret: out of the eviction queue
-    adm.admit(tasks[2], ("10.0.0.1", 3))
-    adm.admit(tasks[3], ("10.0.0.1", 4))
-    adm.admit(tasks[4], ("10.0.0.1", 5))  # the unproven queue (0, 2, 3) is full: 0 goes
-    await asyncio.sleep(0)
+    adm.admit(tasks[2], socks[2], ("10.0.0.1", 3))
+    adm.admit(tasks[3], socks[3], ("10.0.0.1", 4))
+    adm.admit(tasks[4], socks[4], ("10.0.0.1", 5))  # the unproven queue (0, 2, 3) is full: 0 goes
+    for _ in range(3):  # the cancellation, then the done callbacks
+        await asyncio.sleep(0)
     assert tasks[0].cancelled() and not tasks[1].done() and not tasks[2].done()
-    adm.admit(tasks[5], ("10.0.0.1", 6))  # then 2
+    assert socks[0].fileno() == -1  # evicted before it ever ran: its socket closed all the same
+    adm.admit(tasks[5], socks[5], ("10.0.0.1", 6))  # then 2
     for _ in range(3):  # the cancellation, then the done callbacks
         await asyncio.sleep(0)
     assert tasks[2].cancelled() and not tasks[1].done() and not tasks[3].done()
@@ -61,6 +64,7 @@ async def test_a_full_handshake_queue_evicts_its_oldest_stranger_never_a_proven_
     for _ in range(3):
         await asyncio.sleep(0)
     assert all(t.done() for t in tasks) and len(adm) == 0
+    assert all(s.fileno() == -1 for s in socks)
 
 
 def test_drops_are_logged_one_by_one_then_summarised_with_counts(caplog, monkeypatch):
