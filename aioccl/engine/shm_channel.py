@@ -9,8 +9,9 @@ process share one doorbell (its engine's ``LoopBell``).
 
 Waiting, the part that decides latency:
 
-1. *spin*: re-read the peers' counters for up to ``AIOCCL_SHM_SPIN_US``
-   (yielding the CPU between reads when there are more ranks than cores);
+1. *spin*: re-read the peers' counters for up to ``AIOCCL_SHM_SPIN_US``,
+   yielding the CPU between reads (``AIOCCL_SHM_YIELD``; ``transport/shm.py``'s
+   ``wait_policy`` says why);
    a small op usually completes here, synchronously, inside the call that
    issued it (the engine runs it at once when launched on its own loop);
 2. *park*: set my sleeping flag, fence, check once more, and return to the
