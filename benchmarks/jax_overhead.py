@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -78,9 +77,10 @@ def worker(sizes: list[int], iters: int) -> dict:
 
 
 def run_once(procs: int, sizes: list[int], iters: int) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from aioccl.bootstrap.ports import reserve
+
+    reservation = reserve("127.0.0.1")  # held until the workers are done with it
+    port = reservation.port
     ps = []
     for pid in range(procs):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "JB_COORD": f"127.0.0.1:{port}", "JB_NPROC": str(procs),
@@ -89,6 +89,7 @@ def run_once(procs: int, sizes: list[int], iters: int) -> dict:
                                     "--iters", str(iters)], env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.DEVNULL, text=True))
     outs = [p.communicate(timeout=900)[0] for p in ps]
+    reservation.close()
     if any(p.returncode for p in ps):
         raise SystemExit(f"a worker failed: {outs}")
     per_rank = [json.loads(o.strip().splitlines()[-1]) for o in outs]

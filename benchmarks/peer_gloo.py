@@ -113,12 +113,16 @@ def main() -> None:
     p.add_argument("--np", type=int, required=True)
     p.add_argument("--op", required=True)
     p.add_argument("--sizes", required=True)
-    p.add_argument("--port", type=int, default=29731)
+    p.add_argument("--port", type=int, default=0, help="torch's store port (default: one reserved for the run)")
     a = p.parse_args()
+    from aioccl.bootstrap.ports import reserve
+
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     sizes = [int(s) for s in a.sizes.split(",")]
-    mp.start_processes(worker, args=(a.np, a.port, a.op, sizes, q), nprocs=a.np, join=True, start_method="spawn")
+    with reserve("127.0.0.1", a.port) as port:  # held while the ranks run: nothing else can take it
+        mp.start_processes(worker, args=(a.np, port.port, a.op, sizes, q), nprocs=a.np, join=True,
+                           start_method="spawn")
     while not q.empty():
         print(json.dumps(q.get()), flush=True)
 
