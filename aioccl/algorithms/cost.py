@@ -26,7 +26,8 @@ three phases back to back.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from . import plan
@@ -76,13 +77,19 @@ class Hosts:
     layout: tuple[int, ...]
     local: Link = LINKS["same-host"]
     nics: int = 1
+    # each rank's index among its host's ranks, worked out once (hashing a 4096-rank layout per call of
+    # ``nic`` for a cache lookup took 8 of the 4096-rank tuner test's 30 s)
+    _local: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_local", _local_index(self.layout))
 
     def link(self, net: Link, a: int, b: int) -> Link:
         return self.local if self.layout[a] == self.layout[b] else net
 
     def nic(self, r: int) -> tuple[str, int, int]:
         """The network port rank ``r`` sends and receives through (shared with its host's other ranks)."""
-        return ("nic", self.layout[r], _local_index(self.layout)[r] % self.nics)
+        return ("nic", self.layout[r], self._local[r] % self.nics)
 
 
 @lru_cache(maxsize=64)
@@ -160,7 +167,7 @@ def simulate(schedules: list[Schedule], link: Link, itemsize: int, hosts: Hosts 
 
 
 def lockstep(schedule: Schedule, link: Link, itemsize: int, rank: int = 0, hosts: Hosts | None = None,
-             crowd: list[tuple[int, int]] | None = None) -> float:
+             crowd: Sequence[tuple[int, int]] | None = None) -> float:
     """Rank ``rank``'s schedule with every peer in step: exact for rank-symmetric schedules.
 
     Ring segments differ by one element when the count does not divide by n;
@@ -185,7 +192,8 @@ def lockstep(schedule: Schedule, link: Link, itemsize: int, rank: int = 0, hosts
     return t
 
 
-def nic_crowd(coll: str, algo: str, count: int, n: int, chunk: int, hosts: Hosts) -> list[tuple[int, int]]:
+@lru_cache(maxsize=256)  # the tuner prices each candidate again when it chooses: plans of 4096 ranks are dear
+def nic_crowd(coll: str, algo: str, count: int, n: int, chunk: int, hosts: Hosts) -> tuple[tuple[int, int], ...]:
     """Per step of rank 0's schedule: the ranks on rank 0's NIC that send, and that receive, over the network in
     that step (at least 1 each), from their own schedules (a flat ring crosses from one rank of a host each
     way, rail and recursive doubling from all)."""
@@ -199,7 +207,7 @@ def nic_crowd(coll: str, algo: str, count: int, n: int, chunk: int, hosts: Hosts
         for i, st in enumerate(s.steps[:steps]):
             out[i] += any(layout[x.peer] != layout[r] for x in st.sends)
             into[i] += any(layout[x.peer] != layout[r] for x in st.recvs)
-    return [(max(1, a), max(1, b)) for a, b in zip(out, into, strict=True)]
+    return tuple((max(1, a), max(1, b)) for a, b in zip(out, into, strict=True))
 
 
 def chain_time(count: int, n: int, chunk: int, link: Link, itemsize: int) -> float:

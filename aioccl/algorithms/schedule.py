@@ -41,7 +41,7 @@ The executor's contract, in this order, for each step:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 IN, OUT, SCRATCH = 0, 1, 2
 BUFFER_NAMES = ("IN", "OUT", "SCRATCH")
@@ -145,13 +145,20 @@ class Schedule:
     divisor: int = 0  # what ``scale`` regions are divided by (avg): 0 means the number of ranks
     messages: bool = field(init=False, repr=False, compare=False)  # has sends or receives
     lockstep: bool = field(init=False, repr=False, compare=False)  # needs the shared-memory channel
-    # per step, how many of its leading receives may be reduced as each lands (``early_reductions``)
-    early: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _early: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", any(s.sends or s.recvs for s in self.steps))
         object.__setattr__(self, "lockstep", any(s.lockstep for s in self.steps))
-        object.__setattr__(self, "early", tuple(early_reductions(s) for s in self.steps))
+
+    @property
+    def early(self) -> tuple[int, ...]:
+        """Per step, how many of its leading receives may be reduced as each lands (``early_reductions``).
+        Worked out on first use: quadratic in a step's receives, and the cost model plans thousands of
+        schedules it never runs (4096 ranks: 45 of the tuner test's 86 s went here)."""
+        if self._early is None:
+            object.__setattr__(self, "_early", tuple(early_reductions(s) for s in self.steps))
+        return cast("tuple[int, ...]", self._early)
 
 
 def _overlap(a: Region, b: Region) -> bool:
