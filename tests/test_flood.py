@@ -8,11 +8,13 @@ the ranks' gates and their doorbells in turn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -87,7 +89,9 @@ def test_drops_are_logged_one_by_one_then_summarised_with_counts(caplog, monkeyp
     assert len(lines) <= admission.LOGGED_ONE_BY_ONE + 2  # 1001 drops, a bounded log
 
 
-async def _serve(handler) -> tuple[socket.socket, asyncio.Task[None]]:
+@contextlib.asynccontextmanager
+async def _serve(handler) -> AsyncIterator[int]:
+    """A loopback listener whose every connection goes to ``handler(conn, n)``; yields its port."""
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
     lst.listen(16)
@@ -101,7 +105,12 @@ async def _serve(handler) -> tuple[socket.socket, asyncio.Task[None]]:
             n += 1
             loop.create_task(handler(conn, n))
 
-    return lst, loop.create_task(accept())
+    acc = loop.create_task(accept())
+    try:
+        yield lst.getsockname()[1]
+    finally:
+        acc.cancel()
+        lst.close()
 
 
 async def test_a_rank_evicted_mid_handshake_dials_again_and_gets_in():
@@ -121,9 +130,8 @@ async def test_a_rank_evicted_mid_handshake_dials_again_and_gets_in():
         finally:
             conn.close()
 
-    lst, acc = await _serve(evict_twice_then_serve)
-    try:
-        sock = await rendezvous._meet("127.0.0.1", lst.getsockname()[1], secret, time.monotonic() + 10, "rank 3",
+    async with _serve(evict_twice_then_serve) as port:
+        sock = await rendezvous._meet("127.0.0.1", port, secret, time.monotonic() + 10, "rank 3",
                                       {"rank": 1, "comm_id": 5}, rank=1)
         sock.close()
         for _ in range(100):
@@ -131,9 +139,6 @@ async def test_a_rank_evicted_mid_handshake_dials_again_and_gets_in():
                 break
             await asyncio.sleep(0.01)
         assert got == [{"rank": 1, "comm_id": 5}]
-    finally:
-        acc.cancel()
-        lst.close()
 
 
 async def test_a_port_held_by_another_program_fails_at_once_naming_it():
@@ -142,17 +147,12 @@ async def test_a_port_held_by_another_program_fails_at_once_naming_it():
         await asyncio.get_running_loop().sock_sendall(conn, b"HTTP/1.1 400 Bad Request\r\n\r\n")
         conn.close()
 
-    lst, acc = await _serve(http)
-    port = lst.getsockname()[1]
-    try:
+    async with _serve(http) as port:
         t0 = time.monotonic()
         with pytest.raises(BootstrapError, match=f"the root at 127.0.0.1:{port}: server did not speak the aioccl "
                                                  "handshake: something else listens on that port"):
             await rendezvous._meet("127.0.0.1", port, b"s" * 16, time.monotonic() + 30, "the root", {}, rank=2)
         assert time.monotonic() - t0 < 2
-    finally:
-        acc.cancel()
-        lst.close()
 
 
 async def test_a_silent_listener_is_tried_until_the_deadline_and_named(monkeypatch):
@@ -162,17 +162,14 @@ async def test_a_silent_listener_is_tried_until_the_deadline_and_named(monkeypat
     async def silent(conn: socket.socket, n: int) -> None:
         held.append(conn)
 
-    lst, acc = await _serve(silent)
-    port = lst.getsockname()[1]
     try:
-        t0 = time.monotonic()
-        with pytest.raises(BootstrapError, match=f"no handshake with the root at 127.0.0.1:{port} before the "
-                                                 "deadline in [2-9] tries.*never sent aioccl's challenge"):
-            await rendezvous._meet("127.0.0.1", port, b"s" * 16, time.monotonic() + 1.5, "the root", {}, rank=2)
-        assert time.monotonic() - t0 < 3
-        assert len(held) >= 2
+        async with _serve(silent) as port:
+            t0 = time.monotonic()
+            with pytest.raises(BootstrapError, match=f"no handshake with the root at 127.0.0.1:{port} before the "
+                                                     "deadline in [2-9] tries.*never sent aioccl's challenge"):
+                await rendezvous._meet("127.0.0.1", port, b"s" * 16, time.monotonic() + 1.5, "the root", {}, rank=2)
+            assert time.monotonic() - t0 < 3
+            assert len(held) >= 2
     finally:
-        acc.cancel()
-        lst.close()
         for c in held:
             c.close()

@@ -50,7 +50,8 @@ class Reservation:
         self.close()
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_reusable(host: str, port: int) -> socket.socket:
+    """A TCP socket bound with ``SO_REUSEADDR`` (what a reservation holds, and what may bind a reserved port)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -71,12 +72,12 @@ def reserve(host: str = "", port: int = 0, count: int = 1, what: str = "a port")
     for _ in range(TRIES if port == 0 else 1):
         held: list[socket.socket] = []
         try:
-            held.append(_bind(host, port))
+            held.append(bind_reusable(host, port))
             first = int(held[0].getsockname()[1])
             if first + count > 65536:
                 raise OSError(errno.EADDRINUSE, "no room above it")
             for p in range(first + 1, first + count):
-                held.append(_bind(host, p))
+                held.append(bind_reusable(host, p))
             return Reservation(held)
         except OSError as e:
             for s in held:

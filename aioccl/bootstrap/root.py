@@ -21,6 +21,7 @@ from .. import log
 from ..envvars import check_timeout, env_timeout
 from . import auth
 from .admission import FIRST_BYTES_S, HANDSHAKE_S, Admission, DropLog, accept_forever, reason_of, source
+from .ports import bind_reusable
 from .sockio import recv_json, send_json, tune
 
 _log = log.get("BOOTSTRAP")
@@ -42,14 +43,7 @@ class RootServer:
 
     @classmethod
     def bind(cls, host: str, port: int, secret: bytes, timeout: float | None = None) -> RootServer:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            sock.close()
-            raise
+        sock = bind_reusable(host, port)  # a port aioccl-run reserved for it included (ports.py)
         sock.listen(512)
         sock.setblocking(False)
         return cls(sock, secret, timeout)
