@@ -161,6 +161,15 @@ def conformance() -> None:
             return outs
         both(all_to_all, f"all_to_all {dt}", gloo,
              expected=lambda dt=dt: [values(k * 10 + r, 5, dt).cpu() for k in range(n)])
+
+        def gather_coalesced(g, dt=dt):
+            # as many inputs as ranks, all of one shape: a transposed layout would pass any shape check
+            lists = [[poison(3, dt) for _ in range(n)] for _ in range(n)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                dist.all_gather_coalesced(lists, [values(r * 10 + i, 3, dt) for i in range(n)], group=g)
+            return [t for outs in lists for t in outs]
+        both(gather_coalesced, f"all_gather_coalesced {dt}", gloo)
         outs = [poison(k + 2, dt) for k in range(n)]  # uneven pieces (Gloo refuses them): against the values
         dist.all_to_all(outs, [values(r * 10 + k, r + 2, dt) for k in range(n)])
         for k in range(n):
@@ -223,13 +232,13 @@ def coalesced(r: int, n: int) -> None:
     for k, out in enumerate(blocks):
         want = sum(values(j + k, 3 * n, torch.int32) for j in range(n))[3 * r:3 * r + 3]
         check(f"coalesced reduce_scatter_tensor {k}", out, want.to(torch.int32))
-    lists = [[poison(2 + k, torch.float64) for _ in range(n)] for k in range(2)]
+    lists = [[poison(2 + k, torch.float64) for k in range(2)] for _ in range(n)]  # [rank][input], as in torch
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # deprecated by torch, still a c10d op
         dist.all_gather_coalesced(lists, [values(r + k, 2 + k, torch.float64) for k in range(2)])
-    for k, outs_k in enumerate(lists):
-        for j in range(n):
-            check(f"all_gather_coalesced {k} from {j}", outs_k[j], values(j + k, 2 + k, torch.float64))
+    for j, outs_j in enumerate(lists):
+        for k in range(2):
+            check(f"all_gather_coalesced {k} from {j}", outs_j[k], values(j + k, 2 + k, torch.float64))
 
 
 def handles(r: int, n: int) -> None:

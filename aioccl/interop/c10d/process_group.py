@@ -149,11 +149,18 @@ class AiocclProcessGroup(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> TorchWork:
+        """``output_lists[r][i]`` receives rank r's ``inputs[i]``: rank-major, as torch and Gloo lay it out
+        (checked against Gloo on the same inputs: tests/workers/torch_c10d.py)."""
         t = self._deadline(opts or _c10d.AllgatherOptions())
-        started = [self._gather_list(o, i, t) for o, i in zip(output_lists, inputs, strict=True)]
+        if len(output_lists) != self.size() or any(len(outs) != len(inputs) for outs in output_lists):
+            raise ValueError(f"allgather_coalesced: output_tensor_lists must hold one list per rank ({self.size()}),"
+                             f" each of one tensor per input ({len(inputs)}); got lists of "
+                             f"{[len(outs) for outs in output_lists]}")
+        per_input = [[outs[i] for outs in output_lists] for i in range(len(inputs))]
+        started = [self._gather_list(o, i, t) for o, i in zip(per_input, inputs, strict=True)]
 
         def finish() -> None:
-            for (_w, flat), outs in zip(started, output_lists, strict=True):
+            for (_w, flat), outs in zip(started, per_input, strict=True):
                 _unflatten(flat, outs)
 
         return self._work([w for w, _ in started], [t for o in output_lists for t in o], "allgather_coalesced",
