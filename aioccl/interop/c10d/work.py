@@ -23,14 +23,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...errors import CollectiveTimeout
 from ...work import Work
 
 
 def backend_error(exc: BaseException) -> dist.DistBackendError:
-    """``exc`` as torch users catch it (a ``DistBackendError`` is already one)."""
+    """``exc`` as torch users catch it (a ``DistBackendError`` is already one). A timeout reads the way torch's
+    own backends say it (`` Timed out ``: what torch's suite and its users' code match), then aioccl's own
+    account: the op, its sequence number and the silent ranks."""
     if isinstance(exc, dist.DistBackendError):
         return exc
-    err = dist.DistBackendError(f"aioccl: {exc}")
+    if isinstance(exc, CollectiveTimeout):
+        err = dist.DistBackendError(f"aioccl: Timed out waiting for ranks {exc.waiting_for}: {exc}")
+    else:
+        err = dist.DistBackendError(f"aioccl: {exc}")
     err.__cause__ = exc
     return err
 
