@@ -29,6 +29,9 @@ def view(x: Any, name: str) -> np.ndarray:
     """A numpy view of ``x``'s memory (writable: results land in the tensor)."""
     torch = sys.modules["torch"]
     t = x.detach()
+    if t.layout != torch.strided:  # a sparse tensor has no strides to speak of: say what it is
+        raise InvalidArgument(f"{name}: torch tensor of layout {t.layout}; aioccl takes dense (torch.strided) "
+                              f"tensors: pass {name}.to_dense()")
     if t.device.type != "cpu":
         raise InvalidArgument(f"{name}: torch tensor on device {t.device}; aioccl takes CPU and CUDA tensors")
     if not t.is_contiguous():

@@ -162,6 +162,17 @@ def conformance() -> None:
         both(all_to_all, f"all_to_all {dt}", gloo,
              expected=lambda dt=dt: [values(k * 10 + r, 5, dt).cpu() for k in range(n)])
 
+        def sparse_sum(g, dt=dt):
+            # rank r holds entries at r, r+1 (overlapping its neighbours') and, on rank 1, none at all
+            size, at = (7, 3), [] if r == 1 else [r % 7, (r + 1) % 7]
+            vals = torch.stack([values(r * 10 + k, 3, dt) for k in range(len(at))]) if at else \
+                torch.zeros((0, 3), dtype=dt)
+            x = torch.sparse_coo_tensor(torch.tensor([at], dtype=torch.int64).reshape(1, -1), vals.cpu(), size)
+            dist.all_reduce(x, group=g)
+            return [x.to_dense()]
+        if dt in (torch.float32, torch.float64, torch.int64):
+            both(sparse_sum, f"all_reduce sparse {dt}", gloo)
+
         def gather_coalesced(g, dt=dt):
             # as many inputs as ranks, all of one shape: a transposed layout would pass any shape check
             lists = [[poison(3, dt) for _ in range(n)] for _ in range(n)]

@@ -86,6 +86,9 @@ class AiocclProcessGroup(dist.ProcessGroup):
     @staticmethod
     def _flat(t: torch.Tensor, what: str) -> torch.Tensor:
         """``t`` as one dimension, sharing its memory (a copy would lose the results)."""
+        if t.layout != torch.strided:
+            raise InvalidArgument(f"{what}: tensors of layout {t.layout} are not supported (dense torch.strided "
+                                  f"tensors only)")
         if not t.is_contiguous():
             raise InvalidArgument(f"{what}: tensors must be contiguous (strides {t.stride()})")
         return t.reshape(-1)
@@ -100,8 +103,41 @@ class AiocclProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts or dist.AllreduceOptions()
         t = self._single(tensors, "allreduce")
+        if t.layout == torch.sparse_coo:
+            return self._sparse_allreduce(t, opts)
         return self._work([self.comm.all_reduce(t, self._reduction(opts), timeout=self._deadline(opts))],
                           tensors, "allreduce")
+
+    def _sparse_allreduce(self, t: torch.Tensor, opts: Any) -> TorchWork:
+        """A sparse COO tensor summed as Gloo does it: every rank's indices and values gathered (each padded to
+        the largest count, known from a first gather), then coalesced; the sum replaces ``t`` in place. The two
+        gathers are waited for here, in the call: the second's size depends on the first."""
+        if self._reduction(opts) != "sum":
+            raise InvalidArgument("allreduce of a sparse tensor: only SUM is supported (as with Gloo)")
+        if t.device.type != "cpu":
+            raise InvalidArgument(f"allreduce of a sparse tensor on {t.device}: CPU only")
+        timeout, n = self._deadline(opts), self.size()
+        mine = t.coalesce()
+        idx, val = mine.indices().contiguous(), mine.values().contiguous()
+        counts = torch.zeros(n, dtype=torch.int64)
+        self.comm.all_gather(torch.tensor([idx.shape[1]], dtype=torch.int64), out=counts, timeout=timeout).wait()
+        most = int(counts.max())
+        send_i = torch.zeros((idx.shape[0], most), dtype=torch.int64)
+        send_i[:, :idx.shape[1]] = idx
+        send_v = torch.zeros((most, *val.shape[1:]), dtype=val.dtype)
+        send_v[:val.shape[0]] = val
+        all_i = torch.empty((n, *send_i.shape), dtype=torch.int64)
+        all_v = torch.empty((n, *send_v.shape), dtype=val.dtype)
+        works = [self.comm.all_gather(self._flat(send_i, "allreduce"), out=all_i.reshape(-1), timeout=timeout),
+                 self.comm.all_gather(self._flat(send_v, "allreduce"), out=all_v.reshape(-1), timeout=timeout)]
+
+        def finish() -> None:
+            got = [int(c) for c in counts]
+            total = torch.sparse_coo_tensor(torch.cat([all_i[r][:, :got[r]] for r in range(n)], dim=1),
+                                            torch.cat([all_v[r][:got[r]] for r in range(n)]), t.shape)
+            t.copy_(total.coalesce())
+
+        return self._work(works, [t], "allreduce (sparse)", finish)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts or dist.AllreduceCoalescedOptions()
