@@ -181,7 +181,7 @@ def test_a_sparse_tensor_given_to_aioccls_own_api_is_refused_naming_its_layout()
     torch = pytest.importorskip("torch")
     from aioccl.interop.torch import view
 
-    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (4,))
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (4,), check_invariants=True)
     with pytest.raises(aioccl.InvalidArgument, match=r"x: torch tensor of layout torch.sparse_coo; aioccl takes "
                                                      r"dense \(torch.strided\) tensors: pass x.to_dense\(\)"):
         view(sparse, "x")

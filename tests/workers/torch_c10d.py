@@ -167,7 +167,8 @@ def conformance() -> None:
             size, at = (7, 3), [] if r == 1 else [r % 7, (r + 1) % 7]
             vals = torch.stack([values(r * 10 + k, 3, dt) for k in range(len(at))]) if at else \
                 torch.zeros((0, 3), dtype=dt)
-            x = torch.sparse_coo_tensor(torch.tensor([at], dtype=torch.int64).reshape(1, -1), vals.cpu(), size)
+            x = torch.sparse_coo_tensor(torch.tensor([at], dtype=torch.int64).reshape(1, -1), vals.cpu(), size,
+                                        check_invariants=True)
             dist.all_reduce(x, group=g)
             return [x.to_dense()]
         if dt in (torch.float32, torch.float64, torch.int64):
