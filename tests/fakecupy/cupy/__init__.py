@@ -24,7 +24,13 @@ class _Dev:
 
 
 class ndarray:  # noqa: N801 - cupy's name
-    def __init__(self, shape: Any = None, dtype: Any = float, memptr: Any = None, *, _arr: Any = None) -> None:
+    def __init__(self, shape: Any = None, dtype: Any = float, memptr: Any = None, *, _arr: Any = None,
+                 _keep: Any = None) -> None:
+        # what keeps the memory alive: an array made over someone else's memory (``memptr``: an
+        # UnownedMemory and its owner) holds it, as cupy's does; without this, a buffer viewed through
+        # __cuda_array_interface__ (a bfloat16 wrapper) was freed as soon as the caller dropped the
+        # wrapper, while a queued kernel still read it (tests/test_gpu.py's bfloat16 x1500 flake)
+        self._keep = memptr if _arr is None else _keep
         if _arr is None:
             dt = np.dtype(dtype)
             shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
@@ -52,13 +58,13 @@ class ndarray:  # noqa: N801 - cupy's name
                 "strides": None if self._a.flags.c_contiguous else self._a.strides, "version": 3}
 
     def reshape(self, *shape: Any) -> ndarray:
-        return ndarray(_arr=self._a.reshape(*shape))
+        return ndarray(_arr=self._a.reshape(*shape), _keep=self._keep)
 
     def view(self, dtype: Any) -> ndarray:
-        return ndarray(_arr=self._a.view(dtype))
+        return ndarray(_arr=self._a.view(dtype), _keep=self._keep)
 
     def __getitem__(self, key: Any) -> ndarray:
-        return ndarray(_arr=self._a[key])
+        return ndarray(_arr=self._a[key], _keep=self._keep)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         dst = self._a
