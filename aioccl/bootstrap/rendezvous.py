@@ -200,7 +200,7 @@ async def _ask_root(uid: UniqueId, rank: int, hello: dict[str, Any], deadline: f
         try:
             async with asyncio.timeout(max(0.1, deadline - time.monotonic()) + 1.0):
                 return cast("dict[str, Any]", await recv_json(root))
-        except (Closed, ConnectionError) as e:
+        except ConnectionError as e:  # (Closed included) the root is gone or dropped us: join again
             if time.monotonic() >= deadline:
                 raise BootstrapError(f"rank {rank}: rendezvous with the root {uid.host}:{uid.port} failed: "
                                      f"{e!r}") from e
