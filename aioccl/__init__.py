@@ -23,6 +23,7 @@ from .errors import (
 )
 from .group import Group
 from .initialization import init, init_sync
+from .p2p import ANY_SOURCE, ANY_TAG, Status
 from .work import Work
 
 __version__ = "0.1.0"
@@ -30,6 +31,8 @@ __version__ = "0.1.0"
 error_file.install()  # only under a launcher that asked for it (AIOCCL_ERROR_FILE)
 
 __all__ = [
+    "ANY_SOURCE",
+    "ANY_TAG",
     "SUPPORTED_DTYPES",
     "AiocclError",
     "BootstrapError",
@@ -42,6 +45,7 @@ __all__ = [
     "OpMismatch",
     "PeerLost",
     "ReduceOp",
+    "Status",
     "UniqueId",
     "Work",
     "gpu",

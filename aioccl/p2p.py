@@ -1,7 +1,9 @@
 """Point-to-point ops: a mixin of ``Communicator``.
 
 Messages match by (peer, tag) in posting order, like MPI; sends may be
-posted before their receives (the data waits in a pooled buffer).
+posted before their receives (the data waits in a pooled buffer). A receive
+from ``ANY_SOURCE`` or with ``ANY_TAG`` takes the earliest message that fits
+and no receive posted before it wants; its ``work.status`` says whose it got.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import numpy as np
 
 from .buffers import Buf, adapt, byte_view, need_writable
 from .dtypes import dtype_code
-from .engine.point_to_point import start_recv, start_send
+from .engine.point_to_point import start_recv, start_recv_any, start_send
+from .engine.receives import Status as Status
 from .errors import InvalidArgument
 from .work import Work
 
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
     from .engine.view import CommView
 
 MAX_TAG = (1 << 62) - 1
+ANY_SOURCE = -1  # irecv(peer=ANY_SOURCE): from whichever rank's message comes first
+ANY_TAG = -1  # irecv(tag=ANY_TAG): whatever the message's tag
 _HOST_STREAM = "stream= orders ops on GPU buffers; this op's buffers are in host memory"
 
 
@@ -73,7 +78,14 @@ class PointToPointOps:
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, timeout: float | None = None,
               stream: Any = None) -> Work[Any]:
-        """Receive into ``buf`` from ``peer``; sizes and dtypes must match the send exactly."""
+        """Receive into ``buf`` from ``peer``; sizes and dtypes must match the send exactly.
+
+        ``peer=ANY_SOURCE`` and ``tag=ANY_TAG`` match as MPI's: the receive takes the earliest-arrived
+        message that fits and that no receive posted before it takes; ``work.status`` (a ``Status``) then
+        names its source and tag. From any source, a crashed rank of the communicator fails it.
+        """
+        if peer == ANY_SOURCE or tag == ANY_TAG:
+            return self._irecv_any(buf, peer, tag, timeout, stream)
         peer, tag = self._peer_tag(peer, tag)
         bb = adapt(buf, "buf")
         need_writable(bb, "buf")
@@ -86,10 +98,31 @@ class PointToPointOps:
             raise InvalidArgument(_HOST_STREAM)
         work: Work[Any] = Work(f"recv(peer={peer}, tag={tag})", tag, cancellable=True)
         work._probe = _probe(peer)
+        work.status = Status(peer, tag)
         return self._track(work, (arr.size, arr.dtype, None, None), start_recv, self._engine, self._view, peer, tag,
                            byte_view(arr), dtype_code(arr.dtype), t, work, bb.wrap(arr))
 
     recv = irecv
+
+    def _irecv_any(self, buf: Any, peer: int, tag: int, timeout: float | None, stream: Any) -> Work[Any]:
+        peer = ANY_SOURCE if peer == ANY_SOURCE else self._peer(peer)
+        if tag != ANY_TAG:
+            tag = self._peer_tag(0, tag)[1]
+        bb = adapt(buf, "buf")
+        need_writable(bb, "buf")
+        t = self._op_timeout(timeout)
+        self._usable()
+        arr = bb.array
+        if not isinstance(arr, np.ndarray):
+            return self._gpu_p2p("recv", bb, peer, tag, lambda: bb.wrap(arr), t, stream)
+        if stream is not None:
+            raise InvalidArgument(_HOST_STREAM)
+        work: Work[Any] = Work(f"recv(peer={'any' if peer < 0 else peer}, tag={'any' if tag < 0 else tag})", tag,
+                               cancellable=True)
+        me, n = self._view.rank, self._view.size
+        work._probe = _probe(peer) if peer >= 0 else lambda: [r for r in range(n) if r != me]
+        return self._track(work, (arr.size, arr.dtype, None, None), start_recv_any, self._engine, self._view, peer,
+                           tag, byte_view(arr), dtype_code(arr.dtype), t, work, bb.wrap(arr))
 
 
 _PROBES: dict[int, Callable[[], list[int]]] = {}  # one per peer number: bounded by the largest communicator

@@ -38,13 +38,14 @@ class Work(Generic[T]):
     ``Work[T]`` gives a ``T``: ``Work[None]`` for ``barrier``, sends and ``close``;
     ``Work[Any]`` for ops that give back the caller's own array type.
     ``op`` names the op (``"all_reduce"``, ``"recv(peer=1, tag=3)"``); ``seq`` is its sequence
-    number on the communicator (point-to-point: the tag); ``event`` is, for ops on GPU buffers, a
-    CUDA event recorded right after the results (None for host buffers).
+    number on the communicator (point-to-point: the tag); a receive's ``status`` says whose message it got
+    (``Status(source, tag)``: what a receive from ``ANY_SOURCE`` or with ``ANY_TAG`` matched); ``event``
+    is, for ops on GPU buffers, a CUDA event recorded right after the results (None for host buffers).
     """
 
     __slots__ = ("op", "seq", "_lock", "_state", "_result", "_exc", "_callbacks",
                  "_event", "_cancellable", "_on_cancel", "_engine_thread", "_t0", "_desc", "_probe",
-                 "event", "_next_warn", "_retrieved")
+                 "event", "_next_warn", "_retrieved", "status")
 
     def __init__(self, op: str, seq: int, *, cancellable: bool = False) -> None:
         self.op = op
@@ -64,6 +65,7 @@ class Work(Generic[T]):
         self._retrieved = False  # whether anybody looked at the outcome (an error nobody saw is reported)
         self._next_warn = 0.0  # the watchdog logs this op again once it is this old (seconds)
         self.event: Any = None  # ops on GPU buffers: a CUDA event recorded right after the results, once done
+        self.status: Any = None  # a receive: the Status (source, tag) of the message it got, once done
 
     def __repr__(self) -> str:
         state = ("pending", "running", "done", "cancelled")[self._state]

@@ -11,6 +11,8 @@ XLA cannot reorder two collectives into a cross-rank deadlock. See
 docs/jax.md.
 """
 
+from aioccl import ANY_SOURCE, ANY_TAG
+
 from .all_gather import all_gather
 from .all_reduce import all_reduce, pmax, pmean, pmin, psum
 from .all_to_all import all_to_all
@@ -29,6 +31,8 @@ from .send import send
 from .sendrecv import sendrecv
 
 __all__ = [
+    "ANY_SOURCE",
+    "ANY_TAG",
     "Status",
     "all_gather",
     "all_reduce",

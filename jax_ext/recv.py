@@ -3,7 +3,9 @@
 ``like`` is an operand (its values are ignored): that is what lets JAX's
 forward mode reach the receiver, whose tangent then arrives from the sender
 right after the value. Reverse mode raises (see ``send``). ``status=``
-(a ``Status``) is filled when the receive runs, as mpi4jax's is.
+(a ``Status``) is filled when the receive runs, as mpi4jax's is. As in
+mpi4jax, ``source`` and ``tag`` default to ``ANY_SOURCE`` and ``ANY_TAG``
+(process-level receives: the message's sender and tag are in ``status``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aioccl import Communicator
+from aioccl import ANY_SOURCE, ANY_TAG, Communicator
 
 from . import _compat
 from ._primitive import AxisGroup, Group, as_array, check_dtype, def_batching, define, group_for
@@ -61,8 +63,9 @@ def _abstract(like: Any, pos: Any, *, group: Group, source: int, tag: int, statu
 
 def _run(comm: Communicator, ins: list[np.ndarray], outs: list[np.ndarray], same: bool, *,
          source: int, tag: int, status: Status | None) -> None:
-    comm.irecv(outs[0], source, tag).wait()
-    fill(status, source, tag, outs[0])
+    w = comm.irecv(outs[0], source, tag)
+    w.wait()
+    fill(status, w.status.source, w.status.tag, outs[0])
 
 
 recv_p = define("recv", abstract=_abstract, run=_run)
@@ -89,9 +92,16 @@ def template(like: Any) -> Any:
     return as_array(like)
 
 
-def recv(like: Any, source: int, tag: int = 0, *, axis_name: Any = None, comm: Communicator | None = None,
-         status: Status | None = None) -> Any:
-    """Receive from ``source`` an array shaped like ``like`` (an array, a scalar, or a ``jax.ShapeDtypeStruct``)."""
+def recv(like: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, *, axis_name: Any = None,
+         comm: Communicator | None = None, status: Status | None = None) -> Any:
+    """Receive from ``source`` an array shaped like ``like`` (an array, a scalar, or a ``jax.ShapeDtypeStruct``);
+    from any member, and with any tag, unless given (process-level only: ``status`` says whose it was)."""
     group, pos = group_for("recv", axis_name, comm)
-    return recv_p.bind(template(like), pos, group=group, source=check_peer("recv", source, group.size, "source"),
-                       tag=check_tag("recv", tag), status=check_status("recv", status, group))
+    wild = source == ANY_SOURCE or tag == ANY_TAG
+    if wild and isinstance(group, AxisGroup):
+        raise ValueError("recv: ANY_SOURCE and ANY_TAG are for process-level receives; along axis_name give "
+                         "source= and tag=")
+    source = source if source == ANY_SOURCE else check_peer("recv", source, group.size, "source")
+    tag = tag if tag == ANY_TAG else check_tag("recv", tag)
+    return recv_p.bind(template(like), pos, group=group, source=source, tag=tag,
+                       status=check_status("recv", status, group))

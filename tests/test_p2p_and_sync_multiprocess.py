@@ -21,3 +21,14 @@ def test_p2p_sync_over_sockets(spin_us):
     proc = launch(3, "p2p_sync.py", env={**TRANSPORT_ENV["tcp"], "AIOCCL_NET_SPIN_US": spin_us})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count(", 0 failures") == 3, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize(("n", "transport", "eager"), [(3, "shm", "1048576"), (4, "shm", "4096"), (3, "tcp", "1048576"),
+                                                      (3, "tcp", "4096")])
+def test_receive_from_any_source(n, transport, eager):
+    """Wildcard receives over shared-memory pairs and TCP, eager and by rendezvous (a 64 KiB message over a
+    4 KiB eager limit; 2 MiB over the default): per-sender order, posting order, status, deadline, errors."""
+    proc = launch(n, "any_source.py", str(1 << 19 if eager == "1048576" else 1 << 14),
+                  env={**TRANSPORT_ENV[transport], "AIOCCL_P2P_EAGER": eager})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count(", 0 failures") == n, proc.stdout[-2000:]

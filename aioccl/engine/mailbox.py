@@ -10,7 +10,9 @@ same op at once instead of timing out (no extra round trip when calls
 agree). Point-to-point
 frames are matched per ``(peer, ctx, tag)`` in FIFO order, MPI's
 non-overtaking rule: the i-th message with a tag goes to the i-th receive
-posted for it (a cancelled receive steps aside, so nothing is lost).
+posted for it (a cancelled receive steps aside, so nothing is lost); a
+receive from any source or with any tag takes its place among them by
+posting order (``wildcards.py``).
 
 A frame whose receive is not posted yet lands in a pooled buffer (counted
 against its sender's ``Budget``) and is copied when the receive arrives; a
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +52,7 @@ from .notices import Active, Fingerprint
 from .pool import BufferPool
 from .receives import Budget, Early, Posted, drop_unfinished
 from .rendezvous import Rendezvous
+from .wildcards import Wildcards, dead_source, earliest
 
 _log = log.get("COLL")
 
@@ -63,6 +67,9 @@ class Mailbox(NoticeHandling):
         self.early: dict[tuple[int, int, int, int], Early] = {}
         self.p2p_posted: dict[tuple[int, int, int], deque[Posted]] = {}
         self.p2p_early: dict[tuple[int, int, int], deque[Early]] = {}
+        self.wild = Wildcards()  # receives from any source or with any tag
+        self._posts = itertools.count(1)  # point-to-point receives' posting numbers
+        self._arrivals = itertools.count(1)  # point-to-point messages' arrival numbers
         self.lost: dict[int, PeerLost] = {}
         self.reports = Reports()  # per failed collective, whom each reporting rank waited for
         self.rdv = Rendezvous(loop)  # large p2p messages: their ready-to-send, clear-to-send and data
@@ -89,17 +96,21 @@ class Mailbox(NoticeHandling):
             key3 = (peer, h.ctx, h.seq)
             p = None
             queue = self.p2p_posted.get(key3)
-            while queue:
-                cand = queue.popleft()
-                if cand.work is None or cand.work._start():
-                    p = cand
-                    break
+            if self.wild and h.ctx in self.wild.by_ctx:
+                p = self.wild.take(peer, h.ctx, h.seq, queue)
+            else:
+                while queue:
+                    cand = queue.popleft()
+                    if cand.work is None or cand.work._start():
+                        p = cand
+                        break
             if queue is not None and not queue:
                 del self.p2p_posted[key3]  # tags are often unique (a step number): keep no empty queues
             rts = (lambda p, offer: self.rdv.match(peer, h, p, self.lost.get(peer), offer)) if kind == RTS else None
             if p is None or rts is not None:  # not posted yet; or a ready-to-send, matched once its offer is in
                 e = Early(peer, h, self.pool, self.budget, rts)
                 if p is None:
+                    e.order = next(self._arrivals)
                     self.p2p_early.setdefault(key3, deque()).append(e)
                 else:
                     self._attach(e, p)
@@ -197,6 +208,9 @@ class Mailbox(NoticeHandling):
             for p in self.p2p_posted.pop(key3):
                 if p.work is None or p.work._start():
                     p.fail(lost)
+        for p in list(self.wild.on_lost(peer, self.lost, graceful)):
+            if p.work is None or p.work._start():
+                p.fail(lost)
         drop_unfinished(self.early, self.p2p_early, peer)  # what fully arrived is still good: kept
         for p in self._partial.pop(peer, ()):
             p.fail(lost)
@@ -297,8 +311,37 @@ class Mailbox(NoticeHandling):
             if work._start():
                 p.fail(self.lost[peer])
             return fut
+        p.order = next(self._posts)
         self.p2p_posted.setdefault(key, deque()).append(p)
         work._on_cancel = functools.partial(self.loop.call_soon_threadsafe, self._unpost_p2p, key, p)
+        return fut
+
+    def post_any(self, src: int, ctx: int, tag: int, ranks: tuple[int, ...], target: memoryview, dtype: int,
+                 what: str, work: Work[Any]) -> asyncio.Future[None] | None:
+        """Post a receive from ``src`` (a world rank, or -1: any of ``ranks``, this rank's given as -1) with
+        ``tag`` (-1: any): it takes the earliest arrival that fits, else waits for one in posting order."""
+        fut = self.loop.create_future()
+        p = Posted(target, fut, 0, dtype, what, work)
+        p.src, p.tag, p.ranks = src, tag, ranks
+        key = earliest(self.p2p_early, ctx, src, tag)
+        if key is not None:
+            if not work._start():
+                return None
+            early = self.p2p_early[key]
+            e = early.popleft()
+            if not early:
+                del self.p2p_early[key]
+            p.matched(e.peer, e.header.seq)
+            self._attach(e, p)
+            return fut
+        gone = self.lost.get(src) if src >= 0 else dead_source(p, self.lost, self.closed_peers)
+        if gone is not None:
+            if work._start():
+                p.fail(gone)
+            return fut
+        p.order = next(self._posts)
+        self.wild.add(ctx, p)
+        work._on_cancel = functools.partial(self.loop.call_soon_threadsafe, self.wild.remove, ctx, p)
         return fut
 
     def _attach(self, e: Early, p: Posted) -> None:
@@ -318,8 +361,12 @@ class Mailbox(NoticeHandling):
                 del self.p2p_posted[key]
 
     def withdraw(self, peer: int, ctx: int, tag: int, fut: asyncio.Future[None]) -> None:
-        """A timed-out p2p receive leaves the queue (its successor takes the next message)."""
+        """A timed-out p2p receive leaves the queue (its successor takes the next message); ``peer`` or
+        ``tag`` -1: a wildcard receive."""
         self.rdv.withdraw(fut)
+        if peer < 0 or tag < 0:
+            self.wild.withdraw(ctx, fut)
+            return
         queue = self.p2p_posted.get((peer, ctx, tag))
         if queue:
             for p in list(queue):
@@ -353,4 +400,7 @@ class Mailbox(NoticeHandling):
             for p in queue:
                 p.fail(exc)
         self.p2p_posted.clear()
+        for p in self.wild.all():
+            p.fail(exc)
+        self.wild.clear()
 

@@ -175,11 +175,40 @@ def start_recv(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryv
         else:
             work._set_exception(exc)
         return None
-    _settle_later(eng, comm.ranks[peer], comm.ctx, peer, tag, fut, what, timeout, work, result)
+    _settle_later(eng, comm, comm.ranks[peer], peer, tag, fut, what, timeout, work, result)
     return None
 
 
-def _settle_later(eng: Engine, world: int, ctx: int, peer: int, tag: int, fut: asyncio.Future[None], what: str,
+def start_recv_any(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
+                   timeout: float, work: Work[Any], result: Any) -> None:
+    """A receive from any source (``peer`` -1) or with any tag (``tag`` -1): the earliest message that fits,
+    after every receive posted before it has had its pick (``wildcards.py``)."""
+    if eng.aborted is not None:
+        if work._start():
+            work._set_exception(eng.aborted)
+        return None
+    src = comm.ranks[peer] if peer >= 0 else -1
+    ranks = tuple(-1 if r == comm.rank else w for r, w in enumerate(comm.ranks))
+    fut = eng.mailbox.post_any(src, comm.ctx, tag, ranks, target, dtype_code, work.op, work)
+    if fut is None:
+        return None
+    if not fut.done():  # what sits in the rings already, its bell not yet heard
+        for w in ranks if src < 0 else (src,):
+            conn = eng.conns.get(w)
+            if isinstance(conn, ShmPairConnection):
+                conn.pump()
+    if fut.done() and not fut.cancelled():
+        exc = fut.exception()
+        if exc is None:
+            work._set_result(result)
+        else:
+            work._set_exception(exc)
+        return None
+    _settle_later(eng, comm, src, peer, tag, fut, work.op, timeout, work, result)
+    return None
+
+
+def _settle_later(eng: Engine, comm: CommView, world: int, peer: int, tag: int, fut: asyncio.Future[None], what: str,
                   timeout: float, work: Work[Any], result: Any) -> None:
     """Finish ``work`` when its message has arrived, or fail it at its deadline: two callbacks, not a
     task (a task, its timeout scope and a shield cost a loop turn and more than a small message)."""
@@ -188,9 +217,10 @@ def _settle_later(eng: Engine, world: int, ctx: int, peer: int, tag: int, fut: a
         eng.timers.discard(timer)
         if fut.done():
             return
-        eng.mailbox.withdraw(world, ctx, tag, fut)  # its successor takes the next message
+        eng.mailbox.withdraw(world, comm.ctx, tag, fut)  # its successor takes the next message
         if work._start() or not work.done():
-            work._set_exception(CollectiveTimeout(what, tag, [peer], timeout))
+            silent = [peer] if peer >= 0 else [r for r in range(comm.size) if r != comm.rank]
+            work._set_exception(CollectiveTimeout(what, tag, silent, timeout))
 
     def arrived(f: asyncio.Future[None]) -> None:
         timer.cancel()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import CollectiveMismatch
 from ..transport.frames import Header
@@ -19,12 +19,35 @@ from .notices import describe
 from .pool import BufferPool
 
 
+class Status(NamedTuple):
+    """Where the message a receive got came from (``work.status``, like ``MPI_Status``): its sender's rank in
+    the communicator, and its tag. A receive from ``ANY_SOURCE`` or with ``ANY_TAG`` learns them on a match."""
+
+    source: int
+    tag: int
+
+
 class Posted:
-    __slots__ = ("target", "fut", "op", "dtype", "what", "work")
+    """A posted receive. A point-to-point one has its posting number (``order``: which of two receives that fit
+    a message came first); one from any source or with any tag has ``src`` / ``tag`` -1 there, and ``ranks``,
+    its communicator's world ranks with this rank's as -1 (``status`` reports the sender's rank in it; the
+    others are who may send it)."""
+
+    __slots__ = ("target", "fut", "op", "dtype", "what", "work", "order", "src", "tag", "ranks")
 
     def __init__(self, target: memoryview, fut: asyncio.Future[None], op: int, dtype: int,
                  what: str, work: Work[Any] | None) -> None:
         self.target, self.fut, self.op, self.dtype, self.what, self.work = target, fut, op, dtype, what, work
+        self.order, self.src, self.tag = 0, -1, -1
+        self.ranks: tuple[int, ...] = ()
+
+    def fits(self, peer: int, tag: int) -> bool:
+        return (self.src < 0 or self.src == peer) and (self.tag < 0 or self.tag == tag)
+
+    def matched(self, peer: int, tag: int) -> None:
+        """A wildcard receive met its message: the work reports whose it is (before it completes)."""
+        if self.work is not None:
+            self.work.status = Status(self.ranks.index(peer), tag)
 
     def mismatch(self, peer: int, h: Header) -> CollectiveMismatch | None:
         if h.nbytes == len(self.target) and h.op == self.op and (h.dtype == self.dtype or not h.nbytes):
@@ -46,7 +69,7 @@ class Early:
     """A frame that arrived before its receive was posted; its bytes count against the sender's budget
     (``Budget``) until they are delivered or dropped."""
 
-    __slots__ = ("peer", "header", "buf", "done", "waiter", "pool", "budget", "rts")
+    __slots__ = ("peer", "header", "buf", "done", "waiter", "pool", "budget", "rts", "order")
 
     def __init__(self, peer: int, header: Header, pool: BufferPool, budget: Budget,
                  rts: Callable[[Posted, bytes], None] | None = None) -> None:
@@ -55,6 +78,7 @@ class Early:
         self.done = False
         self.waiter: Posted | None = None
         self.rts = rts  # a ready-to-send: handed its receive and its payload (the offer, if any) instead
+        self.order = 0  # a point-to-point message's arrival number: a wildcard receive takes the earliest
         budget.hold(peer, header.nbytes)
 
     def view(self) -> memoryview:

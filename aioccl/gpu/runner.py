@@ -304,12 +304,14 @@ class GpuRunner:
             finally:
                 self._next_turn(g.ticket)
             await host
+            g.work.status = host.status  # a receive from any source or with any tag: whose it got
             if g.name == "recv" and g.out.array.nbytes:
                 with self._cp.cuda.Device(dev):
                     self._cp.cuda.runtime.memcpyAsync(g.out.array.ptr, block.ptr, g.out.array.nbytes, H2D,
                                                       g.stream.ptr)
 
-        await self._complete(g, body, lambda: [g.root])
+        n, me = self._comm.world_size, self._comm.rank
+        await self._complete(g, body, lambda: [g.root] if g.root >= 0 else [r for r in range(n) if r != me])
 
     # -- staged ------------------------------------------------------------------------------------
     async def _run_staged(self, g: GpuOp, side: Communicator, dev: int) -> None:

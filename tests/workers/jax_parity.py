@@ -344,6 +344,16 @@ if n >= 2 and r < 2:
             same((st.source, st.tag, st.count), np.array((1, 6, 5)), f"recv status {how}")
         else:
             call(lambda v: (jax_ext.send(v, 0, tag=6), v)[1], jnp.ones(5)).block_until_ready()
+    # receive from any source with any tag (mpi4jax's defaults): status names the message's sender and tag
+    for how, call in (("eager", lambda fn, v: fn(v)), ("jit", lambda fn, v: jax.jit(fn)(v))):
+        if r == 0:
+            st = jax_ext.Status()
+            got = call(lambda v, st=st: jax_ext.recv(v, status=st), jnp.zeros(4))
+            got.block_until_ready()
+            same(got, np.arange(4, dtype=np.float32) + 7, f"recv any source {how} value")
+            same((st.source, st.tag, st.count), np.array((1, 11, 4)), f"recv any source {how} status")
+        else:
+            call(lambda v: (jax_ext.send(v, 0, tag=11), v)[1], jnp.arange(4.0) + 7).block_until_ready()
     # one failed eager receive leaves nothing behind for a later, unrelated one
     if r == 0:
         jax_ext.send(jnp.arange(5.0), 1, tag=8)

@@ -190,7 +190,7 @@ def conformance() -> None:
     x = values(r, 8, torch.float32)
     dist.all_reduce(x, op=dist.ReduceOp.AVG)
     check("all_reduce avg", x, sum(values(k, 8, torch.float32) for k in range(n)) / n)
-    p2p(r, n)
+    p2p(r, n, gloo)
     coalesced(r, n)
     handles(r, n)
     objects(r, n)
@@ -203,7 +203,7 @@ def conformance() -> None:
     dist.barrier()
 
 
-def p2p(r: int, n: int) -> None:
+def p2p(r: int, n: int, gloo: dist.ProcessGroup) -> None:
     nxt, prv = (r + 1) % n, (r - 1) % n
     out = poison(11, torch.int32)
     ops = [dist.P2POp(dist.isend, values(r, 11, torch.int32), nxt, tag=3),
@@ -217,6 +217,26 @@ def p2p(r: int, n: int) -> None:
         t = poison(4, torch.float64)
         dist.recv(t, 0, tag=9)
         check("send/recv", t, values(0, 4, torch.float64))
+    any_source(r, n, gloo)
+
+
+def any_source(r: int, n: int, gloo: dist.ProcessGroup) -> None:
+    """``dist.recv`` without ``src`` (receive from any source) returns the sender, as on Gloo: rank 0 takes
+    one message from every other rank, in whatever order they come, with both backends."""
+    got: dict[str, dict[int, torch.Tensor]] = {}
+    for name, g in (("aioccl", None), ("gloo", gloo)):
+        got[name] = {}
+        for _ in range(n - 1 if r == 0 else 0):
+            t = poison(6, torch.int64)
+            src = dist.recv(t, group=g, tag=4)
+            got[name][src] = t
+        if r:
+            dist.send(values(r, 6, torch.int64), 0, group=g, tag=4)
+        dist.barrier(group=g)
+    if r == 0:
+        check("recv any source: senders", torch.tensor(sorted(got["aioccl"])), torch.tensor(sorted(got["gloo"])))
+        for src, t in got["gloo"].items():
+            check(f"recv any source from {src} vs gloo", got["aioccl"].get(src, poison(6, torch.int64)), t)
 
 
 def coalesced(r: int, n: int) -> None:

@@ -24,8 +24,9 @@ import torch.distributed as dist
 
 from ...communicator import Communicator
 from ...errors import InvalidArgument
+from ...p2p import ANY_SOURCE
 from ...work import Work
-from .work import TorchWork, backend_error
+from .work import TorchWork
 
 _REDUCTIONS = {dist.ReduceOp.RedOpType.SUM: "sum", dist.ReduceOp.RedOpType.PRODUCT: "prod",
                dist.ReduceOp.RedOpType.MIN: "min", dist.ReduceOp.RedOpType.MAX: "max",
@@ -93,8 +94,9 @@ class AiocclProcessGroup(dist.ProcessGroup):
             raise InvalidArgument(f"{what}: tensors must be contiguous (strides {t.stride()})")
         return t.reshape(-1)
 
-    def _work(self, works: list[Work[Any]], result: list[torch.Tensor], what: str, finish: Any = None) -> TorchWork:
-        w = TorchWork(works, result, what, finish, self.comm._engine.placement.thread_id)
+    def _work(self, works: list[Work[Any]], result: list[torch.Tensor], what: str, finish: Any = None,
+              source: Work[Any] | None = None) -> TorchWork:
+        w = TorchWork(works, result, what, finish, self.comm._engine.placement.thread_id, source)
         if self._coalesced is not None:
             self._coalesced.append(w)
         return w
@@ -310,10 +312,15 @@ class AiocclProcessGroup(dist.ProcessGroup):
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> TorchWork:
         t = self._single(tensors, "recv")
-        return self._work([self.comm.irecv(t, src, tag)], tensors, f"recv(src={src}, tag={tag})")
+        w = self.comm.irecv(t, src, tag)
+        return self._work([w], tensors, f"recv(src={src}, tag={tag})", source=w)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> TorchWork:
-        raise backend_error(InvalidArgument("aioccl has no receive from any source: pass src= to recv"))
+        """``dist.recv(t)`` without ``src``: the first message with ``tag`` from any rank; the Work's
+        ``_source_rank()`` says whose (torch's ``recv`` returns it)."""
+        t = self._single(tensors, "recv")
+        w = self.comm.irecv(t, ANY_SOURCE, tag)
+        return self._work([w], tensors, f"recv(src=any, tag={tag})", source=w)
 
     def start_coalescing(self, device: Any) -> None:
         """Ops until ``end_coalescing`` are started at once, as always, and waited for together."""

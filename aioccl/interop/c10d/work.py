@@ -45,9 +45,11 @@ class TorchWork(dist.Work):
     """Done when every aioccl op in ``works`` is, then ``finish()`` has run; its result is ``result``."""
 
     def __init__(self, works: list[Work[Any]], result: list[torch.Tensor], what: str,
-                 finish: Callable[[], None] | None = None, engine_thread: int | None = None) -> None:
+                 finish: Callable[[], None] | None = None, engine_thread: int | None = None,
+                 source: Work[Any] | None = None) -> None:
         super().__init__()
         self._result, self._what, self._finish = result, what, finish
+        self._source = source  # a receive: the aioccl Work whose status names the sender
         # The future torch sees is chained on a private one whose callback raises on failure: that marks it
         # failed in C++ (setError), which DDP's reducer checks. torch.futures.Future.set_exception stores the
         # exception as the *value* instead, and the reducer, reading it as tensors, crashed the process
@@ -119,3 +121,11 @@ class TorchWork(dist.Work):
 
     def synchronize(self) -> None:
         self.wait()
+
+    def _source_rank(self) -> int:
+        """A receive's sender (in the group), once done: what ``dist.recv(t)`` without ``src`` returns."""
+        if self._source is None or not self._done.is_set() or self._source.status is None:
+            raise RuntimeError(f"{self._what}: the source rank is known only for a completed receive")
+        return int(self._source.status.source)
+
+    source_rank = _source_rank
