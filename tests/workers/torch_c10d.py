@@ -11,6 +11,7 @@ Prints "[rank r] c10d n=N: C checks, F failures" and exits 1 on any failure.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -191,6 +192,7 @@ def conformance() -> None:
     dist.all_reduce(x, op=dist.ReduceOp.AVG)
     check("all_reduce avg", x, sum(values(k, 8, torch.float32) for k in range(n)) / n)
     p2p(r, n, gloo)
+    backend_api(r, n, gloo)
     coalesced(r, n)
     handles(r, n)
     objects(r, n)
@@ -201,6 +203,49 @@ def conformance() -> None:
             dist.all_reduce(y, group=sub)
             check("new_group [0, 2]", y, values(0, 5, torch.int64) + values(2, 5, torch.int64))
     dist.barrier()
+
+
+def backend_api(r: int, n: int, gloo: dist.ProcessGroup) -> None:
+    """What torch asks of a backend beyond the ops, answered as Gloo answers it: the backend per device, the
+    default device, sequence numbers, and a group's monitored barrier (its errors in Gloo's words)."""
+    from torch.distributed.distributed_c10d import _get_pg_default_device
+
+    world = dist.group.WORLD
+    check("_get_backend(cpu)", torch.tensor(world._get_backend(torch.device("cpu")) is not None), torch.tensor(True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "will be deprecated"
+        check("_get_pg_default_device", torch.tensor(_get_pg_default_device().type == "cpu"), torch.tensor(True))
+    for name, g in (("aioccl", world), ("gloo", gloo)):
+        before = g._get_sequence_number_for_group()
+        dist.all_reduce(torch.ones(1), group=g)
+        check(f"{name} sequence number counts collectives", torch.tensor(g._get_sequence_number_for_group() - before),
+              torch.tensor(1))
+    gloo.monitored_barrier(timedelta(seconds=30))  # every rank arrives (Gloo's failures leave it unusable: the
+    for name, g in (("aioccl", world),):  # messages expected below are Gloo's, as torch's suite matches them)
+        g.monitored_barrier(timedelta(seconds=30))
+        if n >= 3:  # the last rank stays away: rank 0 names it, the others learn rank 0 gave up
+            want = {0: f"Rank {n - 1} failed to pass monitoredBarrier", n - 1: None}.get(r, "successfully reached")
+            if want is not None:
+                check_raises(f"{name} monitored_barrier, rank {n - 1} away",
+                             lambda g=g: g.monitored_barrier(timedelta(seconds=1)), want)
+            dist.barrier(group=g)
+        if r == 0:  # no time left: rank 0 fails at once, the others do not take part (as in torch's suite: last,
+            # since the ranks' counts of monitored barriers now differ)
+            check_raises(f"{name} monitored_barrier(0)", lambda g=g: g.monitored_barrier(timedelta(seconds=0)),
+                         "Rank 0 timed out in monitoredBarrier")
+        dist.barrier(group=g)
+
+
+def check_raises(what: str, fn, pattern: str) -> None:
+    global checks
+    checks += 1
+    try:
+        fn()
+    except RuntimeError as e:
+        if not re.search(pattern, str(e)):
+            failures.append(f"{what}: {e!r} does not match {pattern!r}")
+        return
+    failures.append(f"{what}: did not raise")
 
 
 def p2p(r: int, n: int, gloo: dist.ProcessGroup) -> None:

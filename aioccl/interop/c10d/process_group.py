@@ -26,6 +26,9 @@ from ...communicator import Communicator
 from ...errors import InvalidArgument
 from ...p2p import ANY_SOURCE
 from ...work import Work
+from . import DEVICES
+from .monitored import monitored_barrier, seconds
+from .sparse import sparse_allreduce
 from .work import TorchWork
 
 _REDUCTIONS = {dist.ReduceOp.RedOpType.SUM: "sum", dist.ReduceOp.RedOpType.PRODUCT: "prod",
@@ -45,6 +48,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
         self._exchange: Communicator | None = None  # uneven all-to-alls: sends and receives of their own
         self._exchanges = itertools.count()
         self._coalesced: list[TorchWork] | None = None
+        self._monitored = 0  # monitored barriers so far (their tags)
 
     # -- identity ----------------------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802  (torch's C++ name)
@@ -64,6 +68,32 @@ class AiocclProcessGroup(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"<AiocclProcessGroup rank {self.rank()} of {self.size()} over {self.comm!r}>"
+
+    # -- what torch asks of a backend -----------------------------------------------------------------------
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The devices this group serves (torch's ``_get_pg_default_device``, object collectives)."""
+        return [torch.device(d) for d in DEVICES]
+
+    def _get_backend(self, device: Any) -> AiocclProcessGroup:
+        """The backend for ``device``: this group itself, for each device it registered (torch's own Python
+        process groups cannot have a C++ ``Backend`` behind them: its constructor is not exposed)."""
+        kind = torch.device(device).type
+        if kind not in DEVICES:
+            raise RuntimeError(f"No backend type associated with device type {kind} (aioccl serves {DEVICES})")
+        return self
+
+    def _get_sequence_number_for_group(self) -> int:
+        """How many collectives this group has issued (aioccl numbers every one; its errors name the number)."""
+        return self.comm._seq
+
+    def _set_sequence_number_for_group(self) -> None:
+        """Sequence numbers are always on."""
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """Gloo's monitored barrier (see ``monitored.py``): rank 0 names the ranks that did not arrive."""
+        call, self._monitored = self._monitored, self._monitored + 1
+        monitored_barrier(self.comm, call, seconds(timeout, self._timeout), wait_all_ranks)
 
     # -- helpers -------------------------------------------------------------------------------------------
     def _deadline(self, opts: Any) -> float:
@@ -106,40 +136,12 @@ class AiocclProcessGroup(dist.ProcessGroup):
         opts = opts or dist.AllreduceOptions()
         t = self._single(tensors, "allreduce")
         if t.layout == torch.sparse_coo:
-            return self._sparse_allreduce(t, opts)
+            if self._reduction(opts) != "sum":
+                raise InvalidArgument("allreduce of a sparse tensor: only SUM is supported (as with Gloo)")
+            works, finish = sparse_allreduce(self.comm, t, self._deadline(opts))
+            return self._work(works, [t], "allreduce (sparse)", finish)
         return self._work([self.comm.all_reduce(t, self._reduction(opts), timeout=self._deadline(opts))],
                           tensors, "allreduce")
-
-    def _sparse_allreduce(self, t: torch.Tensor, opts: Any) -> TorchWork:
-        """A sparse COO tensor summed as Gloo does it: every rank's indices and values gathered (each padded to
-        the largest count, known from a first gather), then coalesced; the sum replaces ``t`` in place. The two
-        gathers are waited for here, in the call: the second's size depends on the first."""
-        if self._reduction(opts) != "sum":
-            raise InvalidArgument("allreduce of a sparse tensor: only SUM is supported (as with Gloo)")
-        if t.device.type != "cpu":
-            raise InvalidArgument(f"allreduce of a sparse tensor on {t.device}: CPU only")
-        timeout, n = self._deadline(opts), self.size()
-        mine = t.coalesce()
-        idx, val = mine.indices().contiguous(), mine.values().contiguous()
-        counts = torch.zeros(n, dtype=torch.int64)
-        self.comm.all_gather(torch.tensor([idx.shape[1]], dtype=torch.int64), out=counts, timeout=timeout).wait()
-        most = int(counts.max())
-        send_i = torch.zeros((idx.shape[0], most), dtype=torch.int64)
-        send_i[:, :idx.shape[1]] = idx
-        send_v = torch.zeros((most, *val.shape[1:]), dtype=val.dtype)
-        send_v[:val.shape[0]] = val
-        all_i = torch.empty((n, *send_i.shape), dtype=torch.int64)
-        all_v = torch.empty((n, *send_v.shape), dtype=val.dtype)
-        works = [self.comm.all_gather(self._flat(send_i, "allreduce"), out=all_i.reshape(-1), timeout=timeout),
-                 self.comm.all_gather(self._flat(send_v, "allreduce"), out=all_v.reshape(-1), timeout=timeout)]
-
-        def finish() -> None:
-            got = [int(c) for c in counts]
-            total = torch.sparse_coo_tensor(torch.cat([all_i[r][:, :got[r]] for r in range(n)], dim=1),
-                                            torch.cat([all_v[r][:got[r]] for r in range(n)]), t.shape)
-            t.copy_(total.coalesce())
-
-        return self._work(works, [t], "allreduce (sparse)", finish)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts or dist.AllreduceCoalescedOptions()
