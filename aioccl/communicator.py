@@ -51,6 +51,9 @@ from .tuning import Tuning
 from .work import Work
 
 _log = log.get("COLL")
+# a shared-memory collective this small, issued from a thread while the proxy engine idles, runs in the call
+# (Placement.borrow); a larger one stays on the engine's thread, overlapping the caller's work (DDP's buckets)
+BORROW_MAX_BYTES = 64 << 10
 PLAN_CACHE = 256  # distinct calls (collective, count, dtype, root, placement) whose schedules a communicator keeps
 
 
@@ -335,8 +338,8 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         work._probe = op_.blocked_on
         _log.debug("%s seq %d: %d x %s, algorithm %s%s", name, seq, count, dt, sched.algo,
                    " over shared memory" if shm is not None else "")
-        if shm is not None:
-            return self._track(work, desc, shm.submit, op_)
+        if shm is not None:  # a small op from another thread may run here, inside the call (placement.py)
+            return self._track(work, desc, shm.submit, op_, borrow=count * dt.itemsize <= BORROW_MAX_BYTES)
         return self._track(work, desc, self._engine.run_collective, self._view, op_)
 
     def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,

@@ -35,27 +35,25 @@ class OpTracking:
         _inflight: set[Work[Any]]
         _recorder: FlightRecorder
 
-    def _track(self, work: Work[Any], desc: Any, start: Callable[..., Any], *args: Any) -> Work[Any]:
-        """Start ``start(*args)`` for ``work`` (at once, or with its group) and follow it to its end."""
+    def _track(self, work: Work[Any], desc: Any, start: Callable[..., Any], *args: Any,
+               borrow: bool = False) -> Work[Any]:
+        """Start ``start(*args)`` for ``work`` (at once, or with its group) and follow it to its end.
+
+        ``borrow``: from another thread, start it here when the engine is idle (``Placement.borrow``);
+        for starts that keep issue order themselves (a shared-memory channel's ops) and small ops only."""
         eng = self._engine
         work._engine_thread = thread = eng.placement.thread_id  # wait() there would deadlock
         work._t0 = time.monotonic()
         work._desc = desc
         pending = current_group.get()
-        if pending is None and thread == threading.get_ident():
-            # on the engine's own thread the op starts in this call, and only completions on this
-            # thread can race with it: an op that finishes inside (a small send or an arrived
-            # message over shared memory) is recorded without being tracked first
-            coro = start(*args)
-            if work.done():
-                self._record(work)
-            else:
-                self._inflight.add(work)
-                watchdog.pending.add(work)
-                work.add_done_callback(self._finished)
-            if coro is not None:
-                eng.spawn(coro)
+        if borrow and pending is None and thread != threading.get_ident() and eng.placement.borrow():
+            try:
+                self._start_here(work, start, *args)
+            finally:
+                eng.placement.give_back(busy=not work.done())
             return work
+        if pending is None and thread == threading.get_ident():
+            return self._start_here(work, start, *args)
         self._inflight.add(work)
         watchdog.pending.add(work)
         work.add_done_callback(self._finished)
@@ -64,6 +62,21 @@ class OpTracking:
             pending.append((self, begin, work))  # type: ignore[arg-type]  # self is the Communicator
         else:
             eng.launch(begin)
+        return work
+
+    def _start_here(self, work: Work[Any], start: Callable[..., Any], *args: Any) -> Work[Any]:
+        """Start the op in this call, on the engine's thread (or with the engine borrowed): only completions
+        there can race with it, so an op that finishes inside (a small send, an arrived message over shared
+        memory) is recorded without being tracked first."""
+        coro = start(*args)
+        if work.done():
+            self._record(work)
+        else:
+            self._inflight.add(work)
+            watchdog.pending.add(work)
+            work.add_done_callback(self._finished)
+        if coro is not None:
+            self._engine.spawn(coro)
         return work
 
     def _finished(self, work: Work[Any]) -> None:

@@ -4,21 +4,50 @@
 *proxy thread* owns a private loop, so transfers progress while the caller
 computes or blocks (synchronous code, JAX host callbacks on XLA threads,
 which must never block the loop that would complete them).
+
+A proxy thread's loop holds the *engine lock* except while it waits in
+``select()``. So a thread that issues a small op while the engine is idle
+can take the lock and start the op itself (``borrow``): a small collective
+over shared memory then runs to its end inside the call, with no hand-over
+to the loop and no wake-up back (two trips through the kernel, most of a
+small op's cost from synchronous code such as torch's). A busy engine is
+never waited for: the op is handed over as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import selectors
 import threading
 from collections.abc import Callable
 from typing import Any
 
 
+class _LendingSelector:
+    """The proxy loop's selector: the engine lock is free exactly while the loop waits for events."""
+
+    def __init__(self, selector: selectors.BaseSelector, lock: threading.Lock) -> None:
+        self._selector, self._lock = selector, lock
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self._lock.release()
+        try:
+            return self._selector.select(timeout)
+        finally:
+            self._lock.acquire()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._selector, name)
+
+
 class Placement:
-    def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread | None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread | None,
+                 lock: threading.Lock | None = None) -> None:
         self.loop = loop
         self.thread = thread
         self.thread_id = thread.ident if thread is not None else threading.get_ident()
+        self.lock = lock  # a proxy thread's engine lock (free while its loop is idle)
+        self._timers_at_borrow = 0
 
     @property
     def kind(self) -> str:
@@ -32,9 +61,11 @@ class Placement:
     def proxy_thread(cls) -> Placement:
         ready = threading.Event()
         box: dict[str, asyncio.AbstractEventLoop] = {}
+        lock = threading.Lock()
 
         def main() -> None:
-            loop = asyncio.new_event_loop()
+            lock.acquire()
+            loop = asyncio.SelectorEventLoop(_LendingSelector(selectors.DefaultSelector(), lock))  # type: ignore[arg-type]
             box["loop"] = loop
             asyncio.set_event_loop(loop)
             ready.set()
@@ -43,16 +74,35 @@ class Placement:
             finally:
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.close()
+                lock.release()
 
         thread = threading.Thread(target=main, name="aioccl-proxy", daemon=True)
         thread.start()
         ready.wait()
-        p = cls(box["loop"], thread)
+        p = cls(box["loop"], thread, lock)
         p.thread_id = thread.ident or 0
         return p
 
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self.thread_id
+
+    def borrow(self) -> bool:
+        """From a thread other than the loop's: take the idle engine (True), to run an op's start here as the
+        loop would; False at once when the loop is busy (or inline, or closed). Pair with ``give_back``."""
+        if self.lock is None or self.loop.is_closed() or not self.lock.acquire(blocking=False):
+            return False
+        self._timers_at_borrow = len(getattr(self.loop, "_scheduled", ()))
+        return True
+
+    def give_back(self, busy: bool) -> None:
+        """Return the borrowed engine; ``busy``: something was left for the loop (a parked op, a timer, a
+        callback), so it is woken to look."""
+        lock = self.lock
+        assert lock is not None
+        ready, timers = getattr(self.loop, "_ready", None), getattr(self.loop, "_scheduled", None)
+        lock.release()
+        if busy or ready or timers is None or len(timers) != self._timers_at_borrow:
+            self.call(_nothing)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the engine loop soon, from any thread."""
@@ -70,3 +120,7 @@ class Placement:
                 return
             if join and threading.current_thread() is not self.thread:
                 self.thread.join(timeout=10)
+
+
+def _nothing() -> None:
+    return None
