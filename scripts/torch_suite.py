@@ -43,9 +43,25 @@ def configure(backend: str, world_size: int, gates: str, timeout_s: int) -> None
         _redirect_gloo(dist)
 
 
+# Tests that pass on Gloo and cannot on any other backend, with why (docs/torch.md lists them too)
+GLOO_ONLY = {
+    "test_get_backend": "asserts dist.get_backend() == BACKEND, which the gloo gates set to 'gloo'",
+    "test_monitored_barrier_gloo": "dist.monitored_barrier: torch refuses every backend but Gloo ('monitored_barrier "
+                                   "is only implemented for GLOO backend'); a group's own monitored_barrier works",
+    "test_monitored_barrier_gloo_subgroup": "dist.monitored_barrier on a subgroup: refused by torch as above",
+}
+
+
 def _redirect_gloo(dist: Any) -> None:
-    """Groups the suite asks Gloo for become aioccl's (the default group and ``new_group(backend="gloo")``)."""
+    """Groups the suite asks Gloo for become aioccl's (the default group and ``new_group(backend="gloo")``),
+    and a Gloo group made any other way raises: a test that passes has run on aioccl, with no Gloo fallback."""
     c10d = dist.distributed_c10d
+
+    class NoGloo(c10d.ProcessGroupGloo):  # type: ignore[misc,name-defined]
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            raise RuntimeError("torch-suite: a Gloo process group was made under --gates gloo (a Gloo fallback)")
+
+    c10d.ProcessGroupGloo = NoGloo
 
     def swap(backend: Any) -> Any:
         return "aioccl" if isinstance(backend, str) and backend.lower() == "gloo" else backend
@@ -95,7 +111,7 @@ class Outcomes(unittest.TextTestResult):
         self._note(test, "skipped", reason)
 
 
-def run(names: list[str] | None, verbosity: int) -> dict[str, dict[str, Any]]:
+def run(names: list[str] | None, verbosity: int, exact: bool = False) -> dict[str, dict[str, Any]]:
     from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend
 
     class TorchSuite(TestDistBackend, DistributedTest._DistTestBase):  # type: ignore[misc,name-defined]
@@ -107,7 +123,8 @@ def run(names: list[str] | None, verbosity: int) -> dict[str, dict[str, Any]]:
 
     loader = unittest.TestLoader()
     every = loader.getTestCaseNames(TorchSuite)
-    chosen = [n for n in every if names is None or any(n == want or n.startswith(want + "_") for want in names)]
+    chosen = [n for n in every if names is None or n in names
+              or (not exact and any(n.startswith(want + "_") for want in names))]
     suite = unittest.TestSuite(TorchSuite(n) for n in chosen)
     runner = unittest.TextTestRunner(resultclass=Outcomes, verbosity=verbosity, stream=sys.stdout)
     result = runner.run(suite)
@@ -134,6 +151,7 @@ def main() -> None:
     ap.add_argument("--gates", choices=["as-written", "gloo"], default="as-written",
                     help="gloo: the suite's Gloo-only gates let aioccl in (and its Gloo groups are aioccl's)")
     ap.add_argument("--tests", nargs="*", help="test names (or prefixes ending before an _) to run; default all")
+    ap.add_argument("--passed-in", metavar="JSON", help="run only the tests that passed in this earlier run")
     ap.add_argument("--timeout", type=int, default=60, help="AIOCCL_TIMEOUT for the ranks (seconds)")
     ap.add_argument("--out", help="write the outcomes here (JSON)")
     ap.add_argument("--compare", nargs=2, metavar=("BASE", "OTHER"), help="list what passes in BASE, not in OTHER")
@@ -147,7 +165,12 @@ def main() -> None:
     import torch
 
     t0 = time.monotonic()
-    outcomes = run(args.tests, args.verbose)
+    names, exact = args.tests, False
+    if args.passed_in:
+        earlier = json.loads(Path(args.passed_in).read_text())["tests"]
+        names = [k for k, o in earlier.items() if o["outcome"] == "passed"]
+        exact = True
+    outcomes = run(names, args.verbose, exact)
     counts = {k: sum(o["outcome"] == k for o in outcomes.values()) for k in ("passed", "failed", "skipped")}
     summary = {"backend": args.backend, "world_size": args.world_size, "gates": args.gates,
                "torch": torch.__version__, "seconds": round(time.monotonic() - t0, 1), **counts, "tests": outcomes}
