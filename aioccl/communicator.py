@@ -37,7 +37,7 @@ from .engine.op import Op
 from .engine.placement import Placement
 from .engine.shm_channel import ShmChannel
 from .engine.view import CommView
-from .envvars import check_timeout, env_timeout
+from .envvars import check_timeout, env_int, env_timeout
 from .errors import CommAborted, InvalidArgument
 from .group import Group
 from .introspection import FlightRecorder
@@ -53,7 +53,7 @@ from .work import Work
 _log = log.get("COLL")
 # a shared-memory collective this small, issued from a thread while the proxy engine idles, runs in the call
 # (Placement.borrow); a larger one stays on the engine's thread, overlapping the caller's work (DDP's buckets)
-BORROW_MAX_BYTES = 64 << 10
+DEFAULT_BORROW_BYTES = 64 << 10
 PLAN_CACHE = 256  # distinct calls (collective, count, dtype, root, placement) whose schedules a communicator keeps
 
 
@@ -73,6 +73,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         self._lock = threading.Lock()
         self._seq = 0
         self._shm_order = 0
+        self._borrow_bytes = env_int(os.environ, "AIOCCL_BORROW_BYTES", DEFAULT_BORROW_BYTES, 0, 1 << 40)
         self._plans: dict[tuple[Any, ...], Schedule] = {}  # (call) -> schedule, see _plan
         self._inflight: set[Work[Any]] = set()
         self._recorder = FlightRecorder()
@@ -339,7 +340,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         _log.debug("%s seq %d: %d x %s, algorithm %s%s", name, seq, count, dt, sched.algo,
                    " over shared memory" if shm is not None else "")
         if shm is not None:  # a small op from another thread may run here, inside the call (placement.py)
-            return self._track(work, desc, shm.submit, op_, borrow=count * dt.itemsize <= BORROW_MAX_BYTES)
+            return self._track(work, desc, shm.submit, op_, borrow=count * dt.itemsize <= self._borrow_bytes)
         return self._track(work, desc, self._engine.run_collective, self._view, op_)
 
     def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,

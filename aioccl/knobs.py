@@ -47,6 +47,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_SHM_SPIN_US", "100", "shm", "microseconds a waiting rank spins before it parks"),
     Knob("AIOCCL_SHM_YIELD", "1", "shm", "a spinning rank yields the CPU between looks (0: pure spin, for ranks "
          "pinned to cores of their own)"),
+    Knob("AIOCCL_BORROW_BYTES", "65536", "shm", "a collective up to this size, issued from a thread while the "
+         "proxy engine idles, runs inside the call (0: always on the engine's thread)"),
     Knob("AIOCCL_SHM_CMA", "1", "p2p", "0: never read a same-host peer's large message in place (process_vm_readv)"),
     Knob("AIOCCL_NET", "auto", "ib", "auto, socket or ib: which network transport pairs use"),
     Knob("AIOCCL_IB_DISABLE", "0", "ib", "1: never use ib"),

@@ -7,7 +7,8 @@ step is forward, backward (DDP's bucketed all_reduces overlap it) and SGD, timed
 of the slowest rank, next to the same step without DDP (what communication adds to it). Also timed:
 ``dist.all_reduce`` of 8 bytes through each backend and, for aioccl, the same through its own API on the
 group's communicator. The backends run alternately in each repeat; each figure is the median over
-repeats. Writes torch_ddp.md and torch_ddp.json.
+repeats. ``--handoff`` adds aioccl with ``AIOCCL_BORROW_BYTES=0``: every op handed to the engine's thread
+(no op run inside torch's call), for comparison. Writes torch_ddp.md and torch_ddp.json.
 """
 
 from __future__ import annotations
@@ -82,18 +83,21 @@ def _latency(fn, calls: int) -> float:
     return (time.perf_counter() - t0) / calls
 
 
-def run(backend: str, n: int, args: argparse.Namespace) -> dict:
+def run(label: str, n: int, args: argparse.Namespace) -> dict:
     from aioccl.bootstrap.ports import reserve
+
+    backend = label.split("-")[0]
+    extra = {"AIOCCL_BORROW_BYTES": "0"} if label == "aioccl-handoff" else {}
 
     with reserve("127.0.0.1", count=2) as ports:  # torch's store, and aioccl's root on the next port
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
                str(ports.port), __file__, "--worker", backend, "--steps", str(args.steps),
                "--calls", str(args.calls), "--batch", str(args.batch)]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
-                           env={**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))})
+                           env={**os.environ, **extra, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))})
     found = RESULT.search(p.stdout)
     if p.returncode or found is None:
-        raise SystemExit(f"{backend} x{n} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+        raise SystemExit(f"{label} x{n} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     return json.loads(found[1])
 
 
@@ -105,6 +109,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=16, help="samples per rank and step")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--handoff", action="store_true", help="also aioccl with every op on the engine's thread")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -113,7 +118,8 @@ def main() -> None:
     runs: dict[str, list[dict]] = {}
     for rep in range(args.repeats):
         for n in map(int, args.ranks.split(",")):
-            for backend in (("aioccl", "gloo") if rep % 2 == 0 else ("gloo", "aioccl")):
+            labels = ("aioccl", "gloo", *(("aioccl-handoff",) if args.handoff else ()))
+            for backend in (labels if rep % 2 == 0 else labels[::-1]):
                 res = run(backend, n, args)
                 runs.setdefault(f"{backend} x{n}", []).append(res)
                 print(f"repeat {rep + 1}/{args.repeats} {backend} x{n}: step {res['step_s'] * 1e3:.1f} ms, "
@@ -136,6 +142,13 @@ def main() -> None:
                      f"{(a['step_s'] - a['compute_s']) * 1e3:.1f} ms | "
                      f"{(g['step_s'] - g['compute_s']) * 1e3:.1f} ms | {a['allreduce_8B_us']:.1f} us | {api:.1f} us | "
                      f"{g['allreduce_8B_us']:.1f} us | {g['allreduce_8B_us'] / a['allreduce_8B_us']:.1f}x |")
+    if args.handoff:
+        lines += ["", "| ranks | aioccl 8 B all_reduce | the same, every op handed to the engine's thread "
+                  "| aioccl step | the same, handed over |", "|---|---|---|---|---|"]
+        for n in map(int, args.ranks.split(",")):
+            a, h = med[f"aioccl x{n}"], med[f"aioccl-handoff x{n}"]
+            lines.append(f"| {n} | {a['allreduce_8B_us']:.1f} us | {h['allreduce_8B_us']:.1f} us | "
+                         f"{a['step_s'] * 1e3:.1f} ms | {h['step_s'] * 1e3:.1f} ms |")
     print("\n".join(lines))
     if args.out:
         out = Path(args.out)

@@ -31,9 +31,9 @@ from .monitored import monitored_barrier, seconds
 from .sparse import sparse_allreduce
 from .work import TorchWork
 
-_REDUCTIONS = {dist.ReduceOp.RedOpType.SUM: "sum", dist.ReduceOp.RedOpType.PRODUCT: "prod",
-               dist.ReduceOp.RedOpType.MIN: "min", dist.ReduceOp.RedOpType.MAX: "max",
-               dist.ReduceOp.RedOpType.AVG: "avg"}
+_REDUCTIONS = {dist.ReduceOp.RedOpType.SUM.value: "sum", dist.ReduceOp.RedOpType.PRODUCT.value: "prod",
+               dist.ReduceOp.RedOpType.MIN.value: "min", dist.ReduceOp.RedOpType.MAX.value: "max",
+               dist.ReduceOp.RedOpType.AVG.value: "avg"}  # by the enum's value: hashing the enum costs a microsecond
 
 
 class AiocclProcessGroup(dist.ProcessGroup):
@@ -49,6 +49,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
         self._exchanges = itertools.count()
         self._coalesced: list[TorchWork] | None = None
         self._monitored = 0  # monitored barriers so far (their tags)
+        self._engine_thread = comm._engine.placement.thread_id
 
     # -- identity ----------------------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802  (torch's C++ name)
@@ -98,12 +99,14 @@ class AiocclProcessGroup(dist.ProcessGroup):
     # -- helpers -------------------------------------------------------------------------------------------
     def _deadline(self, opts: Any) -> float:
         t = getattr(opts, "timeout", None)
-        return t.total_seconds() if t is not None and t.total_seconds() > 0 else self._timeout
+        seconds = t.total_seconds() if t is not None else 0.0
+        return seconds if seconds > 0 else self._timeout
 
     @staticmethod
     def _reduction(opts: Any) -> str:
-        kind = opts.reduceOp.op if hasattr(opts.reduceOp, "op") else opts.reduceOp
-        name = _REDUCTIONS.get(kind)
+        kind = opts.reduceOp
+        kind = getattr(kind, "op", kind)
+        name = _REDUCTIONS.get(getattr(kind, "value", kind))
         if name is None:
             raise InvalidArgument(f"aioccl reduces with sum, product, min, max and avg; not {kind}")
         return name
@@ -126,7 +129,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
 
     def _work(self, works: list[Work[Any]], result: list[torch.Tensor], what: str, finish: Any = None,
               source: Work[Any] | None = None) -> TorchWork:
-        w = TorchWork(works, result, what, finish, self.comm._engine.placement.thread_id, source)
+        w = TorchWork(works, result, what, finish, self._engine_thread, source)
         if self._coalesced is not None:
             self._coalesced.append(w)
         return w
@@ -134,7 +137,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
     # -- reductions and broadcasts -----------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts or dist.AllreduceOptions()
-        t = self._single(tensors, "allreduce")
+        t = tensors[0] if len(tensors) == 1 else self._single(tensors, "allreduce")
         if t.layout == torch.sparse_coo:
             if self._reduction(opts) != "sum":
                 raise InvalidArgument("allreduce of a sparse tensor: only SUM is supported (as with Gloo)")

@@ -42,7 +42,11 @@ def backend_error(exc: BaseException) -> dist.DistBackendError:
 
 
 class TorchWork(dist.Work):
-    """Done when every aioccl op in ``works`` is, then ``finish()`` has run; its result is ``result``."""
+    """Done when every aioccl op in ``works`` is, then ``finish()`` has run; its result is ``result``.
+
+    Lean on purpose, since a small op costs less than torch's objects: the future torch sees and the event a
+    blocked waiter sleeps on are made only when asked for (``dist.all_reduce`` asks for neither when the op
+    finished inside the call)."""
 
     def __init__(self, works: list[Work[Any]], result: list[torch.Tensor], what: str,
                  finish: Callable[[], None] | None = None, engine_thread: int | None = None,
@@ -50,16 +54,13 @@ class TorchWork(dist.Work):
         super().__init__()
         self._result, self._what, self._finish = result, what, finish
         self._source = source  # a receive: the aioccl Work whose status names the sender
-        # The future torch sees is chained on a private one whose callback raises on failure: that marks it
-        # failed in C++ (setError), which DDP's reducer checks. torch.futures.Future.set_exception stores the
-        # exception as the *value* instead, and the reducer, reading it as tensors, crashed the process
-        # with SIGSEGV (issue 35: a survivor of a killed peer).
-        self._base: torch.futures.Future[None] = torch.futures.Future()
-        self._future: torch.futures.Future[list[torch.Tensor]] = self._base.then(self._outcome)
         self._lock = threading.Lock()
         self._left = len(works)
         self._exc: BaseException | None = None
-        self._done = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None  # made by a waiter that has to block
+        self._base: torch.futures.Future[None] | None = None  # made by get_future
+        self._future: torch.futures.Future[list[torch.Tensor]] | None = None
         self._engine_thread = engine_thread
         if not works:
             self._complete()
@@ -82,8 +83,13 @@ class TorchWork(dist.Work):
                 self._finish()
             except Exception as e:  # noqa: BLE001  (a bug here must not leave the future pending)
                 self._exc = backend_error(e)
-        self._base.set_result(None)  # runs _outcome: the result, or the error as a failed future
-        self._done.set()
+        with self._lock:
+            self._done = True
+            event, base = self._event, self._base
+        if event is not None:
+            event.set()
+        if base is not None:
+            base.set_result(None)  # runs _outcome: the result, or the error as a failed future
 
     def _outcome(self, _base: torch.futures.Future[None]) -> list[torch.Tensor]:
         if self._exc is not None:
@@ -94,24 +100,44 @@ class TorchWork(dist.Work):
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         """Block until done (each aioccl op has its own deadline, so this ends); ``timeout`` > 0 bounds
         the wait itself, as torch's ``Work.wait(timeout)`` does."""
-        if not self._done.is_set() and threading.get_ident() == self._engine_thread:
-            raise RuntimeError(f"{self._what}: wait() on aioccl's engine thread would deadlock; chain "
-                               "on get_future() instead")
-        seconds = timeout.total_seconds() if timeout is not None else 0.0
-        if not self._done.wait(seconds if seconds > 0 else None):
-            raise dist.DistBackendError(f"aioccl: {self._what} not done after wait(timeout={seconds:g}s)")
+        if not self._done:
+            if threading.get_ident() == self._engine_thread:
+                raise RuntimeError(f"{self._what}: wait() on aioccl's engine thread would deadlock; chain "
+                                   "on get_future() instead")
+            with self._lock:
+                if not self._done and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            seconds = timeout.total_seconds() if timeout is not None else 0.0
+            if event is not None and not event.wait(seconds if seconds > 0 else None):
+                raise dist.DistBackendError(f"aioccl: {self._what} not done after wait(timeout={seconds:g}s)")
         if self._exc is not None:
             raise self._exc
         return True
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
-        return self._future
+        """torch's future of the result. It is chained on a private one whose callback raises on failure: that
+        marks it failed in C++ (setError), which DDP's reducer checks. ``Future.set_exception`` stores the
+        exception as the *value* instead, and the reducer, reading it as tensors, crashed the process with
+        SIGSEGV (issue 35: a survivor of a killed peer)."""
+        with self._lock:
+            if self._future is None:
+                self._base = torch.futures.Future()
+                self._future = self._base.then(self._outcome)
+                resolve = self._done
+            else:
+                resolve = False
+            fut = self._future
+        if resolve:
+            assert self._base is not None
+            self._base.set_result(None)
+        return fut
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._done
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._exc is None
+        return self._done and self._exc is None
 
     def exception(self) -> BaseException | None:
         return self._exc
@@ -124,7 +150,7 @@ class TorchWork(dist.Work):
 
     def _source_rank(self) -> int:
         """A receive's sender (in the group), once done: what ``dist.recv(t)`` without ``src`` returns."""
-        if self._source is None or not self._done.is_set() or self._source.status is None:
+        if self._source is None or not self._done or self._source.status is None:
             raise RuntimeError(f"{self._what}: the source rank is known only for a completed receive")
         return int(self._source.status.source)
 
