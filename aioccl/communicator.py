@@ -340,7 +340,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         _log.debug("%s seq %d: %d x %s, algorithm %s%s", name, seq, count, dt, sched.algo,
                    " over shared memory" if shm is not None else "")
         if shm is not None:  # a small op from another thread may run here, inside the call (placement.py)
-            return self._track(work, desc, shm.submit, op_, borrow=count * dt.itemsize <= self._borrow_bytes)
+            return self._track(work, desc, shm.submit, op_, borrow=0 < self._borrow_bytes >= count * dt.itemsize)
         return self._track(work, desc, self._engine.run_collective, self._view, op_)
 
     def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
