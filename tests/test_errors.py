@@ -30,7 +30,8 @@ BAD_CALLS = {
     "root negative": lambda c: c.reduce(np.zeros(4), root=-1),
     "root not int": lambda c: c.gather(np.zeros(4), root="0"),
     "peer too big": lambda c: c.isend(np.zeros(4), 5),
-    "peer negative": lambda c: c.irecv(np.zeros(4), -1),
+    "peer negative": lambda c: c.irecv(np.zeros(4), -2),  # (-1 is ANY_SOURCE, for a receive)
+    "send to any source": lambda c: c.isend(np.zeros(4), -1),
     "bad tag": lambda c: c.isend(np.zeros(4), 1, tag=-3),
     "avg on ints": lambda c: c.all_reduce(np.zeros(4, np.int32), op="avg"),
     "unknown op": lambda c: c.all_reduce(np.zeros(4), op="xor"),
@@ -233,9 +234,11 @@ ARG_CASES = {
                                "root")
        for op in ("broadcast", "reduce", "gather", "scatter") for root in (3, -1, "0", 1.5, None)},
     **{f"{op} peer {peer!r}": (lambda c, op=op, peer=peer: getattr(c, op)(np.zeros(6, np.float32), peer), "peer")
-       for op in ("isend", "irecv") for peer in (3, -1, "1", None)},
+       for op in ("isend", "irecv") for peer in (3, -2, "1", None)},
+    "isend peer ANY_SOURCE": (lambda c: c.isend(np.zeros(6, np.float32), -1), "peer"),
+    "isend tag ANY_TAG": (lambda c: c.isend(np.zeros(6, np.float32), 1, tag=-1), "tag"),
     **{f"{op} tag {tag!r}": (lambda c, op=op, tag=tag: getattr(c, op)(np.zeros(6, np.float32), 1, tag=tag), "tag")
-       for op in ("isend", "irecv") for tag in (-1, 2**62, "a", 1.0)},
+       for op in ("isend", "irecv") for tag in (-2, 2**62, "a", 1.0)},
     **{f"{op} {rop} on {dt}": (lambda c, op=op, rop=rop, dt=dt: getattr(c, op)(np.zeros(6, dt), op=rop), msg)
        for op in ("all_reduce", "reduce", "reduce_scatter")
        for rop, dt, msg in (("avg", np.int32, "avg"), ("xor", np.float32, "xor"), (7, np.float32, "op"))},
