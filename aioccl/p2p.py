@@ -85,9 +85,12 @@ class PointToPointOps:
         message that fits and that no receive posted before it takes; ``work.status`` (a ``Status``) then
         names its source and tag. From any source, a crashed rank of the communicator fails it.
         """
-        if peer == ANY_SOURCE or tag == ANY_TAG:
-            return self._irecv_any(buf, peer, tag, timeout, stream)
-        peer, tag = self._peer_tag(peer, tag)
+        wild = peer == ANY_SOURCE or tag == ANY_TAG
+        if wild:
+            peer = ANY_SOURCE if peer == ANY_SOURCE else self._peer(peer)
+            tag = ANY_TAG if tag == ANY_TAG else self._peer_tag(0, tag)[1]
+        else:
+            peer, tag = self._peer_tag(peer, tag)
         bb = adapt(buf, "buf")
         need_writable(bb, "buf")
         t = self._op_timeout(timeout)
@@ -97,33 +100,20 @@ class PointToPointOps:
             return self._gpu_p2p("recv", bb, peer, tag, lambda: bb.wrap(arr), t, stream)
         if stream is not None:
             raise InvalidArgument(_HOST_STREAM)
-        work: Work[Any] = Work(f"recv(peer={peer}, tag={tag})", tag, cancellable=True)
-        work._probe = _probe(peer)
-        work.status = Status(peer, tag)
-        return self._track(work, (arr.size, arr.dtype, None, None), start_recv, self._engine, self._view, peer, tag,
-                           byte_view(arr), dtype_code(arr.dtype), t, work, bb.wrap(arr))
+        if wild:
+            work: Work[Any] = Work(f"recv(peer={'any' if peer < 0 else peer}, tag={'any' if tag < 0 else tag})",
+                                   tag, cancellable=True)
+            me, n = self._view.rank, self._view.size
+            work._probe = _probe(peer) if peer >= 0 else lambda: [r for r in range(n) if r != me]
+        else:
+            work = Work(f"recv(peer={peer}, tag={tag})", tag, cancellable=True)
+            work._probe = _probe(peer)
+            work.status = Status(peer, tag)
+        return self._track(work, (arr.size, arr.dtype, None, None), start_recv_any if wild else start_recv,
+                           self._engine, self._view, peer, tag, byte_view(arr), dtype_code(arr.dtype), t, work,
+                           bb.wrap(arr))
 
     recv = irecv
-
-    def _irecv_any(self, buf: Any, peer: int, tag: int, timeout: float | None, stream: Any) -> Work[Any]:
-        peer = ANY_SOURCE if peer == ANY_SOURCE else self._peer(peer)
-        if tag != ANY_TAG:
-            tag = self._peer_tag(0, tag)[1]
-        bb = adapt(buf, "buf")
-        need_writable(bb, "buf")
-        t = self._op_timeout(timeout)
-        self._usable()
-        arr = bb.array
-        if not isinstance(arr, np.ndarray):
-            return self._gpu_p2p("recv", bb, peer, tag, lambda: bb.wrap(arr), t, stream)
-        if stream is not None:
-            raise InvalidArgument(_HOST_STREAM)
-        work: Work[Any] = Work(f"recv(peer={'any' if peer < 0 else peer}, tag={'any' if tag < 0 else tag})", tag,
-                               cancellable=True)
-        me, n = self._view.rank, self._view.size
-        work._probe = _probe(peer) if peer >= 0 else lambda: [r for r in range(n) if r != me]
-        return self._track(work, (arr.size, arr.dtype, None, None), start_recv_any, self._engine, self._view, peer,
-                           tag, byte_view(arr), dtype_code(arr.dtype), t, work, bb.wrap(arr))
 
 
 _PROBES: dict[int, Callable[[], list[int]]] = {}  # one per peer number: bounded by the largest communicator

@@ -168,12 +168,7 @@ def start_recv(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryv
         _spin(eng, conn, fut)
     elif isinstance(conn, TcpConnection) and not fut.done() and eng.net_spin_s and eng.placement.kind == "inline":
         _poll(conn, fut, eng.net_spin_s)
-    if fut.done() and not fut.cancelled():
-        exc = fut.exception()
-        if exc is None:
-            work._set_result(result)
-        else:
-            work._set_exception(exc)
+    if _settled(fut, work, result):
         return None
     _settle_later(eng, comm, comm.ranks[peer], peer, tag, fut, what, timeout, work, result)
     return None
@@ -197,15 +192,22 @@ def start_recv_any(eng: Engine, comm: CommView, peer: int, tag: int, target: mem
             conn = eng.conns.get(w)
             if isinstance(conn, ShmPairConnection):
                 conn.pump()
-    if fut.done() and not fut.cancelled():
-        exc = fut.exception()
-        if exc is None:
-            work._set_result(result)
-        else:
-            work._set_exception(exc)
+    if _settled(fut, work, result):
         return None
     _settle_later(eng, comm, src, peer, tag, fut, work.op, timeout, work, result)
     return None
+
+
+def _settled(fut: asyncio.Future[None], work: Work[Any], result: Any) -> bool:
+    """Finish ``work`` now if its message is in (True)."""
+    if not fut.done() or fut.cancelled():
+        return False
+    exc = fut.exception()
+    if exc is None:
+        work._set_result(result)
+    else:
+        work._set_exception(exc)
+    return True
 
 
 def _settle_later(eng: Engine, comm: CommView, world: int, peer: int, tag: int, fut: asyncio.Future[None], what: str,
