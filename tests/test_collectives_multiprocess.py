@@ -22,8 +22,10 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
-@pytest.mark.parametrize("setting", list(SETTINGS))
+# 5 ranks for the two-host layouts only (3 + 2): elsewhere 3 ranks already cover an odd count that is not a
+# power of two, and 5 processes on this 2-core machine cost the suite half a minute
+@pytest.mark.parametrize(("setting", "n"), [(s, n) for s in SETTINGS for n in (1, 2, 3, 4, 5)
+                                            if n < 5 or s.startswith("hosts")])
 def test_matrix(n, setting):
     if n == 1 and setting.startswith(("shm", "hosts")):
         pytest.skip("one rank has no peers to share memory with or hosts to span (it runs the n=1 shortcuts)")
