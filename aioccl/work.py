@@ -23,6 +23,7 @@ from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
 from . import async_libs, log
+from .engine.placement import lent_here
 from .envvars import check_timeout
 
 T = TypeVar("T")
@@ -161,9 +162,10 @@ class Work(Generic[T]):
         if timeout is not None and not (type(timeout) in (int, float) and timeout == 0):  # 0: just poll
             timeout = check_timeout(timeout, "wait(timeout=...)")
         if not self.done():
-            if self._engine_thread == threading.get_ident():
+            if self._engine_thread == threading.get_ident() or lent_here():
                 raise RuntimeError(
-                    f"{self!r}.wait() would block the event loop that runs the engine; use 'await'"
+                    f"{self!r}.wait() would block the event loop that runs the engine (a done callback of an op "
+                    "runs on the engine's thread, or inside a call that ran the op there); use 'await', or chain"
                 )
             with self._lock:
                 if self._event is None:

@@ -63,3 +63,20 @@ def test_small_ops_from_threads_on_a_borrowed_engine(n: int) -> None:
     p = launch(n, "borrowed.py")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.count(", 0 failures") == n, p.stdout[-2000:]
+
+
+def test_waiting_on_an_op_while_holding_the_borrowed_engine_raises(proxy: Placement) -> None:
+    """A done callback run inside a call that borrowed the engine (an earlier op it finished) must not block
+    on another op: the loop that would finish it waits for the lock this thread holds. It raises instead."""
+    from aioccl.work import Work
+
+    pending: Work[None] = Work("all_reduce", 7)
+    pending._engine_thread = proxy.thread_id
+    assert proxy.borrow()
+    try:
+        with pytest.raises(RuntimeError, match="would block the event loop"):
+            pending.wait(timeout=1)
+    finally:
+        proxy.give_back(busy=False)
+    with pytest.raises(TimeoutError):  # given back: an ordinary wait
+        pending.wait(timeout=0.01)

@@ -22,6 +22,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+_lent = threading.local()  # .engine: the Placement this thread has borrowed, while it runs an op's start
+
+
+def lent_here() -> bool:
+    """Whether this thread holds a borrowed engine: blocking on an op here would hold up the loop that has to
+    finish it (a done callback that waits, run inside the call that borrowed the engine)."""
+    return getattr(_lent, "engine", None) is not None
+
 
 class _LendingSelector:
     """The proxy loop's selector: the engine lock is free exactly while the loop waits for events."""
@@ -92,6 +100,7 @@ class Placement:
         if self.lock is None or self.loop.is_closed() or not self.lock.acquire(blocking=False):
             return False
         self._timers_at_borrow = len(getattr(self.loop, "_scheduled", ()))
+        _lent.engine = self
         return True
 
     def give_back(self, busy: bool) -> None:
@@ -99,7 +108,8 @@ class Placement:
         callback), so it is woken to look."""
         lock = self.lock
         assert lock is not None
-        ready, timers = getattr(self.loop, "_ready", None), getattr(self.loop, "_scheduled", None)
+        ready, timers = getattr(self.loop, "_ready", None), getattr(self.loop, "_scheduled", None)  # CPython's
+        _lent.engine = None
         lock.release()
         if busy or ready or timers is None or len(timers) != self._timers_at_borrow:
             self.call(_nothing)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...engine.placement import lent_here
 from ...errors import CollectiveTimeout
 from ...work import Work
 
@@ -101,7 +102,7 @@ class TorchWork(dist.Work):
         """Block until done (each aioccl op has its own deadline, so this ends); ``timeout`` > 0 bounds
         the wait itself, as torch's ``Work.wait(timeout)`` does."""
         if not self._done:
-            if threading.get_ident() == self._engine_thread:
+            if threading.get_ident() == self._engine_thread or lent_here():
                 raise RuntimeError(f"{self._what}: wait() on aioccl's engine thread would deadlock; chain "
                                    "on get_future() instead")
             with self._lock:
