@@ -117,6 +117,13 @@ async def run_dtype(comm: aioccl.Communicator, chk: Checker, dt: type, count: in
         await done(comm.irecv(out, (r - 1) % n, tag=7, **kw))
         await s
         chk.same(f"send/recv {tag}", host(out, dt), data((r - 1) % n, count, dt))
+        out = make(poison(count, dt))  # from any source, with any tag: the staged receive's status comes through
+        s = comm.isend(make(data(r, count, dt)), (r + 1) % n, tag=8, **kw)
+        w = comm.irecv(out, aioccl.ANY_SOURCE, aioccl.ANY_TAG, **kw)
+        await done(w)
+        await s
+        chk.same(f"recv from any source {tag}", host(out, dt), data((r - 1) % n, count, dt))
+        chk.true(f"recv from any source {tag}: status {w.status}", w.status == aioccl.Status((r - 1) % n, 8))
 
 
 async def in_flight(comm: aioccl.Communicator, chk: Checker) -> None:
