@@ -186,3 +186,12 @@ async def test_any_source_over_a_transport(transport: str, eager: str, monkeypat
         assert per_source == {1: [0, 1], 2: [0, 1]}  # from one sender, in the order sent
     finally:
         await close_all(comms)
+
+
+def test_a_crash_after_a_close_names_the_crashed_rank(box: Mailbox) -> None:
+    r = Recv(box, ANY_SOURCE, ANY_TAG)
+    box.on_lost(1, EOFError(), graceful=True)
+    assert not r.fut.done()
+    box.on_lost(3, ConnectionResetError("reset"), graceful=False)
+    with pytest.raises(PeerLost, match="rank 3"):
+        r.fut.result()

@@ -208,7 +208,7 @@ class Mailbox(NoticeHandling):
             for p in self.p2p_posted.pop(key3):
                 if p.work is None or p.work._start():
                     p.fail(lost)
-        for p in list(self.wild.on_lost(peer, self.lost, graceful)):
+        for p in list(self.wild.on_lost(peer, self.lost, self.closed_peers, graceful)):
             if p.work is None or p.work._start():
                 p.fail(lost)
         drop_unfinished(self.early, self.p2p_early, peer)  # what fully arrived is still good: kept

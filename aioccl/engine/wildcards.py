@@ -77,12 +77,12 @@ class Wildcards:
                     cand.matched(peer, tag)
                 return cand
 
-    def on_lost(self, peer: int, lost: dict[int, PeerLost], graceful: bool) -> Iterator[Posted]:
+    def on_lost(self, peer: int, lost: dict[int, PeerLost], closed: set[int], graceful: bool) -> Iterator[Posted]:
         """The receives that ``peer``'s loss fails (taken off their lists): from it; and from any source,
         unless it closed gracefully while another rank may still send."""
         for ctx in list(self.by_ctx):
             for p in list(self.by_ctx.get(ctx, ())):
-                if p.src == peer or (p.src < 0 and peer in p.ranks and dead_source(p, lost, graceful=graceful)):
+                if p.src == peer or (p.src < 0 and peer in p.ranks and dead_source(p, lost, closed, graceful=graceful)):
                     self.remove(ctx, p)
                     yield p
 
