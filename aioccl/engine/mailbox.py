@@ -22,11 +22,9 @@ posted receive gets the payload read straight into its memory. Everything here r
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from .. import log
 from ..errors import AiocclError, PeerLost
@@ -45,19 +43,19 @@ from ..transport.frames import (
     RTS,
     Header,
 )
-from ..work import Work
 from .blame import Reports
 from .notice_handling import NoticeHandling
 from .notices import Active, Fingerprint
+from .p2p_posting import PointToPointPosting
 from .pool import BufferPool
 from .receives import Budget, Early, Posted, drop_unfinished
 from .rendezvous import Rendezvous
-from .wildcards import Wildcards, dead_source, earliest
+from .wildcards import Wildcards
 
 _log = log.get("COLL")
 
 
-class Mailbox(NoticeHandling):
+class Mailbox(NoticeHandling, PointToPointPosting):
     def __init__(self, loop: asyncio.AbstractEventLoop, pool: BufferPool, budget: int = 64 << 20) -> None:
         self.loop = loop
         self.pool = pool
@@ -208,7 +206,7 @@ class Mailbox(NoticeHandling):
             for p in self.p2p_posted.pop(key3):
                 if p.work is None or p.work._start():
                     p.fail(lost)
-        for p in list(self.wild.on_lost(peer, self.lost, self.closed_peers, graceful)):
+        for p in list(self.wild.on_lost(peer, self.lost, self.closed_peers)):
             if p.work is None or p.work._start():
                 p.fail(lost)
         drop_unfinished(self.early, self.p2p_early, peer)  # what fully arrived is still good: kept
@@ -290,60 +288,6 @@ class Mailbox(NoticeHandling):
             self.posted[key] = p
         return fut
 
-    def post_p2p(self, peer: int, ctx: int, tag: int, target: memoryview, dtype: int, what: str,
-                 work: Work[Any]) -> asyncio.Future[None] | None:
-        """Post a receive; None if ``work`` was cancelled before it could be posted."""
-        key = (peer, ctx, tag)
-        early = self.p2p_early.get(key)
-        if early:
-            if not work._start():
-                return None
-            fut = self.loop.create_future()
-            p = Posted(target, fut, 0, dtype, what, work)
-            e = early.popleft()
-            if not early:
-                del self.p2p_early[key]
-            self._attach(e, p)
-            return fut
-        fut = self.loop.create_future()
-        p = Posted(target, fut, 0, dtype, what, work)
-        if peer in self.lost:
-            if work._start():
-                p.fail(self.lost[peer])
-            return fut
-        p.order = next(self._posts)
-        self.p2p_posted.setdefault(key, deque()).append(p)
-        work._on_cancel = functools.partial(self.loop.call_soon_threadsafe, self._unpost_p2p, key, p)
-        return fut
-
-    def post_any(self, src: int, ctx: int, tag: int, ranks: tuple[int, ...], target: memoryview, dtype: int,
-                 what: str, work: Work[Any]) -> asyncio.Future[None] | None:
-        """Post a receive from ``src`` (a world rank, or -1: any of ``ranks``, this rank's given as -1) with
-        ``tag`` (-1: any): it takes the earliest arrival that fits, else waits for one in posting order."""
-        fut = self.loop.create_future()
-        p = Posted(target, fut, 0, dtype, what, work)
-        p.src, p.tag, p.ranks = src, tag, ranks
-        key = earliest(self.p2p_early, ctx, src, tag)
-        if key is not None:
-            if not work._start():
-                return None
-            early = self.p2p_early[key]
-            e = early.popleft()
-            if not early:
-                del self.p2p_early[key]
-            p.matched(e.peer, e.header.seq)
-            self._attach(e, p)
-            return fut
-        gone = self.lost.get(src) if src >= 0 else dead_source(p, self.lost, self.closed_peers)
-        if gone is not None:
-            if work._start():
-                p.fail(gone)
-            return fut
-        p.order = next(self._posts)
-        self.wild.add(ctx, p)
-        work._on_cancel = functools.partial(self.loop.call_soon_threadsafe, self.wild.remove, ctx, p)
-        return fut
-
     def _attach(self, e: Early, p: Posted) -> None:
         if e.done:
             e.deliver(p)
@@ -352,28 +296,6 @@ class Mailbox(NoticeHandling):
             self._partial.setdefault(e.peer, []).append(p)
             p.fut.add_done_callback(lambda _f: self._partial.get(e.peer, []).remove(p)
                                     if p in self._partial.get(e.peer, []) else None)
-
-    def _unpost_p2p(self, key: tuple[int, int, int], p: Posted) -> None:
-        queue = self.p2p_posted.get(key)
-        if queue and p in queue:
-            queue.remove(p)
-            if not queue:
-                del self.p2p_posted[key]
-
-    def withdraw(self, peer: int, ctx: int, tag: int, fut: asyncio.Future[None]) -> None:
-        """A timed-out p2p receive leaves the queue (its successor takes the next message); ``peer`` or
-        ``tag`` -1: a wildcard receive."""
-        self.rdv.withdraw(fut)
-        if peer < 0 or tag < 0:
-            self.wild.withdraw(ctx, fut)
-            return
-        queue = self.p2p_posted.get((peer, ctx, tag))
-        if queue:
-            for p in list(queue):
-                if p.fut is fut:
-                    queue.remove(p)
-            if not queue:
-                del self.p2p_posted[(peer, ctx, tag)]
 
     def forget_op(self, ctx: int, seq: int) -> None:
         """A failed collective: drop its posted receives and discard its late frames."""

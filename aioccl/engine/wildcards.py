@@ -77,12 +77,12 @@ class Wildcards:
                     cand.matched(peer, tag)
                 return cand
 
-    def on_lost(self, peer: int, lost: dict[int, PeerLost], closed: set[int], graceful: bool) -> Iterator[Posted]:
+    def on_lost(self, peer: int, lost: dict[int, PeerLost], closed: set[int]) -> Iterator[Posted]:
         """The receives that ``peer``'s loss fails (taken off their lists): from it; and from any source,
         unless it closed gracefully while another rank may still send."""
         for ctx in list(self.by_ctx):
             for p in list(self.by_ctx.get(ctx, ())):
-                if p.src == peer or (p.src < 0 and peer in p.ranks and dead_source(p, lost, closed, graceful=graceful)):
+                if p.src == peer or (p.src < 0 and peer in p.ranks and dead_source(p, lost, closed)):
                     self.remove(ctx, p)
                     yield p
 
@@ -94,15 +94,13 @@ class Wildcards:
         self.by_ctx.clear()
 
 
-def dead_source(p: Posted, lost: dict[int, PeerLost], closed: set[int] | None = None, *,
-                graceful: bool = False) -> PeerLost | None:
-    """Why a receive from any source of ``p.ranks`` cannot complete: a rank crashed (not one of ``closed``,
-    which ended gracefully), or all of them are gone; None while one may still send."""
+def dead_source(p: Posted, lost: dict[int, PeerLost], closed: set[int]) -> PeerLost | None:
+    """Why a receive from any source of ``p.ranks`` cannot complete: a rank crashed (lost, and not one of
+    ``closed``, which ended gracefully), or all of them are gone; None while one may still send."""
     others = [r for r in p.ranks if r >= 0]
-    if not graceful:
-        crashed = next((lost[r] for r in others if r in lost and (closed is None or r not in closed)), None)
-        if crashed is not None:
-            return crashed
+    crashed = next((lost[r] for r in others if r in lost and r not in closed), None)
+    if crashed is not None:
+        return crashed
     if others and all(r in lost for r in others):
         return lost[others[-1]]
     return None
