@@ -338,7 +338,9 @@ class Engine:
         """Tell every other rank of the op that ``offender`` issued ``theirs``: they fail it too."""
         payload = memoryview(NOTICE.pack(offender, theirs[0], theirs[1], theirs[2], theirs[3], theirs[4]))
         op, dtype, redop, count, root = active.fp
-        hdr = Header(MISMATCH, op, dtype, 0, ctx, seq, len(payload), count, root, redop).pack()
+        # k: this (reporting) world rank + 1, kept when the notice is passed on, so every rank names the two
+        # ranks whose calls differ, not the rank that forwarded it (as a FAIL frame's)
+        hdr = Header(MISMATCH, op, dtype, self.rank + 1, ctx, seq, len(payload), count, root, redop).pack()
         for peer in active.ranks:
             if peer != self.rank and peer not in self.mailbox.lost:
                 self._control(peer, hdr + bytes(payload))

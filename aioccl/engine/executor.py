@@ -227,9 +227,12 @@ class _MessageState:
         for i, (_peer, fut) in enumerate(progress.recvs):
             if not fut.done():
                 yield fut
+            # a receive that failed while this step awaited its sends (a peer's mismatched frame, a notice)
+            # raises here, before anything reads its buffer: data is combined only once its frame passed
+            # the fingerprint check, so no result carries another call's data
+            fut.result()
             if i < early and reduce_op is not None:  # reduce what has landed while the rest still arrives
                 t = step.recvs[i]
-                fut.result()  # a failed receive raises here, before its scratch is read
                 combine(reduce_op, _typed(self.bufs, t.dst), _typed(self.bufs, t.src), _typed(self.bufs, t.tmp))
 
 

@@ -40,8 +40,10 @@ class NoticeHandling:
     failure_listeners: list[Callable[[int, int, AiocclError], None]]
     fail_op: Callable[[int, int, AiocclError], None]  # the mailbox's: fail (ctx, seq) here with the error
 
-    def _on_notice(self, reporter: int, h: Header, buf: np.ndarray) -> None:
-        """``reporter`` found that ``offender`` issued another call at (ctx, seq): fail ours too."""
+    def _on_notice(self, peer: int, h: Header, buf: np.ndarray) -> None:
+        """The notice's reporter (``h.k - 1``; ``peer`` may only have passed it on) found that ``offender``
+        issued another call at (ctx, seq): fail ours too."""
+        reporter = h.k - 1 if h.k else peer
         try:
             if h.nbytes != NOTICE.size:
                 return
@@ -60,7 +62,7 @@ class NoticeHandling:
             _log.error("%s (reported by a peer after this rank's part had finished)", exc)
         self.fail_op(h.ctx, h.seq, exc)
         if self.forward is not None and active.ranks:
-            self.forward(active.ranks, h.pack() + notice, reporter)
+            self.forward(active.ranks, h.pack() + notice, peer)
 
     def _on_failure(self, reporter: int, h: Header, buf: np.ndarray) -> None:
         """``reporter`` gave up the collective (ctx, seq) and says why: fail ours with that root cause."""

@@ -319,6 +319,14 @@ def coalesced(r: int, n: int) -> None:
 
 
 def handles(r: int, n: int) -> None:
+    for _ in range(50):  # wait() returned: the future is done too, at once (as on Gloo), whichever finishes first
+        x = values(r, 64 * 1024, torch.float32)
+        w = dist.all_reduce(x, async_op=True)
+        fut = w.get_future()
+        assert w.wait() is True
+        assert fut.done(), "get_future() not done right after wait() returned"
+        assert w.is_completed()
+        check("future's value right after wait", fut.value()[0], x)
     x = values(r, 1000, torch.float32)
     w = dist.all_reduce(x, async_op=True)
     fut = w.get_future()

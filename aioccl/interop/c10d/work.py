@@ -59,6 +59,7 @@ class TorchWork(dist.Work):
         self._left = len(works)
         self._exc: BaseException | None = None
         self._done = False
+        self._settled = False  # the outcome is known and the future (if any) being resolved; _done follows
         self._event: threading.Event | None = None  # made by a waiter that has to block
         self._base: torch.futures.Future[None] | None = None  # made by get_future
         self._future: torch.futures.Future[list[torch.Tensor]] | None = None
@@ -84,13 +85,18 @@ class TorchWork(dist.Work):
                 self._finish()
             except Exception as e:  # noqa: BLE001  (a bug here must not leave the future pending)
                 self._exc = backend_error(e)
+        # the future first, then done and the waiters: a caller back from wait() (or seeing is_completed())
+        # finds the future done too, as on Gloo. A get_future() from here on resolves its own future.
         with self._lock:
-            self._done = True
-            event, base = self._event, self._base
-        if event is not None:
-            event.set()
+            self._settled = True
+            base = self._base
         if base is not None:
             base.set_result(None)  # runs _outcome: the result, or the error as a failed future
+        with self._lock:
+            self._done = True
+            event = self._event
+        if event is not None:
+            event.set()
 
     def _outcome(self, _base: torch.futures.Future[None]) -> list[torch.Tensor]:
         if self._exc is not None:
@@ -125,7 +131,7 @@ class TorchWork(dist.Work):
             if self._future is None:
                 self._base = torch.futures.Future()
                 self._future = self._base.then(self._outcome)
-                resolve = self._done
+                resolve = self._settled
             else:
                 resolve = False
             fut = self._future
