@@ -22,10 +22,14 @@ demo: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
+# the suite's processes wait on each other and on deadlines as much as they compute: two pytest workers keep
+# both cores busy (tests/suite_hygiene.py checks that the run leaves nothing behind)
+TEST_WORKERS ?= 2
+
 test: $(STAMP) test-jax-newest
 	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks
 	$(PY) -m mypy
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
 
 # jax_ext's tests again on the newest jax, which needs Python >= 3.12: a second venv with only what they
 # need (no torch: on 3.12+ pip would pull a CUDA build of GBs). JAX_PYTHON overrides the interpreter.
@@ -35,12 +39,12 @@ JAX_TESTS := $(wildcard tests/test_jax_*.py)
 $(JAX_VENV)/.installed: pyproject.toml
 	test -x $(JAX_VENV)/bin/python || $${JAX_PYTHON:-$$(sh scripts/find-python.sh 3.13 3.12)} -m venv $(JAX_VENV)
 	$(JAX_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(JAX_VENV)/bin/python -m pip install --quiet -e . '$(JAX_NEWEST)' pytest pytest-timeout pytest-asyncio anyio
+	$(JAX_VENV)/bin/python -m pip install --quiet -e . '$(JAX_NEWEST)' pytest pytest-timeout pytest-asyncio pytest-xdist anyio
 	touch $@
 
 test-jax-newest: $(JAX_VENV)/.installed
 	$(JAX_VENV)/bin/python -c 'import jax, sys; print("jax_ext tests on jax", jax.__version__, "Python", sys.version.split()[0])'
-	$(JAX_VENV)/bin/python -m pytest -q -p no:cacheprovider $(JAX_TESTS)
+	$(JAX_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal $(JAX_TESTS)
 
 # Side-by-side benchmarks (by hand, not CI): aioccl vs torch.distributed/Gloo vs Open MPI.
 # Needs root for Open MPI from Debian; uses a local CPU torch wheel when there is one.

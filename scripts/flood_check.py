@@ -31,6 +31,7 @@ import asyncio
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -203,6 +204,7 @@ def run(ns: argparse.Namespace) -> int:
             for p in procs:
                 out, err = p.communicate()
                 sys.stderr.write(f"--- rank {procs.index(p)} ---\n{out[-2000:]}{err[-4000:]}\n")
+        shutil.rmtree(d, ignore_errors=True)  # the ranks' port files and barriers: nothing outlives the check
     print("\n".join(report))
     failures = []
     for r, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):

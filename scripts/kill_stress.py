@@ -13,6 +13,7 @@ survivor's faulthandler traceback. Prints one line per failure and a summary; ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -126,6 +127,15 @@ def cycle(n: int, seed: int, rng: random.Random, use_torch: bool = False) -> str
 
         uids, target = tempfile.mktemp(prefix="aioccl-kill-stress-"), torch_rank_main
     procs = [ctx.Process(target=target, args=(r, n, uids, ready, seed), daemon=True) for r in range(n)]
+    try:
+        return _run_cycle(procs, n, ready, rng)
+    finally:
+        if isinstance(uids, str):  # torch's file store: gone with its cycle
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(uids)
+
+
+def _run_cycle(procs: list[Any], n: int, ready: Any, rng: random.Random) -> str:
     for p in procs:
         p.start()
     formed = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -147,14 +148,26 @@ def _faster_polls() -> None:
     dt.Barrier.sync = classmethod(sync)  # type: ignore[assignment]
 
 
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.unlink(path)
+
+
 def run(names: list[str] | None, verbosity: int, exact: bool = False) -> dict[str, dict[str, Any]]:
+    from torch.testing._internal import common_distributed
     from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend
 
     _faster_polls()
 
     class TorchSuite(TestDistBackend, DistributedTest._DistTestBase):  # type: ignore[misc,name-defined]
         def setUp(self) -> None:
+            # torch's setUp makes the test's temporary folder, and its tearDown removes it; a test that skips in
+            # setUp never gets a tearDown, so its folder is removed here (a cleanup runs whatever setUp did)
+            self.addCleanup(common_distributed.cleanup_temp_dir)
             super().setUp()
+            self.addCleanup(_remove, self.file_name)  # the store's file (or a folder by its name) torch leaves
             import torch.multiprocessing as mp
 
             self._start_processes(mp.get_context("fork").Process)  # torch 2.13 has no _fork_processes left
@@ -200,6 +213,14 @@ def main() -> None:
             print(line)
         return
     configure(args.backend, args.world_size, args.gates, args.timeout)
+    first = os.environ["TEMP_DIR"]  # (each test of torch's makes its own and points TEMP_DIR at it)
+    try:
+        _main(args)
+    finally:
+        shutil.rmtree(first, ignore_errors=True)
+
+
+def _main(args: argparse.Namespace) -> None:
     import torch
 
     t0 = time.monotonic()

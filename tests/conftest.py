@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -15,6 +17,7 @@ from unittest import mock
 import anyio
 import pytest
 import pytest_asyncio
+from suite_hygiene import _attribute_leftovers, pytest_configure, pytest_sessionfinish  # noqa: F401  (leaves nothing)
 
 import aioccl
 from aioccl.bootstrap.ports import Reservation, reserve, reserve_in
@@ -37,6 +40,22 @@ def loopback_port():
         yield r.port
 
 
+# the suite's longest tests (10-35 s each on 2 cores), started first so that xdist's workers do not end with
+# one of them running alone; the order of the rest is kept
+LONG_FIRST = ("test_sim.py::test_tuner_within", "test_soak.py", "test_bad_network.py", "test_jax_mpi4jax_parity.py",
+              "test_torch_suite.py", "test_jax_ext.py::test_mesh", "test_collectives_multiprocess.py::test_matrix",
+              "test_kill_stress.py", "test_lanes.py", "test_torch_backend.py", "test_packaging.py", "test_flood.py",
+              "test_mismatch_race.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def late(item: pytest.Item) -> bool:
+        return not any(f"/{long}" in f"/{item.nodeid}" or item.nodeid.startswith(f"tests/{long}")
+                       for long in LONG_FIRST)
+
+    items.sort(key=late)  # stable: False (a long test) first
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makeitem(collector, name, obj):
     """pytest-asyncio runs in strict mode so that anyio's plugin owns the tests marked ``anyio`` (run on
@@ -52,6 +71,35 @@ def _mark_names(obj: object) -> set[str]:
     marks = getattr(obj, "pytestmark", [])
     return {m.name for m in (marks if isinstance(marks, list) else [marks])}
 WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+@contextlib.contextmanager
+def own_tmpdir() -> Iterator[dict[str, str]]:
+    """``TMPDIR`` for one call of a tool that leaves its temporary folders behind (torchrun keeps its
+    ``torchelastic_*`` log folders): a folder of the call's own, removed after it."""
+    with tempfile.TemporaryDirectory(prefix="own-") as d:
+        yield {"TMPDIR": d}
+
+
+def shm_segments(pids: tuple[int, ...] | None = None) -> set[str]:
+    """aioccl's shared-memory segments (``aioccl-<comm>-<rank>-<pid>``), of the processes ``pids`` only when
+    given: tests run side by side (xdist), so a test looks at its own processes' segments, not the machine's."""
+    names = {n for n in os.listdir("/dev/shm") if n.startswith("aioccl-")}
+    return names if pids is None else {n for n in names if n.rsplit("-", 1)[-1] in {str(p) for p in pids}}
+
+
+def orphaned_segments(before: set[str]) -> set[str]:
+    """Segments made since ``before`` whose process has ended: what a finished job left behind (a live
+    process's segment may be another test's, running beside this one)."""
+    left = set()
+    for name in shm_segments() - before:
+        try:
+            os.kill(int(name.rsplit("-", 1)[-1]), 0)
+        except ProcessLookupError:
+            left.add(name)
+        except (PermissionError, ValueError):
+            pass
+    return left
 
 
 def launch(n: int, script: str, *args: str, env: dict[str, str] | None = None,

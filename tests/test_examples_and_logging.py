@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, own_tmpdir
 
 
 def run_example(n: int, name: str, *args: str, env: dict[str, str] | None = None):
@@ -87,9 +87,11 @@ def test_anyio_pipeline_on_both_backends(backend):
 
 def test_torch_ddp_tutorial_runs_under_torchrun_with_backend_aioccl(loopback_port):
     pytest.importorskip("torch", reason="torch is not installed (make test installs the CPU build)")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                        str(loopback_port), str(ROOT / "examples" / "torch_ddp.py")],
-                       env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
+    with own_tmpdir() as tmp:
+        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                            str(loopback_port), str(ROOT / "examples" / "torch_ddp.py")],
+                           env={**os.environ, "OMP_NUM_THREADS": "1", **tmp}, capture_output=True, text=True,
+                           timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     for r in range(2):
         assert f"basic DDP example on rank {r} (backend aioccl)" in p.stdout and f"rank {r}: loss" in p.stdout

@@ -19,7 +19,6 @@ import ctypes
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,9 +187,8 @@ def _run_fake(ipc: str, n: int = 3, counts: tuple[str, ...] = ("1", "7", "1500")
 @pytest.mark.parametrize("ipc, path", [("1", "ipc"), ("0", "staged")])
 def test_every_op_and_dtype_on_gpu_buffers_with_fakecupy(ipc, path):
     """Streams run late (0.5 ms by default): the H100's staged-path race failed here before its fix."""
-    before = set(Path("/dev/shm").glob("fakecupy-*"))
     out = _run_fake(ipc)
-    assert set(Path("/dev/shm").glob("fakecupy-*")) <= before, "close() must free the IPC scratch"
+    assert "never freed at exit" not in out, "close() must free the IPC scratch"
     if path == "staged":
         assert "GPU ops use staging through host memory: AIOCCL_GPU_IPC=0" in out
 

@@ -17,13 +17,14 @@ import pytest
 import aioccl
 from aioccl.transport.shm import SHM_DIR, segment_name, sweep_stale
 
-from conftest import WORKERS, close_all, launch, make_comms
+from conftest import WORKERS, close_all, launch, make_comms, orphaned_segments, shm_segments
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason=f"no {SHM_DIR} on this machine")
 
 
 def segments() -> set[str]:
-    return {n for n in os.listdir(SHM_DIR) if n.startswith("aioccl-")}
+    """This process's segments (the communicators these tests make in it)."""
+    return shm_segments((os.getpid(),))
 
 
 def dead_pid() -> int:
@@ -61,11 +62,12 @@ async def test_abort_leaves_nothing_behind():
     assert segments() == before
 
 
-def test_killed_run_leaves_no_segments():
-    before = segments()
+def test_killed_run_leaves_no_segments(tmp_path):
+    before = shm_segments()
+    # the launcher is killed too: the folder it would have removed on its way out lands in tmp_path
     proc = subprocess.Popen([sys.executable, "-m", "aioccl.run", "--nproc-per-node", "3", "--no-prefix",
                              str(WORKERS / "shm_hold.py")], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, "TMPDIR": str(tmp_path)})
     pids = []
     try:
         deadline = time.monotonic() + 60
@@ -80,8 +82,8 @@ def test_killed_run_leaves_no_segments():
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
-    assert segments() == before
-    assert not [n for n in segments() if any(n.endswith(f"-{pid}") for pid in pids)]
+    assert not orphaned_segments(before)
+    assert not shm_segments((*pids, proc.pid))
 
 
 def test_segments_of_dead_processes_are_swept(tmp_path):

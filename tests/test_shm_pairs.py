@@ -14,7 +14,7 @@ import pytest
 from aioccl.transport.cma import PeerMemory, cookie
 from aioccl.transport.shm_ring import ByteRing, ring_bytes
 
-from conftest import ROOT, WORKERS
+from conftest import ROOT, WORKERS, orphaned_segments, shm_segments
 
 
 def test_a_ring_carries_a_byte_stream_exactly_across_wrap_arounds():
@@ -95,12 +95,12 @@ def test_a_large_send_withdrawn_at_its_deadline_is_never_read():
 
 @pytest.mark.parametrize("engine", ["inline", "thread"])
 def test_split_children_run_over_their_own_shared_memory_channel(engine):
-    before = shm_files()
+    before = shm_segments()
     p = run("children", 3, SHM_PAIRS_ENGINE=engine)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.count(" children") == 3, p.stdout
     assert p.stdout.count(" child mismatch seq ") == 3, p.stdout
-    assert shm_files() <= before, "a child's segments outlived the job"
+    assert not orphaned_segments(before), "a child's segments outlived the job"
 
 
 @pytest.mark.parametrize("engine", ["inline", "thread"])
@@ -115,8 +115,6 @@ def test_a_shrunk_communicator_runs_over_shared_memory_again():
     assert p.stdout.count("shrunk to 2 over shm") == 2, p.stdout[-3000:] + p.stderr[-3000:]
 
 
-def shm_files() -> set[str]:
-    return {f for f in os.listdir("/dev/shm") if f.startswith("aioccl-")}
 
 
 def test_a_peer_lost_over_a_shared_memory_pair_is_seen_at_once():

@@ -12,7 +12,7 @@ import pytest
 
 import aioccl
 
-from conftest import ROOT, TRANSPORT_ENV, WORKERS, reserved_port
+from conftest import ROOT, TRANSPORT_ENV, WORKERS, own_tmpdir, reserved_port
 
 torch = pytest.importorskip("torch", reason="torch is not installed (make test installs the CPU build)")
 dist = pytest.importorskip("torch.distributed")
@@ -24,10 +24,10 @@ def torchrun(n: int, script: str, *args: str, env: dict[str, str] | None = None,
     ``monitor_s``: how often torchrun looks at its workers (once one has died, it kills the others)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     monitor = ["--monitor-interval", str(monitor_s)] if monitor_s is not None else []
-    with reserved_port(2) as ports:  # torch's store, and aioccl's root on the next port
+    with reserved_port(2) as ports, own_tmpdir() as tmp:  # torch's store, and aioccl's root on the next port
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), *monitor, *(extra or []),
                "--master-port", str(ports.port), str(WORKERS / script), *args]
-        return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(cmd, env={**full_env, **tmp}, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("n, transport", [(2, "shm"), (3, "shm"), (2, "tcp")])

@@ -66,7 +66,10 @@ def failure_frame(ctx: int, ranks: tuple[int, ...], rank: int, seq: int, fp: Fin
         cause, culprits, seconds, message = LOST, [exc.rank], 0.0, exc.detail
     elif isinstance(exc, CollectiveTimeout):
         culprits = [ranks[r] for r in exc.waiting_for if 0 <= r < len(ranks)]
-        cause, seconds, message = TIMEOUT, exc.timeout, f"rank {rank} timed out waiting for ranks {exc.waiting_for}"
+        # its detail (the transport, algorithm and step) too: every rank's error then says where the op stood
+        detail = f" ({exc.detail.split('; reported by')[0]})" if exc.detail else ""
+        cause, seconds = TIMEOUT, exc.timeout
+        message = f"rank {rank} timed out waiting for ranks {exc.waiting_for}{detail}"
     else:
         cause, culprits, seconds, message = ABORTED, [], 0.0, f"{type(exc).__name__}: {exc}"
     payload = pack_failure(cause, culprits, seconds, message)
