@@ -16,6 +16,7 @@ Three tiers, so this file says something on every machine:
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import subprocess
 import sys
@@ -29,6 +30,17 @@ from aioccl.gpu.pinned import PinnedPool, size_class
 from conftest import ROOT, launch
 
 FAKE = str(ROOT / "tests" / "fakecupy")
+_driver = importlib.util.spec_from_file_location("fakecupy_driver", f"{FAKE}/fakecupy_driver.py")
+assert _driver is not None and _driver.loader is not None
+fakecupy_driver = importlib.util.module_from_spec(_driver)
+_driver.loader.exec_module(fakecupy_driver)
+
+
+@pytest.fixture(autouse=True)
+def _device_memory_of_ended_processes_goes():
+    """As a driver frees a dead process's device memory: a rank a test killed leaves no segment behind."""
+    yield
+    fakecupy_driver.reclaim()
 
 
 def _py(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

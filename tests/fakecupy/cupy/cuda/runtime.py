@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Any
 
+from fakecupy_driver import reclaim
+
 from . import _gpu
 
 memcpyDefault = 4  # noqa: N816 - cupy's name
@@ -130,30 +132,6 @@ def deviceSynchronize() -> None:  # noqa: N802
     _gpu.GPU.synchronize()
 
 
-def reclaim() -> list[str]:
-    """What the driver does for a process that ended: its device memory goes. A process that exits unlinks its own
-    segments (below); the segments of one that was killed are unlinked here, by whoever calls this next (a new
-    process importing this module, or the tests after each GPU test). Returns the paths unlinked."""
-    gone = []
-    for name in os.listdir("/dev/shm"):
-        parts = name.split("-")
-        if len(parts) != 3 or parts[0] != "fakecupy" or not parts[1].isdigit():
-            continue
-        try:
-            os.kill(int(parts[1]), 0)
-            continue  # its process still runs
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        try:
-            os.unlink(f"/dev/shm/{name}")
-            gone.append(name)
-        except FileNotFoundError:
-            pass
-    return gone
-
-
 @atexit.register
 def _release() -> None:
     """Device memory lives as long as its process: this one's segments are unlinked as it exits (peers that
@@ -169,4 +147,4 @@ def _release() -> None:
             pass
 
 
-reclaim()
+reclaim()  # a process that was killed before this one started: its device memory is gone
