@@ -26,6 +26,7 @@ import pytest
 TAG = "AIOCCL_TEST_SESSION"
 SHM = Path("/dev/shm")
 KEPT = ("pytest-of-", "torchinductor_")  # pytest's tmp_path folders; torch's compile cache (made on purpose)
+OURS = ("aioccl-", "fakecupy-", "torchelastic_", "torch-suite-", "own-", "pymp-", "tmp")  # names the suite makes
 GRACE_S = 10.0
 
 _state: dict[str, object] = {}
@@ -110,8 +111,12 @@ def _leftovers() -> list[str]:
     return left
 
 
-def _remove(what: list[str]) -> None:
+def _remove(what: list[str], run_dir: Path) -> None:
+    """Remove the run's own leftovers: its processes, anything in its folder, and in /dev/shm or the machine's
+    temporary folder what bears the name of something the suite makes (another program's new file is only named)."""
     for item in what:
+        if not item.startswith(("process ", f"{run_dir}/")) and not Path(item).name.startswith(OURS):
+            continue
         if item.startswith("process "):
             try:
                 os.kill(int(item.split()[1].rstrip(":")), signal.SIGKILL)
@@ -135,8 +140,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
         left = _leftovers()
-    _remove(left)
     run_dir = Path(str(_state["run_dir"]))
+    _remove(left, run_dir)
     blame = _attributions(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     if left:
@@ -146,7 +151,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             name = Path(item).name if not item.startswith(str(SHM)) else f"shm:{Path(item).name}"
             return f" (first seen after {blame[name]})" if name in blame else ""
 
-        lines = ["the suite left these behind (now removed):", *(f"  {x}{who(x)}" for x in left)]
+        lines = ["the suite left these behind (its own now removed):", *(f"  {x}{who(x)}" for x in left)]
         if reporter is not None:
             reporter.write_sep("=", "leftovers", red=True)
             reporter.write_line("\n".join(lines))

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -60,9 +61,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _start_holding(n: int) -> tuple[subprocess.Popen[str], list[int]]:
-    """aioccl-run with n ranks that joined over shared memory and now hang; returns their pids."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _start_holding(n: int, tmp: Path | None = None) -> tuple[subprocess.Popen[str], list[int]]:
+    """aioccl-run with n ranks that joined over shared memory and now hang; returns their pids. ``tmp``: its
+    TMPDIR, for a launcher a test kills (the folder it would remove on its way out stays there)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **({"TMPDIR": str(tmp)} if tmp is not None else {})}
     proc = subprocess.Popen([sys.executable, "-m", "aioccl.run", "--nproc-per-node", str(n),
                              str(WORKERS / "shm_hold.py")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -137,8 +139,8 @@ def test_ctrl_c_reaches_every_rank_and_leaves_nothing():
     assert _no_segments_left(before, pids)
 
 
-def test_ranks_die_with_a_killed_launcher():
-    proc, pids = _start_holding(2)
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    proc, pids = _start_holding(2, tmp_path)
     try:
         os.kill(proc.pid, signal.SIGKILL)  # no chance to forward anything
         proc.wait(10)
