@@ -102,11 +102,27 @@ def _tagged_processes(run_dir: Path) -> dict[int, str]:
     return found
 
 
+def _others(segment: str, run_dir: Path) -> bool:
+    """A segment of a live process that is not this run's (``aioccl-<comm>-<rank>-<pid>``, ``fakecupy-<pid>-<n>``):
+    another program's, or another suite's beside this one. One whose process has ended is a leak, whoever's."""
+    parts = segment.split("-")
+    pid = parts[-1] if segment.startswith("aioccl-") else parts[1] if len(parts) > 2 else ""
+    if not pid.isdigit():
+        return False
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False  # ended: a leak
+    return f"{TAG}={run_dir}".encode() not in env.split(b"\0")
+
+
 def _leftovers() -> list[str]:
     run_dir, system_tmp = Path(str(_state["run_dir"])), Path(str(_state["system_tmp"]))
     left = [f"process {pid}: {cmd}" for pid, cmd in _tagged_processes(run_dir).items()]
-    left += [f"{SHM / n}" for n in sorted(_names(SHM) - _state["shm"])]  # type: ignore[operator]
-    left += [f"{system_tmp / n}" for n in sorted(_names(system_tmp) - _state["tmp"] - {run_dir.name})]  # type: ignore[operator]
+    left += [f"{SHM / n}" for n in sorted(_names(SHM) - _state["shm"]) if not _others(n, run_dir)]  # type: ignore[operator]
+    # another run's own folder (a second suite beside this one) is that run's to check
+    left += [f"{system_tmp / n}" for n in sorted(_names(system_tmp) - _state["tmp"])  # type: ignore[operator]
+             if not n.startswith("aioccl-suite-")]
     left += [f"{run_dir / n}" for n in sorted(_names(run_dir)) if not n.startswith((*KEPT, "."))]
     return left
 
