@@ -5,7 +5,8 @@ it, so every temporary file of the suite, its workers and every process they sta
 own ``tmp_path`` folders included. At the end of the run it looks for what is left:
 
 - a process whose environment carries this run's tag (``AIOCCL_TEST_SESSION``), but pytest's own;
-- a file in ``/dev/shm`` or in the machine's temporary folder that was not there when the run began;
+- a segment in ``/dev/shm`` that was not there when the run began, but a live process's of another run or program;
+- a file in the machine's temporary folder, new since the run began, named as the suite's are (``OURS``);
 - anything in the run's folder but pytest's ``tmp_path`` folders and caches that tools keep on purpose.
 
 Processes and files get a few seconds to go away (a rank's last exit), then whatever is left is named, removed,
@@ -120,19 +121,16 @@ def _leftovers() -> list[str]:
     run_dir, system_tmp = Path(str(_state["run_dir"])), Path(str(_state["system_tmp"]))
     left = [f"process {pid}: {cmd}" for pid, cmd in _tagged_processes(run_dir).items()]
     left += [f"{SHM / n}" for n in sorted(_names(SHM) - _state["shm"]) if not _others(n, run_dir)]  # type: ignore[operator]
-    # another run's own folder (a second suite beside this one) is that run's to check
+    # in the machine's temporary folder, what bears a name the suite makes (anything else new there is another
+    # program's, beside this run: pip's, an editor's; another run's own folder is that run's to check)
     left += [f"{system_tmp / n}" for n in sorted(_names(system_tmp) - _state["tmp"])  # type: ignore[operator]
-             if not n.startswith("aioccl-suite-")]
+             if n.startswith(OURS) and not n.startswith("aioccl-suite-")]
     left += [f"{run_dir / n}" for n in sorted(_names(run_dir)) if not n.startswith((*KEPT, "."))]
     return left
 
 
-def _remove(what: list[str], run_dir: Path) -> None:
-    """Remove the run's own leftovers: its processes, anything in its folder, and in /dev/shm or the machine's
-    temporary folder what bears the name of something the suite makes (another program's new file is only named)."""
+def _remove(what: list[str]) -> None:
     for item in what:
-        if not item.startswith(("process ", f"{run_dir}/")) and not Path(item).name.startswith(OURS):
-            continue
         if item.startswith("process "):
             try:
                 os.kill(int(item.split()[1].rstrip(":")), signal.SIGKILL)
@@ -157,7 +155,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         time.sleep(0.2)
         left = _leftovers()
     run_dir = Path(str(_state["run_dir"]))
-    _remove(left, run_dir)
+    _remove(left)
     blame = _attributions(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     if left:
@@ -167,7 +165,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             name = Path(item).name if not item.startswith(str(SHM)) else f"shm:{Path(item).name}"
             return f" (first seen after {blame[name]})" if name in blame else ""
 
-        lines = ["the suite left these behind (its own now removed):", *(f"  {x}{who(x)}" for x in left)]
+        lines = ["the suite left these behind (now removed):", *(f"  {x}{who(x)}" for x in left)]
         if reporter is not None:
             reporter.write_sep("=", "leftovers", red=True)
             reporter.write_line("\n".join(lines))
