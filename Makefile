@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+JAX_VENV := .venv-jax
+JAX_NEWEST := jax>=0.12,<0.13
+JAX_TESTS := $(wildcard tests/test_jax_*.py)
 
-.PHONY: demo test test-jax-newest lint docs clean bench bench-jax
+.PHONY: demo test test-jax-newest lint types docs clean bench bench-jax
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,16 +30,17 @@ docs: $(STAMP)
 # main suite; tests/README.md says how tests share the machine, tests/suite_hygiene.py that nothing is left)
 TEST_WORKERS ?= 3
 
-test: $(STAMP) test-jax-newest
-	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks
-	$(PY) -m mypy
+# lint, types and the newest jax's tests side by side (mypy keeps one core; the jax tests' processes the other),
+# each one's output kept together; then the main suite
+test: $(STAMP) $(JAX_VENV)/.installed
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint types test-jax-newest
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
+
+types: $(STAMP)
+	$(PY) -m mypy
 
 # jax_ext's tests again on the newest jax, which needs Python >= 3.12: a second venv with only what they
 # need (no torch: on 3.12+ pip would pull a CUDA build of GBs). JAX_PYTHON overrides the interpreter.
-JAX_VENV := .venv-jax
-JAX_NEWEST := jax>=0.12,<0.13
-JAX_TESTS := $(wildcard tests/test_jax_*.py)
 $(JAX_VENV)/.installed: pyproject.toml
 	test -x $(JAX_VENV)/bin/python || $${JAX_PYTHON:-$$(sh scripts/find-python.sh 3.13 3.12)} -m venv $(JAX_VENV)
 	$(JAX_VENV)/bin/python -m pip install --quiet --upgrade pip
