@@ -67,7 +67,7 @@ def failure_frame(ctx: int, ranks: tuple[int, ...], rank: int, seq: int, fp: Fin
     elif isinstance(exc, CollectiveTimeout):
         culprits = [ranks[r] for r in exc.waiting_for if 0 <= r < len(ranks)]
         # its detail (the transport, algorithm and step) too: every rank's error then says where the op stood
-        detail = f" ({exc.detail.split('; reported by')[0]})" if exc.detail else ""
+        detail = f" ({exc.detail})" if exc.detail else ""  # (a relayed timeout is never passed on: its own)
         cause, seconds = TIMEOUT, exc.timeout
         message = f"rank {rank} timed out waiting for ranks {exc.waiting_for}{detail}"
     else:
