@@ -18,6 +18,7 @@ from .errors import (
     CollectiveTimeout,
     CommAborted,
     InvalidArgument,
+    OpCancelled,
     OpMismatch,
     PeerLost,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "CollectiveMismatch",
     "CollectiveTimeout",
     "CommAborted",
+    "OpCancelled",
     "Communicator",
     "Group",
     "InvalidArgument",

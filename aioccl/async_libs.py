@@ -43,7 +43,8 @@ def current() -> str:
 
 
 async def trio_wait(work: Work[Any]) -> Any:
-    """Park the current trio task until ``work`` is done; cancelling the task leaves the op running."""
+    """Park the current trio task until ``work`` is done; cancelling the task withdraws the op where
+    ``Work._abandoned`` can (an unmatched receive), else leaves it running."""
     trio = sys.modules["trio"]
     if work.done():
         await trio.lowlevel.checkpoint()
@@ -65,6 +66,7 @@ async def trio_wait(work: Work[Any]) -> Any:
 
     def abort(_raise_cancel: Any) -> Any:
         parked[0] = False
+        work._abandoned()
         return trio.lowlevel.Abort.SUCCEEDED
 
     work.add_done_callback(wake)

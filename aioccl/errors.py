@@ -29,6 +29,21 @@ class CommAborted(AiocclError):
     """The communicator was aborted or closed; the op did not (fully) run."""
 
 
+class OpCancelled(AiocclError):
+    """The op was withdrawn before any peer saw it: by ``work.cancel()``, by cancelling the task that
+    awaited it, or by ``close()`` while it was an unmatched receive.
+
+    Not ``asyncio.CancelledError``: a task that awaits a Work someone else withdrew was not itself
+    cancelled, and a task group must not mistake it for its own cancellation and end quietly.
+    ``op`` and ``seq`` (a point-to-point op's tag) name the op.
+    """
+
+    def __init__(self, op: str, seq: int, why: str) -> None:
+        self.op = op
+        self.seq = seq
+        super().__init__(f"{op} (seq {seq}) was withdrawn {why}; no message was taken into its buffer")
+
+
 class PeerLost(AiocclError):
     """A peer's connection dropped (crash, abort or close) while an op needed it."""
 

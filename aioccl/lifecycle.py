@@ -186,6 +186,10 @@ class LifecycleOps:
         """Let in-flight ops finish (for at most ``timeout`` s, default the communicator's), then release
         the communicator, saying goodbye to peers if it owns the connections.
 
+        A receive no message has matched yet is not waited for: it is withdrawn at once and raises
+        [`OpCancelled`][aioccl.OpCancelled] (a pipeline's receiver is always waiting when the app shuts
+        down). Sends and collectives are promises to peers, so they are let finish.
+
         Past the deadline the ops still running fail with [`CommAborted`][aioccl.errors.CommAborted], the
         communicator is released anyway, and the returned Work raises
         [`CollectiveTimeout`][aioccl.errors.CollectiveTimeout] naming them.
@@ -203,6 +207,9 @@ class LifecycleOps:
 
         async def run() -> None:
             late: CollectiveTimeout | None = None
+            for w in pending:
+                if w.op.startswith("recv("):
+                    w.cancel("by close()")
             try:
                 async with asyncio.timeout(t):
                     for w in pending:

@@ -7,11 +7,13 @@ future on its own loop, woken with ``call_soon_threadsafe`` when needed), and
 blockable with ``wait()`` from plain threads. Under trio, awaiting parks
 the task through ``aioccl.async_libs.trio_wait()``.
 
-Awaiting is *shielded*: cancelling the task that awaits a Work does not
-cancel the op, because peers are already counting on it. ``cancel()``
-succeeds only while no peer can have observed the op (an unmatched receive,
-a send or group member not yet started); collectives are a promise to the
-other ranks and are never cancelled locally (use ``comm.abort()``).
+Cancelling the task that awaits a Work withdraws the op when no peer can
+have seen it yet (an unmatched receive, a send not yet started), as
+cancelling an asyncio stream read gives the bytes to the next reader; any
+other op runs on, because peers are already counting on it (a collective is
+a promise to the other ranks: use ``comm.abort()``). ``work.shield()`` opts
+a Work out. A withdrawn op raises ``OpCancelled``, never the caller's own
+``CancelledError``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Generic, TypeVar
 from . import async_libs, log
 from .engine.placement import lent_here
 from .envvars import check_timeout
+from .errors import OpCancelled
 
 T = TypeVar("T")
 _PENDING, _RUNNING, _DONE, _CANCELLED = range(4)
@@ -46,7 +49,7 @@ class Work(Generic[T]):
 
     __slots__ = ("op", "seq", "_lock", "_state", "_result", "_exc", "_callbacks",
                  "_event", "_cancellable", "_on_cancel", "_engine_thread", "_t0", "_desc", "_probe",
-                 "event", "_next_warn", "_retrieved", "status")
+                 "event", "_next_warn", "_retrieved", "status", "_withdraw")
 
     def __init__(self, op: str, seq: int, *, cancellable: bool = False) -> None:
         self.op = op
@@ -67,6 +70,7 @@ class Work(Generic[T]):
         self._next_warn = 0.0  # the watchdog logs this op again once it is this old (seconds)
         self.event: Any = None  # ops on GPU buffers: a CUDA event recorded right after the results, once done
         self.status: Any = None  # a receive: the Status (source, tag) of the message it got, once done
+        self._withdraw = cancellable  # cancelling an awaiting task withdraws the op (unless shield())
 
     def __repr__(self) -> str:
         state = ("pending", "running", "done", "cancelled")[self._state]
@@ -117,17 +121,30 @@ class Work(Generic[T]):
         """Whether [`cancel`][aioccl.Work.cancel] withdrew the op."""
         return self._state == _CANCELLED
 
-    def cancel(self) -> bool:
-        """Cancel if no peer can have seen the op yet; returns whether it was."""
+    def cancel(self, why: str = "by work.cancel()") -> bool:
+        """Withdraw the op if no peer can have seen it yet (an unmatched receive, a send not yet started);
+        returns whether it is withdrawn. Awaiting it then raises [`OpCancelled`][aioccl.OpCancelled]."""
         with self._lock:
             if self._state != _PENDING or not self._cancellable:
                 return self._state == _CANCELLED
             on_cancel = self._on_cancel
-        if not self._finish(None, asyncio.CancelledError(f"{self.op} seq {self.seq} cancelled"), _CANCELLED):
+        if not self._finish(None, OpCancelled(self.op, self.seq, why), _CANCELLED):
             return self._state == _CANCELLED
+        self._retrieved = True  # withdrawn by the app: nothing for the exit report
         if on_cancel is not None:
             on_cancel()
         return True
+
+    def shield(self) -> Work[T]:
+        """Keep the op posted when a task awaiting it is cancelled; returns
+        the Work itself: ``await comm.irecv(buf, peer).shield()``. ``cancel()`` still withdraws it."""
+        self._withdraw = False
+        return self
+
+    def _abandoned(self) -> None:
+        """The task awaiting this Work was cancelled: withdraw the op if that is still possible."""
+        if self._withdraw and self._state == _PENDING:
+            self.cancel("when the task awaiting it was cancelled")
 
     def result(self) -> T:
         """The result if done (raising the op's error); InvalidStateError if not."""
@@ -202,8 +219,11 @@ class Work(Generic[T]):
                     loop.call_soon_threadsafe(_set_if_pending, fut)
 
             self.add_done_callback(wake)
-            # no shield needed: cancelling the awaiting task cancels only this private future
-            yield from fut.__await__()
+            try:
+                yield from fut.__await__()
+            except asyncio.CancelledError:
+                self._abandoned()
+                raise
         return self.result()
 
 
