@@ -24,7 +24,7 @@ from .errors import (
 )
 from .group import Group
 from .initialization import init, init_sync
-from .p2p import ANY_SOURCE, ANY_TAG, Status
+from .p2p import ANY_SOURCE, ANY_TAG, MAX_TAG, Message, Status
 from .work import Work
 
 __version__ = "0.1.0"
@@ -34,6 +34,7 @@ error_file.install()  # only under a launcher that asked for it (AIOCCL_ERROR_FI
 __all__ = [
     "ANY_SOURCE",
     "ANY_TAG",
+    "MAX_TAG",
     "SUPPORTED_DTYPES",
     "AiocclError",
     "BootstrapError",
@@ -44,6 +45,7 @@ __all__ = [
     "Communicator",
     "Group",
     "InvalidArgument",
+    "Message",
     "OpMismatch",
     "PeerLost",
     "ReduceOp",

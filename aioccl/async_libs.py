@@ -69,7 +69,7 @@ async def trio_wait(work: Work[Any]) -> Any:
         work._abandoned()
         return trio.lowlevel.Abort.SUCCEEDED
 
-    work.add_done_callback(wake)
+    work._on_done(wake)
     await trio.lowlevel.wait_task_rescheduled(abort)
     return work.result()
 

@@ -272,7 +272,10 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         return int(root)
 
     def _peer(self, peer: int) -> int:
-        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.world_size:
+        if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):
+            raise InvalidArgument(f"peer must be an int (a rank of this communicator, 0..{self.world_size - 1}), "
+                                  f"got {peer!r} of type {type(peer).__name__}")
+        if not 0 <= peer < self.world_size:
             raise InvalidArgument(f"peer {peer!r} out of range for a communicator of {self.world_size} ranks")
         return int(peer)
 

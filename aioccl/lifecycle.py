@@ -75,7 +75,7 @@ class LifecycleOps:
         t = self._op_timeout(timeout)
         gathered = self.all_gather(mine, timeout=t)
         result: Work[Communicator | None] = Work("split", gathered.seq)
-        result._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
+        result._bind(self._engine.placement)
         eng = self._engine
 
         def finish(w: Work[Any]) -> None:
@@ -92,7 +92,7 @@ class LifecycleOps:
             sub = self._derive([r for _, r in members], int.from_bytes(digest, "little") >> 1, shrunk=False)
             eng.launch(lambda: self._adopt(sub, result, t, "split"))
 
-        gathered.add_done_callback(finish)
+        gathered._on_done(finish)
         return result
 
     def create_group(self, ranks: list[int], *, tag: str = "", timeout: float | None = None) -> Work[Communicator]:
@@ -120,7 +120,7 @@ class LifecycleOps:
         digest = hashlib.blake2b(f"{self._view.ctx}:group:{members}:{tag}:{serial}".encode(), digest_size=8).digest()
         sub = self._derive(members, int.from_bytes(digest, "little") >> 1, shrunk=False)
         work: Work[Communicator] = Work("create_group", -1)
-        work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
+        work._bind(self._engine.placement)
 
         self._engine.launch(lambda: self._adopt(sub, work, t, "create_group"))
         return work
@@ -149,7 +149,7 @@ class LifecycleOps:
         t = self._op_timeout(timeout)
         self._usable()
         work: Work[Communicator] = Work("shrink", -1)
-        work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
+        work._bind(self._engine.placement)
         eng, view = self._engine, self._view
 
         async def run() -> None:
@@ -201,7 +201,7 @@ class LifecycleOps:
             self._closed = CommAborted(f"{self!r} is closed")
         pending = list(self._inflight)
         work: Work[None] = Work("close", -1)
-        work._engine_thread = self._engine.placement.thread_id  # wait() there would deadlock
+        work._bind(self._engine.placement)
         owns = self._owns_engine
         eng = self._engine
 

@@ -2,9 +2,10 @@
 
 ``AIOCCL_DEBUG`` = ``WARN`` | ``INFO`` | ``TRACE`` turns on a stderr handler;
 ``AIOCCL_DEBUG_SUBSYS`` = ``INIT,NET`` (or ``^NET`` to exclude) filters the
-subsystems. Without ``AIOCCL_DEBUG`` the library adds no handler, so an
-application's own logging configuration decides (warnings still reach stderr
-through logging's last-resort handler).
+subsystems. Without ``AIOCCL_DEBUG`` an application's own logging configuration decides;
+where it has none (no handler on the root logger), aioccl's warnings reach
+stderr in the same format, with host, pid, rank and subsystem, where
+logging's last resort would print a bare line nobody can place.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 
 TRACE = 5
@@ -53,6 +55,22 @@ class _SubsysFilter(logging.Filter):
         return (sub in self.names) != self.exclude
 
 
+class _Fallback(logging.Handler):
+    """aioccl's warnings to stderr, formatted, only while the application has configured no logging."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(_Format())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers or _configured:  # the app's configuration (or AIOCCL_DEBUG's) decides
+            return
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 - logging never raises into the library
+            self.handleError(record)
+
+
 def configure_from_env(env: dict[str, str] | None = None) -> None:
     """Install the ``AIOCCL_DEBUG`` handler once; later calls are no-ops."""
     global _configured
@@ -69,6 +87,7 @@ def configure_from_env(env: dict[str, str] | None = None) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(_Format())
     handler.addFilter(_SubsysFilter(env.get("AIOCCL_DEBUG_SUBSYS", "")))
+    root.removeHandler(_FALLBACK)
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
@@ -77,3 +96,7 @@ def configure_from_env(env: dict[str, str] | None = None) -> None:
 def get(subsys: str) -> logging.Logger:
     """The logger of one subsystem, e.g. ``get("NET")`` -> ``aioccl.NET``."""
     return logging.getLogger(f"aioccl.{subsys}")
+
+
+_FALLBACK = _Fallback()
+logging.getLogger("aioccl").addHandler(_FALLBACK)

@@ -16,6 +16,8 @@ import numpy as np
 from .buffers import Buf, adapt, byte_view, need_writable
 from .dtypes import dtype_code
 from .engine.point_to_point import start_recv, start_recv_any, start_send
+from .engine.probes import Message as Message
+from .engine.probes import start_probe
 from .engine.receives import Status as Status
 from .errors import InvalidArgument
 from .work import Work
@@ -50,8 +52,10 @@ class PointToPointOps:
     def _peer_tag(self, peer: int, tag: int) -> tuple[int, int]:
         if type(peer) is int and type(tag) is int and 0 <= peer < self._view.size and 0 <= tag <= MAX_TAG:
             return peer, tag  # the usual call, checked in one line
-        if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= MAX_TAG:
-            raise InvalidArgument(f"tag must be an int in [0, 2**62), got {tag!r}")
+        if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool):
+            raise InvalidArgument(f"tag must be an int in [0, 2**62), got {tag!r} of type {type(tag).__name__}")
+        if not 0 <= tag <= MAX_TAG:
+            raise InvalidArgument(f"tag must be an int in [0, 2**62) (aioccl.MAX_TAG is the largest), got {tag!r}")
         return self._peer(peer), int(tag)
 
     def isend(self, x: Any, peer: int, tag: int = 0, *, timeout: float | None = None,
@@ -114,6 +118,29 @@ class PointToPointOps:
                            bb.wrap(arr))
 
     recv = irecv
+
+    def probe(self, peer: int = ANY_SOURCE, tag: int = ANY_TAG, *, timeout: float | None = None) -> Work[Message]:
+        """Learn the next message's source, tag, dtype and size without receiving it (MPI's ``Probe``).
+
+        The Work gives a ``Message(source, tag, dtype, size, nbytes)`` for the earliest message waiting
+        here that fits ``peer`` and ``tag`` (``ANY_SOURCE`` / ``ANY_TAG``: any), or else the next one to
+        arrive that no posted receive takes. The message stays: receive it with
+        ``comm.irecv(np.empty(m.size, m.dtype), m.source, m.tag)``. Cancelling the await withdraws the probe.
+        """
+        wild = peer == ANY_SOURCE or tag == ANY_TAG
+        if wild:
+            peer = ANY_SOURCE if peer == ANY_SOURCE else self._peer(peer)
+            tag = ANY_TAG if tag == ANY_TAG else self._peer_tag(0, tag)[1]
+        else:
+            peer, tag = self._peer_tag(peer, tag)
+        t = self._op_timeout(timeout)
+        self._usable()
+        work: Work[Message] = Work(f"probe(peer={'any' if peer < 0 else peer}, tag={'any' if tag < 0 else tag})",
+                                   tag, cancellable=True)
+        me, n = self._view.rank, self._view.size
+        work._probe = _probe(peer) if peer >= 0 else lambda: [r for r in range(n) if r != me]
+        return self._track(work, (0, np.dtype(np.uint8), None, None), start_probe, self._engine, self._view, peer,
+                           tag, t, work)
 
 
 _PROBES: dict[int, Callable[[], list[int]]] = {}  # one per peer number: bounded by the largest communicator

@@ -42,7 +42,8 @@ class OpTracking:
         ``borrow``: from another thread, start it here when the engine is idle (``Placement.borrow``);
         for starts that keep issue order themselves (a shared-memory channel's ops) and small ops only."""
         eng = self._engine
-        work._engine_thread = thread = eng.placement.thread_id  # wait() there would deadlock
+        work._bind(eng.placement)
+        thread = eng.placement.thread_id
         work._t0 = time.monotonic()
         work._desc = desc
         pending = current_group.get()
@@ -56,7 +57,7 @@ class OpTracking:
             return self._start_here(work, start, *args)
         self._inflight.add(work)
         watchdog.pending.add(work)
-        work.add_done_callback(self._finished)
+        work._on_done(self._finished)
         begin = functools.partial(start, *args) if args else start
         if pending is not None:
             pending.append((self, begin, work))  # type: ignore[arg-type]  # self is the Communicator
@@ -74,7 +75,7 @@ class OpTracking:
         else:
             self._inflight.add(work)
             watchdog.pending.add(work)
-            work.add_done_callback(self._finished)
+            work._on_done(self._finished)
         if coro is not None:
             self._engine.spawn(coro)
         return work

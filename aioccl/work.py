@@ -25,7 +25,7 @@ from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
 from . import async_libs, log
-from .engine.placement import lent_here
+from .engine.placement import Placement, lent_here
 from .envvars import check_timeout
 from .errors import OpCancelled
 
@@ -49,7 +49,7 @@ class Work(Generic[T]):
 
     __slots__ = ("op", "seq", "_lock", "_state", "_result", "_exc", "_callbacks",
                  "_event", "_cancellable", "_on_cancel", "_engine_thread", "_t0", "_desc", "_probe",
-                 "event", "_next_warn", "_retrieved", "status", "_withdraw")
+                 "event", "_next_warn", "_retrieved", "status", "_withdraw", "_home")
 
     def __init__(self, op: str, seq: int, *, cancellable: bool = False) -> None:
         self.op = op
@@ -63,6 +63,7 @@ class Work(Generic[T]):
         self._cancellable = cancellable
         self._on_cancel: Callable[[], object] | None = None
         self._engine_thread: int | None = None  # wait() on this thread would deadlock
+        self._home: Placement | None = None  # the engine whose thread runs the done callbacks
         self._t0 = 0.0  # time.monotonic() when issued
         self._desc: Any = ""  # (count, dtype, reduction, root), formatted lazily by pending() and the recorder
         self._probe: Callable[[], list[int] | None] | None = None  # set by the engine: ranks it waits for now
@@ -77,6 +78,19 @@ class Work(Generic[T]):
         return f"<Work {self.op} seq={self.seq} {state}>"
 
     # -- engine side ------------------------------------------------------
+    def _bind(self, placement: Placement) -> None:
+        """The op runs on this engine: its done callbacks run on its thread, and wait() there raises."""
+        self._home = placement
+        self._engine_thread = placement.thread_id
+
+    def _on_done(self, fn: Callable[[Work[T]], None]) -> None:
+        """Internal: ``fn(work)`` on whichever thread completes the op, or now, here, if it is done."""
+        with self._lock:
+            if not self.done():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
     def _start(self) -> bool:
         """Engine claims the op; False if it was cancelled first."""
         with self._lock:
@@ -164,12 +178,33 @@ class Work(Generic[T]):
         return self._exc
 
     def add_done_callback(self, fn: Callable[[Work[T]], None]) -> None:
-        """Call ``fn(work)`` on completion, from the engine's thread (or now if done)."""
+        """Call ``fn(work)`` once the op is done, always on the engine's thread, never inside this call.
+
+        The engine's thread is the event loop that runs the engine: your own loop's thread for the inline
+        engine, the proxy thread for ``init_sync()``, trio, or ``engine="thread"``. The rule holds whatever
+        the op's size, transport or timing: an op already done gets ``fn`` scheduled there (as asyncio's
+        ``Future.add_done_callback`` does), one completed by another thread (``abort()``, ``cancel()``) has
+        it handed over. ``fn`` must not block: ``wait()`` raises there (chain instead, see ``wait``).
+        """
+        home = self._home
+        if home is None:  # not an engine's op (a Work made done, as on a 1-rank shortcut): at once
+            self._on_done(fn)
+            return
+
+        def deliver(w: Work[T]) -> None:
+            if home.on_loop_thread() or home.loop.is_closed():
+                _run_callback(fn, w)
+            else:
+                home.call(_run_callback, fn, w)
+
         with self._lock:
             if not self.done():
-                self._callbacks.append(fn)
+                self._callbacks.append(deliver)
                 return
-        fn(self)
+        if home.loop.is_closed():
+            _run_callback(fn, self)
+        else:
+            home.call(_run_callback, fn, self)
 
     def wait(self, timeout: float | None = None) -> T:
         """Block the calling thread until done; return the result or raise its error.
@@ -178,12 +213,16 @@ class Work(Generic[T]):
         """
         if timeout is not None and not (type(timeout) in (int, float) and timeout == 0):  # 0: just poll
             timeout = check_timeout(timeout, "wait(timeout=...)")
+        if self._engine_thread == threading.get_ident() or lent_here():
+            raise RuntimeError(
+                f"{self!r}.wait() on the engine's thread: blocking there would stop the event loop that completes "
+                "the op, so wait() raises there always, even for an op already done. This thread runs the "
+                "engine because it runs the event loop of an inline engine (aioccl.init() in asyncio) or a done "
+                "callback. In a coroutine, 'await work'. In a done callback, chain: issue the next op there and "
+                "give it its own add_done_callback, or hand the result to another task or thread "
+                "(loop.call_soon_threadsafe, a queue) and wait there"
+            )
         if not self.done():
-            if self._engine_thread == threading.get_ident() or lent_here():
-                raise RuntimeError(
-                    f"{self!r}.wait() would block the event loop that runs the engine (a done callback of an op "
-                    "runs on the engine's thread, or inside a call that ran the op there); use 'await', or chain"
-                )
             with self._lock:
                 if self._event is None:
                     self._event = threading.Event()
@@ -218,13 +257,20 @@ class Work(Generic[T]):
                 elif not loop.is_closed():
                     loop.call_soon_threadsafe(_set_if_pending, fut)
 
-            self.add_done_callback(wake)
+            self._on_done(wake)
             try:
                 yield from fut.__await__()
             except asyncio.CancelledError:
                 self._abandoned()
                 raise
         return self.result()
+
+
+def _run_callback(fn: Callable[[Work[Any]], None], w: Work[Any]) -> None:
+    try:
+        fn(w)
+    except Exception:  # a caller's callback must not break the engine that runs it
+        _log.exception("a done callback of %r raised", w)
 
 
 def _set_if_pending(fut: asyncio.Future[None]) -> None:

@@ -4,6 +4,8 @@ withdraws, and the rules an app relies on, over every transport and in real proc
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -106,3 +108,145 @@ async def _awaited(w: aioccl.Work) -> object:
     return await w
 
 
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("engine", ["inline", "thread"])
+async def test_done_callbacks_run_on_the_engine_thread_whatever_the_timing(engine):
+    """One rule: a done callback runs on the engine's thread and never inside add_done_callback, for an
+    op done before the call (a small send), one done later, and one failed by another thread (abort)."""
+    a, b = await make_comms(2, engine=engine)
+    seen: list[tuple[str, int, bool]] = []
+    inside = [False]
+    caller = threading.get_ident()
+
+    def on(label: str) -> Callable[[aioccl.Work], None]:
+        return lambda w: seen.append((label, threading.get_ident(), inside[0] and threading.get_ident() == caller))
+
+    def add(w: aioccl.Work, label: str) -> None:
+        inside[0] = True
+        w.add_done_callback(on(label))
+        inside[0] = False
+
+    try:
+        engine_thread = a._engine.placement.thread_id
+        small = a.isend(np.ones(2), 1, tag=1)
+        await small  # done before the callback is added
+        add(small, "done before")
+        big = np.zeros(1 << 20)
+        later = b.irecv(big, 0, tag=2)
+        add(later, "done later")
+        await a.isend(np.ones(1 << 20), 1, tag=2)
+        await later
+        for _ in range(50):
+            if len(seen) == 2:
+                break
+            await asyncio.sleep(0.01)
+        orphan = b.irecv(np.zeros(1), 0, tag=3)
+        add(orphan, "aborted")
+        await asyncio.to_thread(b.abort)  # completed by another thread
+        for _ in range(50):
+            if len(seen) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(label for label, _, _ in seen) == ["aborted", "done before", "done later"]
+        assert isinstance(orphan.exception(), aioccl.CommAborted)
+        for label, thread, during in seen:
+            assert thread == (engine_thread if label == "done before" else b._engine.placement.thread_id), label
+            assert not during, label
+    finally:
+        await a.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("nbytes", [16, 8 << 20])
+async def test_wait_on_the_engine_thread_raises_whatever_the_size(nbytes):
+    """wait() on the inline engine's own loop raises the same error for an op already done (16 B, sent
+    inside the call) as for one that is not (8 MiB), and the text says what chaining means."""
+    a, b = comms = await make_comms(2)
+    try:
+        x = np.ones(nbytes // 8)
+        w = a.isend(x, 1, tag=1)
+        r = b.irecv(np.zeros_like(x), 0, tag=1)
+        says = "on the engine's thread.*even for an op already done.*chain: issue the next op"
+        with pytest.raises(RuntimeError, match=says):
+            w.wait()
+        await w
+        await r
+        with pytest.raises(RuntimeError, match="on the engine's thread"):
+            w.wait()  # done now: still not allowed
+        x2 = np.ones(4)
+        calls: list[str] = []
+
+        def chained(done: aioccl.Work) -> None:
+            try:
+                a.barrier().wait()
+            except RuntimeError as e:
+                calls.append(str(e))
+
+        w2 = a.all_reduce(x2)
+        w2.add_done_callback(chained)
+        await asyncio.gather(w2, b.all_reduce(np.ones(4)))
+        for _ in range(50):
+            if calls:
+                break
+            await asyncio.sleep(0.01)
+        assert len(calls) == 1 and "on the engine's thread" in calls[0]
+        await b.barrier()  # the barrier the callback issued
+    finally:
+        await close_all(comms)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("transport", ["tcp", "shm", "ib"])
+async def test_probe_tells_a_message_size_before_it_is_received(transport):
+    """probe() learns source, tag, dtype and size of a message whose size the receiver cannot know, eager
+    and by rendezvous (over AIOCCL_P2P_EAGER), waiting or already arrived; the message stays for the receive."""
+    a, b, c = comms = await make_comms(3, transport=transport)
+    try:
+        for count, dt in ((7, np.int32), (300_000, np.float64)):  # 2.4 MB: by rendezvous
+            waiting = a.probe()  # nothing yet: answered by the next message
+            await asyncio.sleep(0.02)
+            assert not waiting.done()
+            sent = c.isend(np.arange(count, dtype=dt), 0, tag=11)
+            m = await waiting
+            assert m == aioccl.Message(2, 11, np.dtype(dt), count, count * np.dtype(dt).itemsize)
+            again = await a.probe(2, 11)  # already here: at once, the same message
+            assert again == m
+            buf = np.full(m.size, -1, m.dtype)
+            await asyncio.gather(a.irecv(buf, m.source, m.tag), sent)
+            assert (buf == np.arange(count, dtype=dt)).all()
+        # a probe fits by source and tag; one that fits nothing times out naming the op and its peer
+        await b.isend(np.ones(3, np.uint8), 0, tag=4)
+        m = await a.probe(tag=4)
+        assert (m.source, m.size, m.dtype) == (1, 3, np.dtype(np.uint8))
+        with pytest.raises(aioccl.CollectiveTimeout, match=r"probe\(peer=2, tag=4\).*\[2\]"):
+            await a.probe(2, 4, timeout=0.2)
+        await a.irecv(np.zeros(3, np.uint8), 1, tag=4)
+        # cancelling the await withdraws the probe
+        p = a.probe(1, 9)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await p
+        assert p.cancelled() and a.pending() == []
+        with pytest.raises(aioccl.InvalidArgument, match="peer must be an int"):
+            a.probe("1")
+    finally:
+        await close_all(comms)
+
+
+@pytest.mark.asyncio
+async def test_a_peer_of_the_wrong_type_is_a_type_error_not_a_range_error():
+    a, b = comms = await make_comms(2)
+    try:
+        with pytest.raises(aioccl.InvalidArgument, match=r"peer must be an int .*got '1' of type str"):
+            a.isend(np.ones(2), "1")
+        with pytest.raises(aioccl.InvalidArgument, match=r"peer 5 out of range"):
+            a.isend(np.ones(2), 5)
+        with pytest.raises(aioccl.InvalidArgument, match=r"tag must be an int .*got 1.5 of type float"):
+            a.irecv(np.ones(2), 1, tag=1.5)
+        with pytest.raises(aioccl.InvalidArgument, match=r"MAX_TAG"):
+            a.isend(np.ones(2), 1, tag=aioccl.MAX_TAG + 1)
+        await asyncio.gather(a.isend(np.ones(2), 1, tag=aioccl.MAX_TAG), b.irecv(np.ones(2), 0, tag=aioccl.MAX_TAG))
+    finally:
+        await close_all(comms)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections import deque
 from collections.abc import Callable
 
@@ -48,11 +49,13 @@ from .notice_handling import NoticeHandling
 from .notices import Active, Fingerprint
 from .p2p_posting import PointToPointPosting
 from .pool import BufferPool
+from .probes import Probes
 from .receives import Budget, Early, Posted, drop_unfinished
 from .rendezvous import Rendezvous
 from .wildcards import Wildcards
 
 _log = log.get("COLL")
+_net_log = log.get("NET")
 
 
 class Mailbox(NoticeHandling, PointToPointPosting):
@@ -66,6 +69,7 @@ class Mailbox(NoticeHandling, PointToPointPosting):
         self.p2p_posted: dict[tuple[int, int, int], deque[Posted]] = {}
         self.p2p_early: dict[tuple[int, int, int], deque[Early]] = {}
         self.wild = Wildcards()  # receives from any source or with any tag
+        self.probes = Probes()  # probes waiting for a message no receive takes
         self._posts = itertools.count(1)  # point-to-point receives' posting numbers
         self._arrivals = itertools.count(1)  # point-to-point messages' arrival numbers
         self.lost: dict[int, PeerLost] = {}
@@ -110,6 +114,8 @@ class Mailbox(NoticeHandling, PointToPointPosting):
                 if p is None:
                     e.order = next(self._arrivals)
                     self.p2p_early.setdefault(key3, deque()).append(e)
+                    if self.probes:
+                        self.probes.arrived(peer, h)
                 else:
                     self._attach(e, p)
                 return e.view(), e.finish
@@ -197,6 +203,8 @@ class Mailbox(NoticeHandling, PointToPointPosting):
 
     def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None:
         lost = PeerLost(peer, "it closed its communicator" if graceful else f"{type(exc).__name__}: {exc}")
+        if peer not in self.lost:  # once per peer, though a same-host peer's socket and ring both end
+            _net_log.log(logging.INFO if graceful else logging.WARNING, "%s", lost)
         self.lost[peer] = lost
         if graceful:
             self.closed_peers.add(peer)
@@ -213,6 +221,7 @@ class Mailbox(NoticeHandling, PointToPointPosting):
         for p in self._partial.pop(peer, ()):
             p.fail(lost)
         self.rdv.on_lost(peer, lost)
+        self.probes.on_lost(peer, self.lost, self.closed_peers)
         # a crash fails every collective running here that includes the peer, not only those receiving
         # from it: a rank waiting on a live peer that is itself stuck on the lost one would time out.
         # A peer that closed its communicator finished its part of every op first: only its receives fail.
@@ -325,4 +334,5 @@ class Mailbox(NoticeHandling, PointToPointPosting):
         for p in self.wild.all():
             p.fail(exc)
         self.wild.clear()
+        self.probes.fail_all(exc)
 

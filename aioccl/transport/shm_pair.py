@@ -232,7 +232,7 @@ class ShmPairConnection:
             return
         self._shut()
         self.side.abort()
-        _log.log(20 if graceful else 30, "connection to rank %d ended: %s", self.peer, exc)
+        _log.info("connection to rank %d ended: %s", self.peer, exc)  # the engine warns, once per peer
         self.sink.on_lost(self.peer, exc, graceful)
 
     def _shut(self) -> None:

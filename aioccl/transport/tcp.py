@@ -223,7 +223,7 @@ class TcpConnection:
         if not self.closed:
             self.closed = True
             graceful = self.bye_received and isinstance(e, Closed)
-            _log.log(20 if graceful else 30, "connection to rank %d ended: %s", self.peer, e)
+            _log.info("connection to rank %d ended: %s", self.peer, e)  # the engine warns, once per peer
             self.sink.on_lost(self.peer, e, graceful)
 
     def pause_reading(self, paused: bool) -> None:

@@ -67,7 +67,7 @@ class TorchWork(dist.Work):
         if not works:
             self._complete()
         for w in works:
-            w.add_done_callback(self._one_done)
+            w._on_done(self._one_done)
 
     def _one_done(self, w: Work[Any]) -> None:
         exc = w.exception()  # (marks it seen: aioccl's exit report leaves it alone)
