@@ -250,3 +250,20 @@ async def test_a_peer_of_the_wrong_type_is_a_type_error_not_a_range_error():
         await asyncio.gather(a.isend(np.ones(2), 1, tag=aioccl.MAX_TAG), b.irecv(np.ones(2), 0, tag=aioccl.MAX_TAG))
     finally:
         await close_all(comms)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+async def test_a_peer_that_aborts_is_told_apart_from_a_crash(transport):
+    """abort() leaves last words on each connection: the peers' PeerLost says it aborted, not that the
+    connection broke (a SIGKILL's reads 'connection closed by peer', tests/test_reliability.py)."""
+    a, b, c = await make_comms(3, transport=transport)
+    try:
+        w = b.irecv(np.zeros(2), 0, tag=1)
+        wc = c.irecv(np.zeros(2), aioccl.ANY_SOURCE, tag=1)
+        a.abort()
+        for work in (w, wc):
+            with pytest.raises(aioccl.PeerLost, match=r"lost connection to rank 0: it called abort\(\) on its comm"):
+                await asyncio.wait_for(work, 5)
+    finally:
+        await close_all([b, c])

@@ -42,6 +42,7 @@ from ..transport.frames import (
     RDATA,
     RDONE,
     RTS,
+    SAID_ABORT,
     Header,
 )
 from .blame import Reports
@@ -202,7 +203,8 @@ class Mailbox(NoticeHandling, PointToPointPosting):
         return buf.data[: h.nbytes], lambda: self.pool.release(buf)
 
     def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None:
-        lost = PeerLost(peer, "it closed its communicator" if graceful else f"{type(exc).__name__}: {exc}")
+        said = SAID_ABORT if str(exc) == SAID_ABORT else f"{type(exc).__name__}: {exc}"
+        lost = PeerLost(peer, "it closed its communicator" if graceful else said)
         if peer not in self.lost:  # once per peer, though a same-host peer's socket and ring both end
             _net_log.log(logging.INFO if graceful else logging.WARNING, "%s", lost)
         self.lost[peer] = lost

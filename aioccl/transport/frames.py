@@ -25,6 +25,9 @@ COLL, P2P, BYE, MISMATCH, FAIL, PROBE = 1, 2, 3, 4, 5, 6
 # a large point-to-point message goes by rendezvous: ready-to-send (no payload; count = its bytes, k = its id),
 # clear-to-send (the receiver has posted a receive for it), then its data
 RTS, CTS, RDATA = 7, 8, 9
+# a BYE's op: 0 a graceful close (every op's part done first); BYE_ABORT the sender's last words from abort()
+BYE_ABORT = 1
+SAID_ABORT = "it called abort() on its communicator (no crash)"  # PeerLost's detail after BYE_ABORT
 # the receiver stopped (seq 1) or resumed (seq 0) reading this connection: its budget for unexpected frames is
 # spent, so the sender's kernel must not count the closed window as a dead peer
 PAUSE = 10
@@ -96,3 +99,8 @@ def unpack(buf: bytes | bytearray | memoryview, offset: int = 0) -> Header:
 
 _new_tuple = tuple.__new__  # a Header from the unpacked fields without the named tuple's Python __new__
 
+
+
+def abort_words() -> bytes:
+    """The frame ``abort()`` leaves as its last words, so the peer can tell an abort from a crash."""
+    return Header(BYE, BYE_ABORT, 0, 0, 0, 0, 0).pack()

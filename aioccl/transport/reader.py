@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from .frames import BYE, HEADER_SIZE, Header, unpack
+from .frames import BYE, BYE_ABORT, HEADER_SIZE, Header, unpack
 from .shm_ring import HEAD, TAIL, ByteRing
 
 
@@ -30,11 +30,12 @@ class Striper(Protocol):
 
 
 class FrameReader:
-    __slots__ = ("peer", "sink", "bye_received", "stripe", "_hbuf", "_hview", "_view", "_got", "_done")
+    __slots__ = ("peer", "sink", "bye_received", "aborted", "stripe", "_hbuf", "_hview", "_view", "_got", "_done")
 
     def __init__(self, peer: int, sink: Sink) -> None:
         self.peer, self.sink = peer, sink
         self.bye_received = False
+        self.aborted = False  # the peer's last words said it called abort(): no crash
         self.stripe: Striper | None = None  # a connection's lanes, when it has some
         self._hbuf = bytearray(HEADER_SIZE)
         self._hview = memoryview(self._hbuf)
@@ -79,7 +80,7 @@ class FrameReader:
             budget -= end
             if h.kind == BYE:
                 ctl[TAIL] = tail + end
-                self.bye_received = True
+                self._bye(h)
                 continue
             target, done = self.sink.on_header(self.peer, h)
             if h.nbytes:
@@ -90,13 +91,19 @@ class FrameReader:
             return budget
         return self.feed(ring.read_into, budget)
 
+    def _bye(self, h: Header) -> None:
+        if h.op == BYE_ABORT:
+            self.aborted = True
+        else:
+            self.bye_received = True
+
     def streaming(self) -> bool:
         """Is a payload half read (its sender still writing it)?"""
         return self._done is not None
 
     def _on_header(self, h: Header) -> None:
         if h.kind == BYE:
-            self.bye_received = True
+            self._bye(h)
             return
         target, done = self.sink.on_header(self.peer, h)
         if h.nbytes:

@@ -29,7 +29,7 @@ import socket
 from .. import log
 from ..bootstrap.sockio import Closed
 from .cma import PeerMemory
-from .frames import BYE, Header
+from .frames import BYE, SAID_ABORT, Header, abort_words
 from .reader import FrameReader, SideChannel, Sink
 from .shm import LoopBell, Segment
 from .shm_ring import BLOCKED, HEAD, TAIL, ByteRing, fence
@@ -90,6 +90,7 @@ class ShmPairConnection:
         self._space = asyncio.Event()  # set by the reader's bell when it freed space in a blocked ring
         self._waiting = False
         self._control = bytearray()
+        self._said_bye = False
         self.reader = FrameReader(peer, sink)
         self.memory: PeerMemory | None = None  # reads the peer's memory in place, where the kernel lets us
 
@@ -230,6 +231,8 @@ class ShmPairConnection:
     def _ended(self, exc: BaseException, graceful: bool) -> None:
         if self.closed:
             return
+        if not graceful and (self.reader.aborted or self.side.reader.aborted):
+            exc = Closed(SAID_ABORT)
         self._shut()
         self.side.abort()
         _log.info("connection to rank %d ended: %s", self.peer, exc)  # the engine warns, once per peer
@@ -256,14 +259,15 @@ class ShmPairConnection:
                     async with self._lock:
                         await self._write(memoryview(Header(BYE, 0, 0, 0, 0, 0, 0).pack()))
                         self.hub.ring(self.peer)
+                        self._said_bye = True
             except (OSError, Closed, TimeoutError):
                 pass
             await self.side.close(graceful=True)
         self.abort()
 
     def abort(self) -> None:
-        if self._control and not self._lock.locked() and not self.closed:  # last words: one try, no waiting
-            data = self._take_control()
+        if not self._lock.locked() and not self.closed:  # last words: one try, no waiting
+            data = self._take_control() + (b"" if self._said_bye else abort_words())
             if self.tx.free() >= len(data):
                 self.tx.write(memoryview(data))
                 self.hub.ring(self.peer)

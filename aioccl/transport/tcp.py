@@ -23,7 +23,7 @@ import socket
 from .. import log
 from ..bootstrap.sockio import Closed
 from ..envvars import env_float
-from .frames import BYE, Header, unpack
+from .frames import BYE, SAID_ABORT, Header, abort_words, unpack
 from .lanes import Lanes
 from .reader import FrameReader, Sink
 from .shm import stop_reader
@@ -81,6 +81,7 @@ class TcpConnection:
         if self.lanes is not None:
             self.reader.stripe = self.lanes
         self._control = bytearray()  # control frames (failure notices) waiting for the socket
+        self._said_bye = False  # a graceful close's BYE went out: abort() then adds no last words
         self._flusher: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -223,6 +224,8 @@ class TcpConnection:
         if not self.closed:
             self.closed = True
             graceful = self.bye_received and isinstance(e, Closed)
+            if self.reader.aborted and not graceful:
+                e = Closed(SAID_ABORT)
             _log.info("connection to rank %d ended: %s", self.peer, e)  # the engine warns, once per peer
             self.sink.on_lost(self.peer, e, graceful)
 
@@ -261,14 +264,15 @@ class TcpConnection:
             try:
                 async with asyncio.timeout(5.0):
                     await self.send(Header(BYE, 0, 0, 0, 0, 0, 0).pack(), None)
+                self._said_bye = True
             except (OSError, Closed, TimeoutError):
                 pass
         self.abort()
 
     def abort(self) -> None:
-        if self._control and not self._lock.locked() and not self.closed:  # last words: one try, no waiting
+        if not self._lock.locked() and not self.closed:  # last words: one try, no waiting
             try:
-                self.sock.send(bytes(self._control))
+                self.sock.send(bytes(self._control) + (b"" if self._said_bye else abort_words()))
             except OSError:
                 pass
         self.closed = True
