@@ -13,6 +13,7 @@ NCCL. Point-to-point ops do not take sequence numbers; they match by
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -38,11 +39,12 @@ from .engine.placement import Placement
 from .engine.shm_channel import ShmChannel
 from .engine.view import CommView
 from .envvars import check_timeout, env_int, env_timeout
-from .errors import CommAborted, InvalidArgument
+from .errors import CommAborted, InvalidArgument, PeerLost
 from .group import Group
 from .introspection import FlightRecorder
 from .lifecycle import LifecycleOps
 from .p2p import PointToPointOps
+from .recovery import on_member_lost
 from .topology import Topology
 from .tracking import OpTracking
 from .transport.ib.connection import IbConnection
@@ -78,6 +80,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         self._inflight: set[Work[Any]] = set()
         self._recorder = FlightRecorder()
         self._closed: BaseException | None = None
+        self._member_lost: PeerLost | None = None  # a rank of it was lost (not closed): ops fail until shrink
         self._aborted = False
         self._subs: list[Communicator] = []
         self._groups_made: dict[tuple[tuple[int, ...], str], int] = {}  # create_group's per-group serials
@@ -91,6 +94,8 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         world = engine.table is not None and view.ctx == engine.table.comm_id
         self._shm: ShmChannel | None = engine.shm if world else None
         self._owns_engine = parent is None  # closing it closes the engine (passed on by shrink)
+        if world:  # one listener per engine, for all its communicators
+            engine.mailbox.lost_listeners.append(functools.partial(on_member_lost, engine))
         self._gpu: Any = None  # GpuRunner, made by the first op on GPU buffers
         engine.watchdog.watch(self)
 
@@ -257,9 +262,14 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         return f"<aioccl.Communicator rank {self.rank}/{self.world_size} ctx {self._view.ctx:x}>"
 
     # -- plumbing ------------------------------------------------------------
-    def _usable(self) -> None:
+    def _usable(self, seq: int = -1) -> None:
+        """Raise why no op can be issued here now; ``seq``: a collective's, whose own failure (a peer's
+        notice that came first, e.g. a timeout) is then the error, as it is on the ranks that sent it."""
         if self._closed is not None:
             raise self._closed
+        if self._member_lost is not None:
+            doomed = self._engine.mailbox.doomed(self._view.ctx, seq) if seq >= 0 else None
+            raise doomed or self._member_lost
         if self._parent is not None and self._parent._closed is not None:
             raise CommAborted(f"parent communicator is closed: {self._parent._closed}")
 
@@ -330,7 +340,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         desc = (count, dt, op, root if coll.rooted else None)
         order = -1  # a channel's op: its issue number there
         with self._lock:
-            self._usable()
+            self._usable(self._seq)
             seq = self._seq
             self._seq += 1
             if shm is not None:

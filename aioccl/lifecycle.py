@@ -40,6 +40,7 @@ class LifecycleOps:
         _owns_engine: bool
         _lock: threading.Lock
         _closed: BaseException | None
+        _member_lost: Any
         _aborted: bool
         _inflight: set[Work[Any]]
         _gpu: Any
@@ -147,7 +148,8 @@ class LifecycleOps:
         the new one at the end.
         """
         t = self._op_timeout(timeout)
-        self._usable()
+        if self._closed is not None:  # a lost member is what shrink is for: only a closed one refuses
+            raise self._closed
         work: Work[Communicator] = Work("shrink", -1)
         work._bind(self._engine.placement)
         eng, view = self._engine, self._view

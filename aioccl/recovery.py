@@ -1,4 +1,13 @@
-"""Agreeing on the survivors after a rank is lost, for ``Communicator.shrink()``.
+"""After a rank is lost: every communicator with it learns at once, and the survivors agree on who is
+alive, for ``Communicator.shrink()``.
+
+*Learning* (``on_member_lost``): every rank holds a connection to every other, so each finds out a
+crash by itself (at once, or within ``AIOCCL_PEER_TIMEOUT`` for a dead host), whatever its own
+traffic. A communicator that holds the lost rank then fails its in-flight ops that no peer has seen
+(an unmatched receive, a queued send, a probe: ops on live peers too, or a rank that only exchanges
+messages with live neighbours would wait on them and never shrink) and every later op at once, each
+with the same ``PeerLost``; its collectives fail already where they wait. A rank that *closed* its
+communicator finished its part of every op first: that is no loss to react to.
 
 Each survivor knows only whom *it* has lost. Agreement runs in rounds over
 point-to-point messages on tags beyond the user's range: every rank sends
@@ -24,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .dtypes import dtype_code
-from .errors import AiocclError
+from .errors import AiocclError, PeerLost
 from .transport.frames import P2P, Header
 from .work import Work
 
@@ -34,6 +43,22 @@ if TYPE_CHECKING:
 
 SHRINK_TAG = 1 << 62  # user tags are below 2**62; round r uses SHRINK_TAG + r
 _U8 = dtype_code(np.dtype(np.uint8))
+
+
+def on_member_lost(engine: Engine, world_rank: int, lost: PeerLost) -> None:
+    """The engine lost ``world_rank`` (engine thread): each of its communicators holding that rank fails
+    what is waiting and refuses new ops with ``PeerLost``, until the app shrinks it."""
+    if world_rank in engine.mailbox.closed_peers:
+        return
+    for comm in list(engine.watchdog.comms):
+        ranks = comm._view.ranks
+        if world_rank not in ranks or comm._closed is not None or comm._member_lost is not None:
+            continue
+        exc = PeerLost(world_rank, f"{lost.detail}; it was rank {ranks.index(world_rank)} of communicator "
+                                   f"{comm._view.ctx:x}, so its ops fail until comm.shrink()")
+        comm._member_lost = exc
+        for w in list(comm._inflight):
+            w._withdraw_with(exc)
 
 
 async def agree_on_survivors(engine: Engine, view: CommView, timeout: float) -> list[int]:

@@ -138,13 +138,21 @@ class Work(Generic[T]):
     def cancel(self, why: str = "by work.cancel()") -> bool:
         """Withdraw the op if no peer can have seen it yet (an unmatched receive, a send not yet started);
         returns whether it is withdrawn. Awaiting it then raises [`OpCancelled`][aioccl.OpCancelled]."""
+        if self._state == _CANCELLED:
+            return True
+        withdrawn = self._withdraw_with(OpCancelled(self.op, self.seq, why), _CANCELLED)
+        if withdrawn:
+            self._retrieved = True  # withdrawn by the app: nothing for the exit report
+        return withdrawn
+
+    def _withdraw_with(self, exc: BaseException, state: int = _DONE) -> bool:
+        """Take the op back unseen by any peer, ending it with ``exc``: False once it has started."""
         with self._lock:
             if self._state != _PENDING or not self._cancellable:
-                return self._state == _CANCELLED
+                return False
             on_cancel = self._on_cancel
-        if not self._finish(None, OpCancelled(self.op, self.seq, why), _CANCELLED):
-            return self._state == _CANCELLED
-        self._retrieved = True  # withdrawn by the app: nothing for the exit report
+        if not self._finish(None, exc, state):
+            return False
         if on_cancel is not None:
             on_cancel()
         return True

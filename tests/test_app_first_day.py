@@ -4,6 +4,9 @@ withdraws, and the rules an app relies on, over every transport and in real proc
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 
@@ -12,7 +15,7 @@ import pytest
 
 import aioccl
 
-from conftest import TRANSPORT_ENV, close_all, launch, make_comms
+from conftest import ROOT, TRANSPORT_ENV, WORKERS, close_all, launch, make_comms
 
 
 @pytest.mark.parametrize("case", ["close", "async_with", "cancelled"])
@@ -25,6 +28,20 @@ def test_close_with_a_posted_receive_returns_at_once(case, transport):
     assert proc.returncode == 0, out[-3000:]
     assert proc.stdout.count(", 0 failures") == 2, out[-2000:]
     assert "Warning" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_every_rank_learns_of_a_crash_and_shrink_keeps_every_live_rank(n, transport):
+    """Stage 1 of a p2p pipeline is SIGKILLed: ranks 3 and up only talk to live neighbours, yet each
+    survivor gets PeerLost(1) at once, and shrink() gives all n - 1 survivors, none dropped."""
+    proc = subprocess.run([sys.executable, "-m", "aioccl.run", "--keep-going", "--nproc-per-node", str(n),
+                           str(WORKERS / "p2p_crash.py")], env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                                **TRANSPORT_ENV[transport]},
+                          capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert "rank 1 was killed by SIGKILL" in proc.stderr, out[-3000:]
+    assert proc.stdout.count(", 0 failures") == n - 1, out[-3000:]
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm", "ib"])

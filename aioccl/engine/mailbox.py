@@ -255,6 +255,10 @@ class Mailbox(NoticeHandling, PointToPointPosting):
                 return exc
         return None
 
+    def doomed(self, ctx: int, seq: int) -> AiocclError | None:
+        """The error a peer's notice already gave collective ``seq`` (None: none came)."""
+        return self._doomed.get((ctx, seq))
+
     def end(self, ctx: int, seq: int) -> AiocclError | None:
         """The collective's schedule ran to its end here; returns its error if a peer's different
         call reached it meanwhile (a send-only part finishes without noticing otherwise)."""
