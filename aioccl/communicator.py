@@ -262,14 +262,9 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         return f"<aioccl.Communicator rank {self.rank}/{self.world_size} ctx {self._view.ctx:x}>"
 
     # -- plumbing ------------------------------------------------------------
-    def _usable(self, seq: int = -1) -> None:
-        """Raise why no op can be issued here now; ``seq``: a collective's, whose own failure (a peer's
-        notice that came first, e.g. a timeout) is then the error, as it is on the ranks that sent it."""
+    def _usable(self) -> None:
         if self._closed is not None:
             raise self._closed
-        if self._member_lost is not None:
-            doomed = self._engine.mailbox.doomed(self._view.ctx, seq) if seq >= 0 else None
-            raise doomed or self._member_lost
         if self._parent is not None and self._parent._closed is not None:
             raise CommAborted(f"parent communicator is closed: {self._parent._closed}")
 
@@ -340,7 +335,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         desc = (count, dt, op, root if coll.rooted else None)
         order = -1  # a channel's op: its issue number there
         with self._lock:
-            self._usable(self._seq)
+            self._usable()
             seq = self._seq
             self._seq += 1
             if shm is not None:

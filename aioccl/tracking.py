@@ -34,6 +34,7 @@ class OpTracking:
         _view: CommView
         _inflight: set[Work[Any]]
         _recorder: FlightRecorder
+        _member_lost: BaseException | None
 
     def _track(self, work: Work[Any], desc: Any, start: Callable[..., Any], *args: Any,
                borrow: bool = False) -> Work[Any]:
@@ -46,6 +47,12 @@ class OpTracking:
         thread = eng.placement.thread_id
         work._t0 = time.monotonic()
         work._desc = desc
+        if self._member_lost is not None:  # a rank of it was lost: every op fails alike, until shrink()
+            # a collective's own failure, told by a peer first (a timeout), is what the others raise for it
+            doomed = eng.mailbox.doomed(self._view.ctx, work.seq) if "(" not in work.op else None
+            work._set_exception(doomed or self._member_lost)
+            self._record(work)
+            return work
         pending = current_group.get()
         if borrow and pending is None and thread != threading.get_ident() and eng.placement.borrow():
             try:

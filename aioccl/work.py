@@ -235,7 +235,12 @@ class Work(Generic[T]):
                 if self._event is None:
                     self._event = threading.Event()
                 event = self._event
-            if not self.done() and not event.wait(timeout):
+            try:
+                finished = self.done() or event.wait(timeout)
+            except BaseException:  # interrupted (Ctrl-C's KeyboardInterrupt): as a cancelled await
+                self._abandoned()
+                raise
+            if not finished:
                 raise TimeoutError(f"{self!r} not done after {timeout}s")
         return self.result()
 

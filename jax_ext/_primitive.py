@@ -29,6 +29,7 @@ from aioccl import Communicator, ReduceOp
 from aioccl.dtypes import check_op_dtype, dtype_code
 
 from . import _compat, call_log, runtime
+from .interrupts import run_guarded
 
 # the communicator a callback runs on, given a way to read its device's mesh position (a device-to-host
 # read on a GPU: only a mesh-level group calls it)
@@ -208,11 +209,11 @@ def callback_factory(name: str, run: RunFn) -> Callable[..., _compat.HostCallbac
             STATS["calls"] += 1
             STATS["in_place"] += same
             if not call_log.get_logging():  # the 8-byte op's hot path: nothing more
-                run(comm, arrays, out_arrays, same, **params)
+                run_guarded(run, comm, arrays, out_arrays, same, **params)
                 return
             items = math.prod(arrays[0].shape) if arrays else 0
             with call_log.logged(comm.rank, what, items, "GPU" if on_gpu else ""):
-                run(comm, arrays, out_arrays, same, **params)
+                run_guarded(run, comm, arrays, out_arrays, same, **params)
 
         def host(exec_ctx: Any, ins: Sequence[Any], outs: Sequence[Any]) -> None:
             if on_gpu:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -284,3 +285,33 @@ async def test_a_peer_that_aborts_is_told_apart_from_a_crash(transport):
                 await asyncio.wait_for(work, 5)
     finally:
         await close_all([b, c])
+
+
+def test_an_interrupted_wait_withdraws_an_unmatched_receive():
+    """Ctrl-C (a signal handler raising KeyboardInterrupt) in Work.wait() on the sync API: the
+    interrupt reaches the caller as itself, the receive is withdrawn like a cancelled await, and the
+    message goes to the next receive, never into the abandoned buffer."""
+    a, b = asyncio.run(make_comms(2, engine="thread"))
+
+    def interrupt(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt("the test's timer")
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        abandoned, nxt = np.full(3, -1, np.int64), np.full(3, -1, np.int64)
+        w = a.irecv(abandoned, 1, tag=2)
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(KeyboardInterrupt):
+            w.wait(timeout=10)
+        assert w.cancelled() and a.pending() == []
+        b.isend(np.arange(3, dtype=np.int64), 0, tag=2).wait(10)
+        a.irecv(nxt, 1, tag=2).wait(10)
+        assert nxt.tolist() == [0, 1, 2] and abandoned.tolist() == [-1] * 3
+        x = [np.full(4, 1.0), np.full(4, 2.0)]
+        works = [a.all_reduce(x[0]), b.all_reduce(x[1])]
+        assert all((w.wait(10) == 3).all() for w in works)  # still in step
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        for c in (a, b):
+            c.close().wait(10)

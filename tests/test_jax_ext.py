@@ -22,7 +22,7 @@ import aioccl
 import jax_ext
 from jax_ext.runtime import group_layout
 
-from conftest import ROOT, WORKERS, launch, reserved_port
+from conftest import ROOT, TRANSPORT_ENV, WORKERS, launch, reserved_port
 
 
 def _run_procs(script: str, nproc: int, env: dict[str, str], timeout: float = 240) -> list[str]:
@@ -110,6 +110,16 @@ def test_process_level_ops_under_aioccl_run(n: int) -> None:
     r = launch(n, "jax_process.py")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert r.stdout.count("JAXP OK") == n, r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_an_interrupted_op_never_writes_into_freed_memory(transport: str) -> None:
+    """KeyboardInterrupt at random points around jitted ops (inside the host callback's wait too, where
+    XLA then frees the op's buffers): the op finishes on buffers of its own, the peer's results stay exact,
+    and the communicator stays in step (tests/workers/jax_interrupt.py). Before: SIGSEGV or heap corruption."""
+    r = launch(2, "jax_interrupt.py", env=TRANSPORT_ENV[transport], timeout=180)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert r.stdout.count("JAXI OK 40") == 2, r.stdout[-2000:]
 
 
 def test_process_level_ops_under_jax_distributed() -> None:

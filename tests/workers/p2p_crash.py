@@ -50,11 +50,13 @@ async def main() -> None:
         ck.true(f"PeerLost names rank 1: {e}", e.rank == 1)
         ck.true(f"learnt at once, not at a deadline: {took:.2f}s", took < 3.0)
         print(f"[rank {r}] lost rank {e.rank} after {took:.3f}s: {e}", flush=True)
-    try:
-        comm.isend(buf, (r + 1) % n)
-        ck.true("a new op on the communicator fails at once", False)
-    except aioccl.PeerLost as e:
-        ck.true("a new op raises the same PeerLost", e.rank == 1)
+    for w in (comm.isend(buf, (r + 1) % n), comm.all_reduce(np.ones(2))):
+        ck.true(f"a new op fails at once: {w!r}", w.done())
+        try:
+            await w
+            ck.true("a new op on the communicator fails", False)
+        except aioccl.PeerLost as e:
+            ck.true("a new op raises the same PeerLost", e.rank == 1)
     if r == n - 1:
         await asyncio.sleep(1.0)  # a survivor that comes to shrink late is waited for, never dropped
     t0 = time.monotonic()

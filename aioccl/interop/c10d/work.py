@@ -57,6 +57,7 @@ class TorchWork(dist.Work):
         self._source = source  # a receive: the aioccl Work whose status names the sender
         self._lock = threading.Lock()
         self._left = len(works)
+        self._works = works  # withdrawn (where still unmatched) when a wait for them is interrupted
         self._exc: BaseException | None = None
         self._done = False
         self._settled = False  # the outcome is known and the future (if any) being resolved; _done follows
@@ -116,7 +117,13 @@ class TorchWork(dist.Work):
                     self._event = threading.Event()
                 event = self._event
             seconds = timeout.total_seconds() if timeout is not None else 0.0
-            if event is not None and not event.wait(seconds if seconds > 0 else None):
+            try:
+                finished = event is None or event.wait(seconds if seconds > 0 else None)
+            except BaseException:  # interrupted (Ctrl-C): an unmatched receive is withdrawn, as aioccl's wait does
+                for w in self._works:
+                    w._abandoned()
+                raise
+            if not finished:
                 raise dist.DistBackendError(f"aioccl: {self._what} not done after wait(timeout={seconds:g}s)")
         if self._exc is not None:
             raise self._exc
