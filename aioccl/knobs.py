@@ -41,6 +41,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_SHM_BUFFSIZE", "1048576", "shm", "bytes per staging slot half"),
     Knob("AIOCCL_NET_SPIN_US", "50", "p2p", "microseconds a p2p receive over TCP polls its socket first"),
     Knob("AIOCCL_P2P_EAGER", "1048576", "p2p", "largest point-to-point payload sent without a rendezvous"),
+    Knob("AIOCCL_SEND_QUEUE", "4194304", "p2p", "per peer, bytes of queued sends past which comm.drain() waits"),
     Knob("AIOCCL_UNEXPECTED_BYTES", "67108864", "p2p", "per peer, bytes held for receives not posted yet"),
     Knob("AIOCCL_SHM_RING", "4194304", "shm", "bytes of each direction's ring between two same-host ranks"),
     Knob("AIOCCL_SHM_HEAP", "268435456", "shm", "bytes of registered-buffer heap per rank (comm.alloc)"),

@@ -15,6 +15,7 @@ import numpy as np
 
 from .buffers import Buf, adapt, byte_view, need_writable
 from .dtypes import dtype_code
+from .engine.backpressure import start_drain
 from .engine.point_to_point import start_recv, start_recv_any, start_send
 from .engine.probes import Message as Message
 from .engine.probes import start_probe
@@ -118,6 +119,20 @@ class PointToPointOps:
                            bb.wrap(arr))
 
     recv = irecv
+
+    def drain(self, peer: int = ANY_SOURCE, *, timeout: float | None = None) -> Work[None]:
+        """Backpressure, as asyncio's ``StreamWriter.drain()``: done once the sends to ``peer`` (default:
+        every peer) that wait in the engine, not yet handed to the transport, hold at most
+        ``AIOCCL_SEND_QUEUE`` bytes (4 MiB). ``isend`` never blocks; ``await comm.drain(peer)`` after it
+        bounds what a sender holds when the peer is slower. Done at once while the peer keeps up; past
+        ``timeout`` it raises ``CollectiveTimeout`` naming the peers still behind (the sends run on).
+        """
+        peer = ANY_SOURCE if peer == ANY_SOURCE else self._peer(peer)
+        t = self._op_timeout(timeout)
+        self._usable()
+        work: Work[None] = Work(f"drain(peer={'any' if peer < 0 else peer})", -1)
+        return self._track(work, (0, np.dtype(np.uint8), None, None), start_drain, self._engine, self._view, peer,
+                           t, work)
 
     def probe(self, peer: int = ANY_SOURCE, tag: int = ANY_TAG, *, timeout: float | None = None) -> Work[Message]:
         """Learn the next message's source, tag, dtype and size without receiving it (MPI's ``Probe``).

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -315,3 +316,59 @@ def test_an_interrupted_wait_withdraws_an_unmatched_receive():
         signal.signal(signal.SIGALRM, old)
         for c in (a, b):
             c.close().wait(10)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+async def test_drain_bounds_what_a_sender_holds_and_loses_nothing(transport):
+    """2,000 sends of 16 KiB to a receiver that starts late and takes them slowly: with ``await
+    comm.drain(peer)`` after each, the bytes queued at the sender never pass AIOCCL_SEND_QUEUE plus one
+    message (without it they reach ~31 MiB: the receiver holds AIOCCL_UNEXPECTED_BYTES, the sender the
+    rest), and every message arrives, in order, exact."""
+    limit, msg, count = 256 << 10, 16 << 10, 2000
+    with mock.patch.dict(os.environ, {"AIOCCL_SEND_QUEUE": str(limit), "AIOCCL_UNEXPECTED_BYTES": str(1 << 20)}):
+        a, b = comms = await make_comms(2, transport=transport)
+    try:
+        queue = a._engine.send_queue
+        peak = 0
+
+        async def send() -> None:
+            nonlocal peak
+            for k in range(count):
+                a.isend(np.full(msg // 8, k, np.int64), 1, tag=1)
+                peak = max(peak, queue.bytes.get(1, 0))
+                await a.drain(1)
+                assert queue.bytes.get(1, 0) <= limit
+
+        async def receive() -> None:
+            await asyncio.sleep(0.3)
+            buf = np.empty(msg // 8, np.int64)
+            for k in range(count):
+                await b.irecv(buf, 0, tag=1)
+                assert (buf == k).all(), (k, buf[:4])
+                if k % 100 == 0:
+                    await asyncio.sleep(0.001)  # a slow consumer
+
+        await asyncio.wait_for(asyncio.gather(send(), receive()), 120)
+        assert peak <= limit + msg, peak
+        assert queue.bytes == {} and a.pending() == [] and (await a.drain()) is None
+    finally:
+        await close_all(comms)
+
+
+@pytest.mark.asyncio
+async def test_drain_past_its_deadline_names_the_slow_peer():
+    with mock.patch.dict(os.environ, {"AIOCCL_SEND_QUEUE": "0", "AIOCCL_UNEXPECTED_BYTES": str(1 << 20)}):
+        a, b = comms = await make_comms(2, transport="tcp")
+    try:
+        big = np.ones((4 << 20) // 8)  # over the eager limit: waits for its receive
+        s = a.isend(big, 1, tag=5)
+        with pytest.raises(aioccl.CollectiveTimeout, match=r"drain\(peer=1\).*\[1\]"):
+            await a.drain(1, timeout=0.3)
+        with pytest.raises(aioccl.InvalidArgument, match="peer must be an int"):
+            a.drain("1")
+        got = np.zeros_like(big)
+        await asyncio.gather(b.irecv(got, 0, tag=5), s, a.drain(1))
+        assert (got == 1).all()
+    finally:
+        await close_all(comms)

@@ -42,6 +42,7 @@ from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
 from ..tuning import Tuning
 from ..watchdog import Watchdog, report_unfinished, watchdog_seconds
 from . import blame
+from .backpressure import SendQueue, send_queue_limit
 from .executor import drive, execute
 from .mailbox import Mailbox
 from .notices import Active, Fingerprint, failure_frame
@@ -90,6 +91,7 @@ class Engine:
         self.conns: dict[int, TcpConnection | SelfConnection | IbConnection | ShmPairConnection] = {}
         self.pair_hub: PairHub | None = None  # the bell of this rank's shared-memory pairs
         self.queued_sends: dict[int, int] = {}  # per world peer: p2p sends waiting for its connection
+        self.send_queue = SendQueue(send_queue_limit())  # their bytes, for comm.drain()
         self.ib_port: Port | None = None  # the opened RDMA port, when some pairs run over ib
         self.table: Table | None = None
         self.tasks: set[asyncio.Task[None]] = set()

@@ -52,6 +52,7 @@ def start_send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memory
             work._start_done(result)
             return None
     eng.queued_sends[world] = eng.queued_sends.get(world, 0) + 1
+    eng.send_queue.add(world, len(payload))
     return _send(eng, comm, peer, tag, payload, dtype_code, timeout, work, result)
 
 
@@ -75,6 +76,7 @@ async def _send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memor
         work._set_exception(e)
     finally:
         eng.queued_sends[world] -= 1
+        eng.send_queue.done(world, len(payload))
 
 
 async def _rendezvous(eng: Engine, world: int, ctx: int, tag: int, payload: memoryview, dtype_code: int,
