@@ -32,6 +32,18 @@ def test_close_with_a_posted_receive_returns_at_once(case, transport):
     assert "Warning" not in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize(("delay", "outcome"), [(1.5, "timeout"), (0.3, "ok")])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_rank_that_comes_after_the_others_gave_up_raises_their_timeout(transport, delay, outcome):
+    """The issue's run: 3 processes, rank 2 joins an all_reduce(timeout=1) late. Every rank reaches the same
+    outcome, and the next op is exact (on shared memory it was a success on rank 2 and CommAborted after)."""
+    proc = launch(3, "late_rank.py", str(delay), env=TRANSPORT_ENV[transport], timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert proc.stdout.count(f"OUTCOME {outcome}") == 3, out[-3000:]
+    assert proc.stdout.count(", 0 failures") == 3, out[-3000:]
+
+
 @pytest.mark.parametrize("n", [3, 4, 5])
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_every_rank_learns_of_a_crash_and_shrink_keeps_every_live_rank(n, transport):
@@ -372,3 +384,45 @@ async def test_drain_past_its_deadline_names_the_slow_peer():
         assert (got == 1).all()
     finally:
         await close_all(comms)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("count", [4, 300_000])  # one step; many chunked steps over the slots
+async def test_a_timed_out_op_on_shared_memory_has_one_outcome_and_the_channel_stays_usable(n, count):
+    """Rank n-1 joins an all_reduce(timeout=0.2) at a random moment around the others' deadline, 12 times:
+    every rank succeeds with the exact sum, or every rank (the late one too) raises the same
+    CollectiveTimeout naming the late rank; either way the next op is exact on every rank. Before: the
+    late rank returned a sum the others had raised for, and the channel refused all later ops."""
+    comms = await make_comms(n)
+    rng = np.random.default_rng(n * 7 + count)
+    outcomes: dict[str, int] = {}
+    try:
+        for trial in range(12):
+            delay = float(rng.uniform(0.12, 0.3))
+            xs = [np.full(count, float(r + 1 + trial)) for r in range(n)]
+
+            async def one(r: int, x: np.ndarray, delay: float = delay) -> object:
+                if r == n - 1:
+                    await asyncio.sleep(delay)
+                try:
+                    return await comms[r].all_reduce(x, timeout=0.2)
+                except aioccl.CollectiveTimeout as e:
+                    return e
+
+            got = await asyncio.gather(*(one(r, x) for r, x in enumerate(xs)))
+            kinds = {type(g).__name__ for g in got}
+            assert len(kinds) == 1, (trial, delay, got)
+            outcomes[kinds.pop()] = outcomes.get(type(got[0]).__name__, 0) + 1
+            if isinstance(got[0], aioccl.CollectiveTimeout):
+                assert all(g.waiting_for == [n - 1] and g.seq == got[0].seq for g in got), got
+            else:
+                want = sum(r + 1 + trial for r in range(n))
+                assert all((x == want).all() for x in xs), (trial, [x[:2] for x in xs])
+            ys = [np.full(8, r + 1.0) for r in range(n)]
+            await asyncio.wait_for(asyncio.gather(*(c.all_reduce(y) for c, y in zip(comms, ys, strict=True))), 10)
+            assert all((y == n * (n + 1) / 2).all() for y in ys), trial
+        assert outcomes.get("CollectiveTimeout", 0) > 0, outcomes  # the late rank did miss the deadline
+    finally:
+        for c in comms:
+            c.abort()

@@ -150,7 +150,7 @@ async def test_alloc_frees_on_gc_and_reports_a_full_heap():
         await close_all(comms + tcp)
 
 
-async def test_timeout_names_the_silent_rank_then_the_channel_refuses_work():
+async def test_timeout_names_the_silent_rank_and_the_channel_stays_in_step():
     comms = await make_comms(3)
     try:
         works = [c.all_reduce(np.ones(4), timeout=0.3) for c in comms[:2]]
@@ -158,8 +158,14 @@ async def test_timeout_names_the_silent_rank_then_the_channel_refuses_work():
             with pytest.raises(aioccl.CollectiveTimeout, match=r"shared memory") as info:
                 await w
             assert info.value.waiting_for == [2] and info.value.seq == 0
-        with pytest.raises(aioccl.CommAborted, match="out of step"):
-            await comms[0].all_reduce(np.ones(4))
+        # the late rank gets the same timeout, never the sum the others gave up on
+        with pytest.raises(aioccl.CollectiveTimeout, match=r"reported by rank [01]") as late:
+            await comms[2].all_reduce(np.ones(4), timeout=0.3)
+        assert late.value.waiting_for == [2] and late.value.seq == 0
+        xs = [np.full(4, c.rank + 1.0) for c in comms]
+        await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs, strict=True)))
+        assert all((x == 6).all() for x in xs)
+        assert all(c._shm.broken is None and c._shm.stats["resyncs"] == 1 for c in comms)
     finally:
         for c in comms:
             c.abort()

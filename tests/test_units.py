@@ -276,6 +276,8 @@ def test_a_timeouts_chain_is_followed_to_the_silent_ranks():
     assert follow([1], {2: [1], 1: [2]}, me=2) == ([], [1])
     assert follow([1], {1: [0], 0: [1]}, me=0) == ([], [1])
     assert follow([3], {}, me=0) == ([3], [])  # nobody reported: the rank named stays named
+    # a late rank told of a timeout: the chain ends at itself, which waits for nobody (issue 45)
+    assert follow([1], {0: [1], 1: [2], 2: []}, me=2) == ([2], [1])
     r = Reports()
     r.record((1, 7), 4, TIMEOUT, [2])
     r.record((1, 7), 4, TIMEOUT, [9])  # a notice passed on by rank 4 carries another's culprits: the first word stays

@@ -72,8 +72,8 @@ def follow(mine: list[int], reports: dict[int, list[int]], me: int) -> tuple[lis
             if r != me:
                 via.append(r)
             frontier += told
-        elif r != me:  # this rank waits for nobody more: not an end to name
-            ends.add(r)
+        else:  # it reported no wait (or never reported): an end. This rank too, when the chain comes back
+            ends.add(r)  # to it waiting for nobody: it came late to an op the others gave up waiting for it
     return sorted(ends), sorted(via)
 
 

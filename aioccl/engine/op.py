@@ -87,7 +87,7 @@ class Op(Generic[A]):
 
     __slots__ = ("name", "code", "seq", "sched", "inp", "out", "dtype_code", "op", "count", "root", "timeout",
                  "work", "result", "order", "desc", "fp", "deadline", "progress", "gen", "waiting", "pending",
-                 "scratch_raw", "chan", "_shift")
+                 "scratch_raw", "chan", "_shift", "base")
 
     def __init__(self, name: str, code: int, seq: int, inp: A, out: A, dtype_code: int, op: ReduceOp | None,
                  count: int, root: int, timeout: float, work: Work[Any], result: Callable[[], Any],
@@ -99,6 +99,7 @@ class Op(Generic[A]):
         self.desc = desc  # (count, dtype, reduction, root): the flight recorder's entry, formatted when read
         self.fp: Fingerprint = (code, dtype_code, op.code if op is not None else 0, count, root)
         self.deadline = 0.0  # set when the op starts
+        self.base = 0  # a channel's op: its step counter when the op started (the same on every rank)
         self.progress = Progress() if sched.messages else NO_MESSAGES
         self.gen: Generator[Any, None, None] | None = None  # the executor, while it runs
         self.waiting: Wait | None = None  # the shared-memory step it waits for

@@ -22,10 +22,12 @@ Waiting, the part that decides latency:
    was needed (it should stay 0).
 
 Failure: an op past its deadline raises ``CollectiveTimeout`` naming
-the ranks that have not published the step it waits for. A timeout or a
-lost peer leaves the ranks out of step, so the channel is then *broken*:
-later collectives on it fail at once (abort and re-create the communicator,
-as with NCCL). An ``CollectiveMismatch`` does not break it (see the executor).
+the ranks that have not published the step it waits for; ``shm_verdict.py``
+makes that the outcome on every rank of the op (a late rank too), after which
+each jumps its step counter past the op, to the same number (``_resync``), and
+the channel stays in step. A lost peer leaves the ranks out of step, so the
+channel is then *broken*: later collectives on it fail at once. A
+``CollectiveMismatch`` does not break it (see the executor).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from .notices import passed_on
 from .op import Op, Wait
 from .pool import BufferPool
 from .shm_memory import ChannelMemory
+from .shm_verdict import Verdicts
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -56,6 +59,7 @@ if TYPE_CHECKING:
 _log = log.get("SHM")
 RECHECK_S = 0.005  # backup re-check while parked; wake-ups come from the doorbell
 SLICE_S = 0.001  # a long op hands the loop back between steps at least this often
+RESYNC_JUMP = 1 << 32  # steps a timed-out op may span, at most: the next op starts past them on every rank
 class ShmChannel(ChannelMemory):
     def __init__(self, loop: asyncio.AbstractEventLoop, rank: int, segments: Sequence[Segment], bell: LoopBell,
                  pool: BufferPool, spin_s: float, yield_cpu: bool, ctx: int = 0,
@@ -72,7 +76,7 @@ class ShmChannel(ChannelMemory):
         self.next_order = 0  # the issue number (Op.order) of the op that runs next
         self.broken: BaseException | None = None
         self.lost: dict[int, BaseException] = {}
-        self.remote: tuple[int, BaseException] | None = None  # (seq, error) a peer gave up at
+        self.remote: dict[int, BaseException] = {}  # seq -> the error a peer gave that op up with
         # tells the peers that this rank gave up an op: (seq, fingerprint, error); set by the engine
         self.report: Any = None
         self.engine: Engine | None = None  # set with ``view`` when the engine attaches the channel
@@ -82,6 +86,7 @@ class ShmChannel(ChannelMemory):
         self._parked = False
         self._timer: asyncio.TimerHandle | None = None
         self.closed = False
+        self.verdicts = Verdicts(self.ctl, rank, segments[0].fd)  # one outcome for a given-up op
         bell.listeners.append(self.on_bell)
 
     # -- running ops ------------------------------------------------------------
@@ -126,6 +131,7 @@ class ShmChannel(ChannelMemory):
                 if self.broken is not None:
                     raise self.broken
                 op.deadline = time.perf_counter() + op.timeout
+                op.base = self.step
                 if op.sched.scratch:
                     op.scratch_raw = self.pool.acquire(op.sched.scratch * op.out.itemsize)
                     scratch = op.scratch_raw[:op.sched.scratch * op.out.itemsize].view(op.out.dtype)
@@ -153,13 +159,21 @@ class ShmChannel(ChannelMemory):
         except StopIteration:
             self._release(op)
             self.stats["ops"] += 1
-            op.work._set_result(op.result())
+            late = self.verdicts.finished(op.order, self._timeout_maker(op))
+            if late is None:
+                op.work._set_result(op.result())
+            else:  # another rank gave it up first: raise what it raised, never a result it does not share
+                self._resync(op)
+                op.work._set_exception(late)
         except CollectiveMismatch as e:
             self._end(op)
             self._release(op)
             op.work._set_exception(e)
         except AiocclError as e:
-            self._break(e)
+            if isinstance(e, CollectiveTimeout) and self.verdicts.timed_out(op.order):
+                self._resync(op)  # every rank of the op raises this timeout: the channel stays usable
+            else:
+                self._break(e)
             op.work._set_exception(e)
             self._tell(op, e)
         except Exception as e:  # a bug: never leave the Work hanging
@@ -228,13 +242,22 @@ class ShmChannel(ChannelMemory):
             now = time.perf_counter()
         if now >= op.deadline:
             ranks, s = wait
-            raise CollectiveTimeout(op.name, op.seq, self.missing(ranks, s), op.timeout,
-                                    f"shared memory, algorithm {op.sched.algo}, step {s}")
+            err = self.verdicts.give_up(op.order, lambda: self.reached(wait), self.missing(ranks, s), op.timeout,
+                                        self._timeout_maker(op, s))
+            if err is not None:
+                raise err
+            op.deadline = now + op.timeout  # the step came meanwhile, or a rank found the op complete: go on
+            return self._wait(op, wait)
         if self.lost:  # every op here spans every rank: once one is gone, waiting on anyone is in vain
             lost = [j for j in self.missing(*wait) if j in self.lost] or list(self.lost)
             raise self.lost[lost[0]]
-        if self.remote is not None and self.remote[0] <= op.seq:
-            raise passed_on(self.remote[1], self.rank, self.missing(*wait))
+        told = self.remote.get(op.seq) if self.remote else None
+        if told is not None:
+            raise passed_on(told, self.rank, self.missing(*wait))
+        if self.verdicts.timed_out(op.order):  # given up by a rank whose notice is still on its way
+            err = self.verdicts.finished(op.order, self._timeout_maker(op))
+            if err is not None:
+                raise err
         me = self.ctl[self.rank]
         me[SLEEP] = 1
         fence()
@@ -248,6 +271,19 @@ class ShmChannel(ChannelMemory):
             self._timer.cancel()
         self._timer = self.loop.call_later(min(RECHECK_S, max(0.0, op.deadline - now)), self._on_timer)
         return False
+
+    @staticmethod
+    def _timeout_maker(op: Op[np.ndarray], step: int | None = None) -> Any:
+        where = f"shared memory, algorithm {op.sched.algo}" + (f", step {step}" if step is not None else "")
+
+        def make(missing: list[int], timeout: float, by: int) -> CollectiveTimeout:
+            """This rank's timeout (``by`` -1), or the one rank ``by`` gave the op up with (its verdict)."""
+            if by < 0:
+                return CollectiveTimeout(op.name, op.seq, missing, timeout, where)
+            told = f"reported by rank {by}: rank {by} timed out waiting for ranks {missing} ({where})"
+            return CollectiveTimeout(op.name, op.seq, missing, timeout, told)
+
+        return make
 
     def _unpark(self) -> None:
         self._parked = False
@@ -270,6 +306,17 @@ class ShmChannel(ChannelMemory):
         self._pump()
 
     # -- failure and teardown ---------------------------------------------------
+    def _resync(self, op: Op[np.ndarray]) -> None:
+        """Op ``op`` timed out on every rank (its verdict): leave it and jump my step counter past any step
+        of it, to the same number on every rank, so the next op starts in step wherever each rank left
+        this one (a late rank's writes for it stay below what the next op waits for)."""
+        self._end(op)
+        self._release(op)
+        if self._parked:
+            self._unpark()
+        self.publish(op.base + RESYNC_JUMP)
+        self.stats["resyncs"] = self.stats.get("resyncs", 0) + 1
+
     def _break(self, exc: BaseException) -> None:
         if self.broken is None:
             self.broken = CommAborted(f"the shared-memory channel is out of step after: {exc}; "
@@ -293,9 +340,11 @@ class ShmChannel(ChannelMemory):
 
     def on_remote_failure(self, ctx: int, seq: int, exc: BaseException) -> None:
         """A peer gave up op ``seq`` (a failure notice): ours fails with its cause, not at our deadline."""
-        if ctx != self.ctx or (self.remote is not None and self.remote[0] <= seq):
-            return
-        self.remote = (seq, exc)
+        if ctx != self.ctx or (self.queue and self.queue[0].seq > seq) or seq in self.remote:
+            return  # an op this rank is past already
+        if len(self.remote) >= 64:  # bounded: those of ops long past go first
+            del self.remote[min(self.remote)]
+        self.remote[seq] = exc
         if self.queue and not self._pumping:
             self._pump()
 

@@ -92,7 +92,8 @@ async def setup(engine: Engine, view: CommView, timeout: float, what: str = "cre
     if not why:
         try:
             sweep_stale()
-            mine = Segment.create(segment_name(view.ctx, rank, os.getpid()), conf["half"], conf["heap"])
+            mine = Segment.create(segment_name(view.ctx, rank, os.getpid()), conf["half"], conf["heap"],
+                                  keep_fd=rank == 0)
             bell = engine.channel_bell()
         except OSError as e:
             why = f"could not create the segment: {e}"
@@ -105,7 +106,7 @@ async def setup(engine: Engine, view: CommView, timeout: float, what: str = "cre
             try:
                 for j in range(n):
                     if j != rank:
-                        segs[j] = Segment.open(segment_name(view.ctx, j, int(peers[j]["pid"])))
+                        segs[j] = Segment.open(segment_name(view.ctx, j, int(peers[j]["pid"])), keep_fd=j == 0)
             except OSError as e:
                 why = f"could not map a peer's segment: {e}"
             if not await _agree(engine, view, 1, not why, progress):

@@ -41,6 +41,10 @@ CONTROL_BYTES = 4096
 MAGIC, VERSION, HALF, HEAP, PID, HEAP_OFF = 0, 1, 2, 3, 4, 5
 CTR = 8  # the last step this rank published (its own cache line)
 SLEEP = 16  # 1 while this rank is parked on its doorbell
+GAVE_UP = 24  # the last op (its channel order + 1) this rank gave up at its deadline (shm_channel.py)
+# the channel's verdicts on given-up ops, in its rank 0's segment, written under flock (shm_verdict.py):
+# VERDICTS entries of VERDICT_LEN words, the op order's entry at (order % VERDICTS)
+VERDICT_AT, VERDICTS, VERDICT_LEN = 64, 16, 4
 DESC = 32  # two descriptors of DESC_LEN int64, one per step parity
 DESC_LEN = 8
 MAGIC_VALUE = 0x4C4343_4F494121  # "!AIOCCL"
@@ -97,12 +101,13 @@ def layout(half: int, heap: int) -> tuple[int, int]:
 class Segment:
     """One mapped segment (mine or a peer's)."""
 
-    def __init__(self, name: str, mm: mmap.mmap, owner: bool, directory: str = SHM_DIR) -> None:
+    def __init__(self, name: str, mm: mmap.mmap, owner: bool, directory: str = SHM_DIR, fd: int = -1) -> None:
         self.name, self.mm, self.owner, self.directory = name, mm, owner, directory
         self.unlinked = not owner
+        self.fd = fd  # kept open (keep_fd): a channel's ranks flock its rank 0 segment to decide a give-up
 
     @classmethod
-    def create(cls, name: str, half: int, heap: int, directory: str = SHM_DIR) -> Segment:
+    def create(cls, name: str, half: int, heap: int, directory: str = SHM_DIR, keep_fd: bool = False) -> Segment:
         heap_off, size = layout(half, heap)
         path = os.path.join(directory, name)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -111,10 +116,12 @@ class Segment:
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.unlink(path)
-            raise
-        finally:
             os.close(fd)
-        seg = cls(name, mm, True, directory)
+            raise
+        if not keep_fd:
+            os.close(fd)
+            fd = -1
+        seg = cls(name, mm, True, directory, fd)
         ctl = memoryview(mm)[:CONTROL_BYTES].cast("q")
         ctl[VERSION], ctl[HALF], ctl[HEAP], ctl[PID], ctl[HEAP_OFF] = LAYOUT_VERSION, half, heap, os.getpid(), heap_off
         ctl[MAGIC] = MAGIC_VALUE  # last: a reader that sees the magic sees the rest
@@ -122,19 +129,23 @@ class Segment:
         return seg
 
     @classmethod
-    def open(cls, name: str, directory: str = SHM_DIR) -> Segment:
+    def open(cls, name: str, directory: str = SHM_DIR, keep_fd: bool = False) -> Segment:
         fd = os.open(os.path.join(directory, name), os.O_RDWR)
         try:
             mm = mmap.mmap(fd, os.fstat(fd).st_size)
-        finally:
+        except BaseException:
             os.close(fd)
-        seg = cls(name, mm, False, directory)
+            raise
+        if not keep_fd:
+            os.close(fd)
+            fd = -1
+        seg = cls(name, mm, False, directory, fd)
         ctl = memoryview(mm)[:CONTROL_BYTES].cast("q")
-        try:
-            if ctl[MAGIC] != MAGIC_VALUE or ctl[VERSION] != LAYOUT_VERSION:
-                raise OSError(f"{name}: not an aioccl segment of layout {LAYOUT_VERSION}")
-        finally:
-            ctl.release()
+        ours = ctl[MAGIC] == MAGIC_VALUE and ctl[VERSION] == LAYOUT_VERSION
+        ctl.release()
+        if not ours:
+            seg.close()
+            raise OSError(f"{name}: not an aioccl segment of layout {LAYOUT_VERSION}")
         return seg
 
     def unlink(self) -> None:
@@ -148,6 +159,9 @@ class Segment:
     def close(self) -> None:
         """Unmap, unless user arrays still point into it (then the unmap happens when they go)."""
         self.unlink()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         try:
             self.mm.close()
         except BufferError:
