@@ -36,12 +36,13 @@ import asyncio
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import log
+from ..envvars import env_int
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted
 from ..transport.shm import SLEEP, LoopBell, Segment
 from ..transport.shm_ring import fence
@@ -58,8 +59,14 @@ if TYPE_CHECKING:
 
 _log = log.get("SHM")
 RECHECK_S = 0.005  # backup re-check while parked; wake-ups come from the doorbell
-SLICE_S = 0.001  # a long op hands the loop back between steps at least this often
+DEFAULT_SLICE_US = 200  # a long op hands the loop back between steps at least this often
 RESYNC_JUMP = 1 << 32  # steps a timed-out op may span, at most: the next op starts past them on every rank
+def loop_slice_s(env: Mapping[str, str] = os.environ) -> float:
+    """``AIOCCL_LOOP_SLICE_US``: the longest run of steps a channel takes before it hands the loop back (on the
+    inline engine, the caller's loop: its timers and other tasks wait at most this, plus one step)."""
+    return env_int(env, "AIOCCL_LOOP_SLICE_US", DEFAULT_SLICE_US, 50, 1_000_000) * 1e-6
+
+
 class ShmChannel(ChannelMemory):
     def __init__(self, loop: asyncio.AbstractEventLoop, rank: int, segments: Sequence[Segment], bell: LoopBell,
                  pool: BufferPool, spin_s: float, yield_cpu: bool, ctx: int = 0,
@@ -86,6 +93,7 @@ class ShmChannel(ChannelMemory):
         self._parked = False
         self._timer: asyncio.TimerHandle | None = None
         self.closed = False
+        self.slice_s = loop_slice_s()
         self.verdicts = Verdicts(self.ctl, rank, segments[0].fd)  # one outcome for a given-up op
         bell.listeners.append(self.on_bell)
 
@@ -113,7 +121,7 @@ class ShmChannel(ChannelMemory):
         if self._pumping:
             return
         self._pumping = True
-        self._slice_end = time.perf_counter() + SLICE_S
+        self._slice_end = time.perf_counter() + self.slice_s
         try:
             while self.queue:
                 if not self._advance(self.queue[0]):
