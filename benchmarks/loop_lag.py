@@ -118,18 +118,20 @@ def rank_main(mode: str, mib: int) -> None:
 def main() -> None:
     ap = _modes.parser(__doc__, MODES)
     ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--modes", default=",".join(MODES), help="a comma-separated subset of " + ", ".join(MODES))
     a = ap.parse_args()
     if a.rank_mode:
         rank_main(a.rank_mode, a.mib)
         return
-    runs = _modes.rotate(MODES, a.repeats, lambda m: _modes.launch(__file__, m, a.procs, ["--mib", str(a.mib)]))
+    modes = tuple(m for m in a.modes.split(",") if m in MODES)
+    runs = _modes.rotate(modes, a.repeats, lambda m: _modes.launch(__file__, m, a.procs, ["--mib", str(a.mib)]))
     keys = ("lag_p50_ms", "lag_p99_ms", "lag_max_ms", "op_ms")
     print(f"{a.procs} ranks on one host, float32 all_reduce ({a.mib} MiB; 1 MiB for busy/idle), median of "
           f"{a.repeats} runs of the slowest rank\n")
     print("| mode | loop lag p50 | p99 | max | all_reduce |\n|---|---:|---:|---:|---:|")
     import statistics
     summary = {}
-    for m in MODES:
+    for m in modes:
         med = {k: statistics.median(r[k] for r in runs[m]) for k in keys}
         summary[m] = med
         lag = ("-", "-", "-") if m.startswith(("busy", "idle", "overlap")) else tuple(f"{med[k]:.2f} ms"
@@ -141,7 +143,9 @@ def main() -> None:
         print(f"| {m} | {lag[0]} | {lag[1]} | {lag[2]} | {med['op_ms']:.2f} ms{extra} |")
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / f"loop_lag_{a.procs}.json").write_text(json.dumps({"runs": runs, "median": summary}, indent=1))
+        transport = "tcp" if os.environ.get("AIOCCL_SHM_DISABLE") == "1" else "shm"
+        out = a.out / f"loop_lag_{transport}_{a.procs}.json"
+        out.write_text(json.dumps({"runs": runs, "median": summary}, indent=1))
 
 
 if __name__ == "__main__":
