@@ -426,3 +426,34 @@ async def test_a_timed_out_op_on_shared_memory_has_one_outcome_and_the_channel_s
     finally:
         for c in comms:
             c.abort()
+
+
+def test_an_interrupted_torch_backend_wait_withdraws_its_unmatched_receive():
+    """The torch backend's Work.wait() interrupted (Ctrl-C): KeyboardInterrupt reaches the caller and the
+    aioccl receive behind it is withdrawn, as Work.wait()'s is."""
+    torch = pytest.importorskip("torch")
+    from aioccl.interop.c10d.work import TorchWork
+
+    a, b = asyncio.run(make_comms(2, engine="thread"))
+
+    def interrupt(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt("the test's timer")
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        t = torch.full((3,), -1, dtype=torch.int64)
+        inner = a.irecv(t, 1, tag=4)
+        tw = TorchWork([inner], [t], "recv", None, a._engine.placement.thread_id)
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(KeyboardInterrupt):
+            tw.wait()
+        assert inner.cancelled() and a.pending() == []
+        b.isend(np.arange(3, dtype=np.int64), 0, tag=4).wait(10)
+        got = np.full(3, -1, np.int64)
+        a.irecv(got, 1, tag=4).wait(10)
+        assert got.tolist() == [0, 1, 2] and t.tolist() == [-1] * 3
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        for c in (a, b):
+            c.close().wait(10)
