@@ -227,7 +227,10 @@ class Mailbox(NoticeHandling, PointToPointPosting):
         # a crash fails every collective running here that includes the peer, not only those receiving
         # from it: a rank waiting on a live peer that is itself stuck on the lost one would time out.
         # A peer that closed its communicator finished its part of every op first: only its receives fail.
-        for (ctx, seq), active in list(self.active.items()) if not graceful else ():
+        # So did one that aborted, for the ops it had finished; those it gave up it reported (FAIL notices
+        # sent ahead of its last words), so an op here that has all it needs of it can still complete.
+        told = graceful or str(exc) == SAID_ABORT
+        for (ctx, seq), active in list(self.active.items()) if not told else ():
             if peer in active.ranks:
                 self.fail_op(ctx, seq, PeerLost(peer, f"{lost.detail} (during seq {seq} on comm {ctx:x})"))
         for listener in self.lost_listeners:
