@@ -167,7 +167,7 @@ class ShmChannel(ChannelMemory):
         except StopIteration:
             self._release(op)
             self.stats["ops"] += 1
-            late = self.verdicts.finished(op.order, self._timeout_maker(op))
+            late = None if self.verdicts.clean(op.order) else self.verdicts.finished(op.order, self._timeout_maker(op))
             if late is None:
                 op.work._set_result(op.result())
             else:  # another rank gave it up first: raise what it raised, never a result it does not share
