@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _modes  # noqa: E402
@@ -50,6 +51,28 @@ def rank_main(mode: str, mib: int) -> None:
         while not stop.is_set():
             await asyncio.sleep(0)
 
+    def hold_meter() -> Any:
+        """How long each callback of this loop runs (what holds the loop, apart from the OS): returns a
+        function that stops measuring and gives the durations over 0.5 ms."""
+        import asyncio.events as events
+
+        run, held = events.Handle._run, []
+
+        def timed(handle: Any) -> None:
+            t0 = time.perf_counter()
+            run(handle)
+            d = time.perf_counter() - t0
+            if d > 0.0005:
+                held.append(d)
+
+        events.Handle._run = timed  # type: ignore[method-assign,assignment]
+
+        def stop() -> list[float]:
+            events.Handle._run = run  # type: ignore[method-assign,assignment]
+            return held
+
+        return stop
+
     def compute(seconds: float) -> None:
         end, n = time.perf_counter() + seconds, 0
         while time.perf_counter() < end:
@@ -72,7 +95,8 @@ def rank_main(mode: str, mib: int) -> None:
         await comm.all_reduce(mine, op="max")
         if comm.rank == 0:
             print("RESULT " + json.dumps({"lag_p50_ms": 0.0, "lag_p99_ms": 0.0, "lag_max_ms": 0.0, "op_ms": mine[3],
-                                          "alone_ms": mine[4], "ops": 10}))
+                                          "alone_ms": mine[4], "hold_max_ms": 0.0, "holds_over_1ms_per_op": 0.0,
+                                          "ops": 10}))
         await comm.close()
 
     async def main() -> None:
@@ -87,6 +111,7 @@ def rank_main(mode: str, mib: int) -> None:
             return
         lags: list[float] = []
         times: list[float] = []
+        holds = hold_meter()
         stop = asyncio.Event()
         side = asyncio.create_task(spinner(stop) if kind == "busy-python" else ticker(lags, stop))
         end = time.perf_counter() + RUN_S
@@ -103,13 +128,16 @@ def rank_main(mode: str, mib: int) -> None:
             if kind == "periodic":
                 await asyncio.sleep(max(0.0, 0.1 - (time.perf_counter() - t0)))
         stop.set()
+        held = holds()
         await side
         lag = np.array(lags or [0.0]) * 1e3
-        mine = np.array([np.percentile(lag, 50), np.percentile(lag, 99), lag.max(), np.median(times) * 1e3])
+        mine = np.array([np.percentile(lag, 50), np.percentile(lag, 99), lag.max(), np.median(times) * 1e3,
+                         max(held or [0.0]) * 1e3, sum(h > 0.001 for h in held) / max(rounds, 1)])
         await comm.all_reduce(mine, op="max")
         if comm.rank == 0:
             print("RESULT " + json.dumps({"lag_p50_ms": mine[0], "lag_p99_ms": mine[1], "lag_max_ms": mine[2],
-                                          "op_ms": mine[3], "ops": rounds}))
+                                          "op_ms": mine[3], "hold_max_ms": mine[4], "holds_over_1ms_per_op": mine[5],
+                                          "ops": rounds}))
         await comm.close()
 
     asyncio.run(main())
@@ -125,10 +153,11 @@ def main() -> None:
         return
     modes = tuple(m for m in a.modes.split(",") if m in MODES)
     runs = _modes.rotate(modes, a.repeats, lambda m: _modes.launch(__file__, m, a.procs, ["--mib", str(a.mib)]))
-    keys = ("lag_p50_ms", "lag_p99_ms", "lag_max_ms", "op_ms")
+    keys = ("lag_p50_ms", "lag_p99_ms", "lag_max_ms", "op_ms", "hold_max_ms", "holds_over_1ms_per_op")
     print(f"{a.procs} ranks on one host, float32 all_reduce ({a.mib} MiB; 1 MiB for busy/idle), median of "
           f"{a.repeats} runs of the slowest rank\n")
-    print("| mode | loop lag p50 | p99 | max | all_reduce |\n|---|---:|---:|---:|---:|")
+    print("| mode | loop lag p50 | p99 | max | all_reduce | longest callback | callbacks > 1 ms per op |\n"
+          "|---|---:|---:|---:|---:|---:|---:|")
     import statistics
     summary = {}
     for m in modes:
@@ -140,7 +169,9 @@ def main() -> None:
         if m.startswith("overlap"):
             alone = statistics.median(r["alone_ms"] for r in runs[m])
             extra = f" (100 ms compute + all_reduce; all_reduce alone {alone:.2f} ms)"
-        print(f"| {m} | {lag[0]} | {lag[1]} | {lag[2]} | {med['op_ms']:.2f} ms{extra} |")
+        hold = ("-", "-") if m.startswith(("busy", "idle", "overlap")) else (
+            f"{med['hold_max_ms']:.2f} ms", f"{med['holds_over_1ms_per_op']:.2f}")
+        print(f"| {m} | {lag[0]} | {lag[1]} | {lag[2]} | {med['op_ms']:.2f} ms{extra} | {hold[0]} | {hold[1]} |")
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         transport = "tcp" if os.environ.get("AIOCCL_SHM_DISABLE") == "1" else "shm"

@@ -131,6 +131,8 @@ class Engine:
         for peer, sock in self.table.conns.items():
             conn = (ib_conns.get(peer) or shm_conns.get(peer)
                     or TcpConnection(sock, peer, self.mailbox, liveness, self.table.lanes.get(peer)))
+            if isinstance(conn, TcpConnection) and self.placement.kind == "inline":
+                conn.share_loop()  # the caller's loop: small pieces, so its timers and tasks wait little
             conn.start()
             self.conns[peer] = conn
         self.conns[rank] = SelfConnection(rank, self.mailbox)

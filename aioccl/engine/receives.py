@@ -65,6 +65,9 @@ class Posted:
             self.fut.exception()  # its op may have failed already and never await it: no "never retrieved"
 
 
+COPY_PIECE = 1 << 20  # bytes of an early frame copied into its receive per loop turn
+
+
 class Early:
     """A frame that arrived before its receive was posted; its bytes count against the sender's budget
     (``Budget``) until they are delivered or dropped."""
@@ -98,8 +101,23 @@ class Early:
         err = p.mismatch(self.peer, self.header)
         if err is not None:
             p.fail(err)
+        elif self.header.nbytes > COPY_PIECE:
+            self._copy_out(p, 0)  # a large frame: a piece now, the rest on later turns of the loop
+            return
         else:
             p.target[:] = self.view()
+            p.complete()
+        self.free()
+
+    def _copy_out(self, p: Posted, at: int) -> None:
+        """Copy from ``at`` on into ``p``'s buffer a piece per loop turn, so a 16 MiB frame that came before
+        its receive does not hold the loop for the milliseconds of its copy; then complete ``p``."""
+        end = min(at + COPY_PIECE, self.header.nbytes)
+        if not p.fut.done():  # a receive failed meanwhile (its op's deadline, an abort) takes no more
+            p.target[at:end] = self.view()[at:end]
+            if end < self.header.nbytes:
+                p.fut.get_loop().call_soon(self._copy_out, p, end)
+                return
             p.complete()
         self.free()
 
