@@ -119,6 +119,8 @@ def test_an_interrupted_op_never_writes_into_freed_memory(transport: str) -> Non
     and the communicator stays in step (tests/workers/jax_interrupt.py). Before: SIGSEGV or heap corruption."""
     r = launch(2, "jax_interrupt.py", env=TRANSPORT_ENV[transport], timeout=180)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    if "JAXI SKIP" in r.stdout:  # jax before 0.12 runs them on its own threads, which no signal interrupts
+        pytest.skip(r.stdout.split("JAXI SKIP", 1)[1].splitlines()[0].strip())
     assert r.stdout.count("JAXI OK 40") == 2, r.stdout[-2000:]
 
 

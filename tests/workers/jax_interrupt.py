@@ -27,8 +27,26 @@ N = 1 << 16
 rng = random.Random(1234 + r)
 reduce = jax.jit(lambda x: jax_ext.all_reduce(x * 1.0))
 gather = jax.jit(lambda x: jax_ext.all_gather(x + 0.0))
+import threading  # noqa: E402
+
+import jax_ext._primitive as _primitive  # noqa: E402
+
+threads: set[str] = set()
+guarded = _primitive.run_guarded
+
+
+def spy(*args: object, **kwargs: object) -> None:
+    threads.add(threading.current_thread().name)
+    guarded(*args, **kwargs)
+
+
+_primitive.run_guarded = spy
 reduce(jnp.ones(N)).block_until_ready()
 gather(jnp.ones(N)).block_until_ready()
+_primitive.run_guarded = guarded
+if threads != {"MainThread"}:  # a signal reaches only the main thread: nothing here for it to interrupt
+    print(f"JAXI SKIP this jax runs host callbacks on {sorted(threads)}, not the main thread", flush=True)
+    sys.exit(0)
 
 
 def interrupt(_sig: int, _frame: object) -> None:
@@ -54,7 +72,10 @@ for it in range(ITERS):
             if isinstance(e, jax.errors.JaxRuntimeError):
                 assert "KeyboardInterrupt" in str(e), str(e)[-2000:]
                 inside += 1
-            jax.effects_barrier()  # what was dispatched has run (or failed) by now
+            jax.effects_barrier()  # what was dispatched has run (or failed) by now ...
+            waited = time.monotonic() + 3.0  # ... or is about to: an interrupt in the dispatch itself can leave
+            while comm._seq == seq and time.monotonic() < waited:  # its computation queued but not yet run
+                time.sleep(0.01)
             if comm._seq == seq:  # interrupted before the op was issued: issue it, to stay in step
                 fn(x).block_until_ready()
         junk = [np.full(N, 7.0) + i for i in range(8)]  # reuse what XLA freed
