@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -35,10 +36,18 @@ asyncio.run(main())
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    p = subprocess.run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(ROOT)],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    """Built once per run, under a lock: xdist workers that each ran the module's tests built in the same
+    source tree at once, and the two builds' egg-info clashed ("No such file or directory")."""
+    shared = tmp_path_factory.getbasetemp().parent  # the same for every worker of this run
+    out = shared / "dist"
+    with open(shared / "dist.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "built").exists():
+            out.mkdir(exist_ok=True)
+            p = subprocess.run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(ROOT)],
+                               capture_output=True, text=True, timeout=300)
+            assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+            (out / "built").touch()
     return out
 
 
