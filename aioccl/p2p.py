@@ -59,6 +59,13 @@ class PointToPointOps:
             raise InvalidArgument(f"tag must be an int in [0, 2**62) (aioccl.MAX_TAG is the largest), got {tag!r}")
         return self._peer(peer), int(tag)
 
+    def _matching(self, peer: int, tag: int) -> tuple[int, int, bool]:
+        """A receive's or probe's (peer, tag), either of which may be ANY_SOURCE / ANY_TAG (True: one is)."""
+        if peer == ANY_SOURCE or tag == ANY_TAG:
+            return (ANY_SOURCE if peer == ANY_SOURCE else self._peer(peer),
+                    ANY_TAG if tag == ANY_TAG else self._peer_tag(0, tag)[1], True)
+        return *self._peer_tag(peer, tag), False
+
     def isend(self, x: Any, peer: int, tag: int = 0, *, timeout: float | None = None,
               stream: Any = None) -> Work[None]:
         """Send ``x`` to ``peer``; done once the data is handed to the transport.
@@ -90,12 +97,7 @@ class PointToPointOps:
         message that fits and that no receive posted before it takes; ``work.status`` (a ``Status``) then
         names its source and tag. From any source, a crashed rank of the communicator fails it.
         """
-        wild = peer == ANY_SOURCE or tag == ANY_TAG
-        if wild:
-            peer = ANY_SOURCE if peer == ANY_SOURCE else self._peer(peer)
-            tag = ANY_TAG if tag == ANY_TAG else self._peer_tag(0, tag)[1]
-        else:
-            peer, tag = self._peer_tag(peer, tag)
+        peer, tag, wild = self._matching(peer, tag)
         bb = adapt(buf, "buf")
         need_writable(bb, "buf")
         t = self._op_timeout(timeout)
@@ -142,12 +144,7 @@ class PointToPointOps:
         arrive that no posted receive takes. The message stays: receive it with
         ``comm.irecv(np.empty(m.size, m.dtype), m.source, m.tag)``. Cancelling the await withdraws the probe.
         """
-        wild = peer == ANY_SOURCE or tag == ANY_TAG
-        if wild:
-            peer = ANY_SOURCE if peer == ANY_SOURCE else self._peer(peer)
-            tag = ANY_TAG if tag == ANY_TAG else self._peer_tag(0, tag)[1]
-        else:
-            peer, tag = self._peer_tag(peer, tag)
+        peer, tag, _wild = self._matching(peer, tag)
         t = self._op_timeout(timeout)
         self._usable()
         work: Work[Message] = Work(f"probe(peer={'any' if peer < 0 else peer}, tag={'any' if tag < 0 else tag})",
