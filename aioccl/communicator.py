@@ -33,6 +33,7 @@ from .bootstrap.unique_id import UniqueId
 from .buffers import Buf, same_device
 from .collectives import CollectiveOps
 from .dtypes import ReduceOp, dtype_code
+from .engine import shm_native
 from .engine.engine import Engine
 from .engine.op import Op
 from .engine.placement import Placement
@@ -76,7 +77,9 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         self._seq = 0
         self._shm_order = 0
         self._borrow_bytes = env_int(os.environ, "AIOCCL_BORROW_BYTES", DEFAULT_BORROW_BYTES, 0, 1 << 40)
-        self._plans: dict[tuple[Any, ...], Schedule] = {}  # (call) -> schedule, see _plan
+        # (call) -> its schedule, and that lowered for the native core (None: the Python executor), see _plan
+        self._plans: dict[tuple[Any, ...], tuple[Schedule, Any]] = {}
+        self._native_max = shm_native.max_bytes()
         self._inflight: set[Work[Any]] = set()
         self._recorder = FlightRecorder()
         self._closed: BaseException | None = None
@@ -309,13 +312,15 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         dt = out.array.dtype
         same = in_place or inp.array is out.array  # peers must not read a buffer this rank overwrites
         key = (name, count, dt, root, in_place, same)
-        sched = self._plans.get(key)
-        if sched is None:
+        plan = self._plans.get(key)
+        if plan is None:
             if len(self._plans) >= PLAN_CACHE:
                 self._plans.clear()
-            sched = self._plans[key] = self._plan(name, count, dt, root, in_place, same)
+            sched = self._plan(name, count, dt, root, in_place, same)
+            plan = self._plans[key] = (sched, self._lower(name, sched, count, root, dt))
         fo = out.array.reshape(-1)
-        return self._launch(name, sched, fo if inp is out else inp.array.reshape(-1), fo, op, count, root, t, result)
+        return self._launch(name, plan[0], fo if inp is out else inp.array.reshape(-1), fo, op, count, root, t, result,
+                            plan[1])
 
     def _plan(self, name: str, count: int, dt: np.dtype[Any], root: int, in_place: bool, same: bool) -> Schedule:
         """This rank's schedule for one call on host buffers (the same call always gets the same one,
@@ -328,8 +333,15 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size, self._layout)
         return plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place, self._layout)
 
+    def _lower(self, name: str, sched: Schedule, count: int, root: int, dt: np.dtype[Any]) -> Any:
+        """The native core's program for a small op on the shared-memory channel, or None."""
+        shm = self._shm
+        if shm is None or shm.native is None or not sched.lockstep or count * dt.itemsize > self._native_max:
+            return None
+        return shm_native.lower(sched, self.rank, self.world_size, BY_NAME[name].code, count, root)
+
     def _launch(self, name: str, sched: Schedule, inp: np.ndarray, out: np.ndarray, op: ReduceOp | None,
-                count: int, root: int, timeout: float, result: Callable[[], Any]) -> Work[Any]:
+                count: int, root: int, timeout: float, result: Callable[[], Any], native: Any = None) -> Work[Any]:
         """Run this rank's ``sched`` (any schedule of the one vocabulary) as collective ``name``: on the
         communicator's shared-memory channel, in issue order, when it has lockstep steps, else as a task of
         the engine that awaits its messages."""
@@ -348,7 +360,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
                 self._shm_order += 1
         work: Work[Any] = Work(name, seq)
         op_ = Op(name, coll.code, seq, inp, out, dtype_code(dt) if name != "barrier" else 0, op, count,
-                 root, timeout, work, result, sched, order, desc)
+                 root, timeout, work, result, sched, order, desc, native)
         work._probe = op_.blocked_on
         _log.debug("%s seq %d: %d x %s, algorithm %s%s", name, seq, count, dt, sched.algo,
                    " over shared memory" if shm is not None else "")

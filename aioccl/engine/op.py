@@ -87,11 +87,11 @@ class Op(Generic[A]):
 
     __slots__ = ("name", "code", "seq", "sched", "inp", "out", "dtype_code", "op", "count", "root", "timeout",
                  "work", "result", "order", "desc", "fp", "deadline", "progress", "gen", "waiting", "pending",
-                 "scratch_raw", "chan", "_shift", "base")
+                 "scratch_raw", "chan", "_shift", "base", "native")
 
     def __init__(self, name: str, code: int, seq: int, inp: A, out: A, dtype_code: int, op: ReduceOp | None,
                  count: int, root: int, timeout: float, work: Work[Any], result: Callable[[], Any],
-                 sched: Schedule = NO_SCHEDULE, order: int = 0, desc: Any = None) -> None:
+                 sched: Schedule = NO_SCHEDULE, order: int = 0, desc: Any = None, native: Any = None) -> None:
         self.name, self.code, self.seq, self.sched = name, code, seq, sched
         self.inp, self.out, self.dtype_code, self.op = inp, out, dtype_code, op
         self.count, self.root, self.timeout, self.work, self.result = count, root, timeout, work, result
@@ -107,6 +107,7 @@ class Op(Generic[A]):
         self.scratch_raw: np.ndarray | None = None
         self.chan: ShmChannel | None = None
         self._shift: int | None | bool = False  # OUT's element offset inside IN (False: not computed yet)
+        self.native = native  # a channel's op: its schedule lowered for the native core (shm_native.py), or None
 
     def what(self, ctx: int) -> str:
         return f"{self.name} (seq {self.seq}, comm {ctx:x})"

@@ -46,6 +46,7 @@ from ..envvars import env_int
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted
 from ..transport.shm import SLEEP, LoopBell, Segment
 from ..transport.shm_ring import fence
+from . import shm_native
 from .executor import execute
 from .notices import passed_on
 from .op import Op, Wait
@@ -95,6 +96,7 @@ class ShmChannel(ChannelMemory):
         self.closed = False
         self.slice_s = loop_slice_s()
         self.verdicts = Verdicts(self.ctl, rank, segments[0].fd)  # one outcome for a given-up op
+        self.native = shm_native.channel([s.mm for s in segments], rank, spin_s, yield_cpu)  # None: Python only
         bell.listeners.append(self.on_bell)
 
     # -- running ops ------------------------------------------------------------
@@ -110,11 +112,14 @@ class ShmChannel(ChannelMemory):
             self.held[op.order] = op
             return
         self.next_order += 1
-        self.queue.append(op)
+        idle = not self.queue and not self._pumping
+        # the native core runs a small op here, in the call, when nothing is ahead of it (shm_native.py)
+        if not (idle and op.native is not None and self.broken is None and shm_native.run(self, op)):
+            self.queue.append(op)
         while self.next_order in self.held:
             self.queue.append(self.held.pop(self.next_order))
             self.next_order += 1
-        if not self._pumping and self.queue[0] is op:
+        if idle and self.queue:
             self._pump()
 
     def _pump(self) -> None:
@@ -138,16 +143,9 @@ class ShmChannel(ChannelMemory):
                     return True  # failed already (abort)
                 if self.broken is not None:
                     raise self.broken
-                op.deadline = time.perf_counter() + op.timeout
-                op.base = self.step
-                if op.sched.scratch:
-                    op.scratch_raw = self.pool.acquire(op.sched.scratch * op.out.itemsize)
-                    scratch = op.scratch_raw[:op.sched.scratch * op.out.itemsize].view(op.out.dtype)
-                else:
-                    scratch = op.out[:0]
-                assert self.engine is not None and self.view is not None
-                op.gen = execute(self.engine, self.view, op, scratch)
+                self.begin(op)
             gen = op.gen
+            assert gen is not None
             while True:
                 if op.waiting is not None:
                     if not self._wait(op, op.waiting):
@@ -191,6 +189,18 @@ class ShmChannel(ChannelMemory):
             op.work._set_exception(err)
             self._tell(op, err)
         return True
+
+    def begin(self, op: Op[np.ndarray]) -> None:
+        """Give a started op its deadline, its scratch space and its Python executor."""
+        op.deadline = time.perf_counter() + op.timeout
+        op.base = self.step
+        if op.sched.scratch:
+            op.scratch_raw = self.pool.acquire(op.sched.scratch * op.out.itemsize)
+            scratch = op.scratch_raw[:op.sched.scratch * op.out.itemsize].view(op.out.dtype)
+        else:
+            scratch = op.out[:0]
+        assert self.engine is not None and self.view is not None
+        op.gen = execute(self.engine, self.view, op, scratch)
 
     def _settled(self, op: Op[np.ndarray], fut: asyncio.Future[Any]) -> bool:
         """Has the message ``op`` waits for gone out or arrived (its error raised here)? Else park until it
@@ -373,4 +383,6 @@ class ShmChannel(ChannelMemory):
         self.fail_all(CommAborted("the communicator is closed"))
         if self.on_bell in self.bell.listeners:
             self.bell.listeners.remove(self.on_bell)
+        if self.native is not None:
+            self.native.close()  # its views of the segments go before the segments
         self.unmap()

@@ -1,0 +1,170 @@
+"""A shared-memory channel's ops through the native core (``aioccl.native``): the small-op executor.
+
+The native core runs the same lockstep protocol as ``executor.py`` (stage, publish, wait, read) on
+the same segments and step counters, so it is one more way for a channel to run an op, chosen per
+op: a small op whose schedule has only lockstep steps (no messages, copies or scratch) is *lowered*
+once per call shape to a ``Program`` of words, and run in C, the GIL released, inside the call that
+submits it. Ranks on either path meet: the descriptor, the slots and the reduction order are the
+same, so results are bit-identical and a mismatch is found either way.
+
+When the op has to wait longer than a spin (a late peer), the core returns the step it waits for
+and the channel carries on as for any op: parks on the doorbell, owns the deadline, the verdict on a
+timeout, a lost peer, and resumes the native op when the step comes (``resume``). Failures are the
+same exceptions, raised by the channel.
+
+Which ops: up to ``AIOCCL_NATIVE_MAX_BYTES`` (a native op holds its thread until done: larger ones go
+the Python way, which hands the event loop back between steps).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import log, native
+from ..algorithms.schedule import IN, OUT, Fetch, Schedule
+from ..envvars import env_int
+from ..errors import AiocclError
+from .executor import ALGO_CODES, _mismatch
+from .op import Op, Wait
+
+if TYPE_CHECKING:
+    from .shm_channel import ShmChannel
+
+_log = log.get("SHM")
+DEFAULT_MAX_BYTES = 256 << 10  # measured crossover: docs/benchmarks.md, "The native core"
+
+
+def max_bytes(env: Any = os.environ) -> int:
+    """``AIOCCL_NATIVE_MAX_BYTES``: the largest op (bytes of its buffer) the native core runs."""
+    return env_int(env, "AIOCCL_NATIVE_MAX_BYTES", DEFAULT_MAX_BYTES, 0, 1 << 40)
+
+
+def channel(segments: list[Any], rank: int, spin_s: float, yield_cpu: bool) -> Any:
+    """The core's half of a channel over its mapped segments, or None (no core, or it refuses them)."""
+    core = native.core
+    if core is None:
+        return None
+    try:
+        return core.Channel(segments, rank, int(spin_s * 1e9), yield_cpu)
+    except ValueError as e:
+        _log.info("rank %d: shared-memory ops take the Python path: %s", rank, e)
+        return None
+
+
+def lower(sched: Schedule, rank: int, size: int, code: int, count: int, root: int) -> Any:
+    """``sched`` as a native Program, or None when it has anything but lockstep steps the core runs
+    (messages, local copies, scratch space)."""
+    core = native.core
+    if core is None or not sched.steps or sched.messages or sched.scratch or size > core.MAX_RANKS:
+        return None
+    words = [core.PROG_MAGIC, len(sched.steps), int(sched.zero_copy), sched.divisor, code,
+             ALGO_CODES.get(sched.algo, 0), count, root, 0, 0]
+    ext = [0, 0]  # the elements of IN and OUT the program touches: the core checks the buffers hold them
+    for step in sched.steps:
+        if not step.lockstep or step.copies:
+            return None
+        words.append(len(step.stage))
+        for st in step.stage:
+            words += (st.src.buf, st.src.start, st.src.stop, st.slot)
+            if st.src.buf not in (IN, OUT):
+                return None
+            ext[st.src.buf] = max(ext[st.src.buf], st.src.stop)
+        words.append(len(step.wait))
+        words += step.wait
+        words.append(len(step.reads))
+        for rd in step.reads:
+            srcs = (rd.src,) if isinstance(rd, Fetch) else rd.srcs
+            words += (0 if isinstance(rd, Fetch) else 1, len(srcs))
+            for s in srcs:
+                if s.region.buf not in (IN, OUT):
+                    return None
+                words += (s.rank, s.region.buf, s.region.start, s.region.stop, s.slot)
+                ext[s.region.buf] = max(ext[s.region.buf], s.region.stop)
+            if rd.dst.buf not in (IN, OUT):
+                return None
+            words += (rd.dst.buf, rd.dst.start, rd.dst.stop)
+            ext[rd.dst.buf] = max(ext[rd.dst.buf], rd.dst.stop)
+        words.append(len(step.scale))
+        for reg in step.scale:
+            if reg.buf not in (IN, OUT):
+                return None
+            words += (reg.buf, reg.start, reg.stop)
+            ext[reg.buf] = max(ext[reg.buf], reg.stop)
+    words[8], words[9] = ext
+    return core.Program(np.asarray(words, dtype=np.int64).tobytes(), rank, size)
+
+
+def run(ch: ShmChannel, op: Op[np.ndarray]) -> bool:
+    """Run ``op`` (the channel is idle, it is next in issue order): True when it finished in this call,
+    False when it waits (``op.gen`` goes on with it: the channel parks, then resumes it)."""
+    nat = ch.native
+    if not op.work._start():
+        return True  # failed already (abort)
+    rc = nat.run(op.native, op.inp, op.out, op.dtype_code, op.fp[2], op.seq, op.order)
+    if rc >= 0:
+        ch.step = rc
+        ch.stats["ops"] += 1
+        op.work._set_result(op.result())
+        return True
+    core = native.core
+    assert core is not None
+    if rc == core.UNSUITABLE:  # nothing was published: the Python executor runs it
+        op.native = None
+        ch.begin(op)
+        return False
+    if rc == core.RING:
+        _ring(ch, nat)
+        ch.step = nat.step
+        ch.stats["ops"] += 1
+        op.work._set_result(op.result())
+        return True
+    op.deadline = time.perf_counter() + op.timeout
+    op.base = nat.where[1]
+    op.gen = _carry_on(ch, op, rc)
+    return False
+
+
+def _carry_on(ch: ShmChannel, op: Op[np.ndarray], rc: int) -> Generator[Wait, None, None]:
+    """The native op's executor from where the core left it: yields the steps it waits for."""
+    nat, core = ch.native, native.core
+    assert core is not None
+    finished = False
+    try:
+        while True:
+            _ring(ch, nat)
+            if rc >= 0 or rc in (core.RING, core.NOT_CLEAN):  # NOT_CLEAN: the channel asks the verdict
+                ch.step = nat.step
+                finished = True
+                return
+            if rc == core.MISMATCH:
+                finished = True
+                descs = nat.descriptors()
+                raise _mismatch(ch, op, nat.peer, descs[nat.peer], descs[ch.rank])
+            if rc != core.BLOCKED:
+                finished = True
+                raise AiocclError(f"{op.name} (seq {op.seq}) over shared memory: {nat.error}")
+            phase, s = nat.blocked
+            index = nat.where[0]
+            ranks = ch.others if phase != 1 or index == 0 else op.sched.steps[index].wait
+            yield ranks, s
+            rc = nat.resume()
+    finally:
+        if not finished:
+            nat.reset()
+
+
+def _ring(ch: ShmChannel, nat: Any) -> None:
+    """Ring the doorbells of the peers the core found parked when it published."""
+    mask = nat.take_ring()
+    j = 0
+    while mask:
+        if mask & 1:
+            ch.bell.ring(ch.world[j])
+            ch.stats["bells_rung"] += 1
+        mask >>= 1
+        j += 1

@@ -1,0 +1,118 @@
+/* The lockstep protocol of a same-host communicator's shared-memory channel, in native code.
+ *
+ * The same protocol as aioccl/engine/executor.py runs for a schedule's lockstep steps (and the same
+ * segment layout, aioccl/transport/shm.py), so a native op and a Python op interleave on one channel
+ * and a rank on either path meets its peers on the other. Per step s (counting up, never reset):
+ *
+ *   stage  copy my regions into my slot half s % 2 (once every peer has published s - 1),
+ *   publish  store s into my step counter (a release store, then a full fence before the sleepers are
+ *            read, so a parked peer is never missed),
+ *   wait   until the ranks the step reads from have published s (acquire loads: seeing the counter
+ *          means seeing the data staged before it, as an LL line's flag carries its data),
+ *   read   fetch or reduce, in rank order, from the peers' slots (or their registered buffers).
+ *
+ * The first step also writes this rank's descriptor (seq, kind, count, root, registered offsets) and
+ * waits for everyone, so a call issued differently anywhere is found on every rank after one step.
+ *
+ * Everything read from a peer's memory is checked before use: a descriptor's offsets and lengths must
+ * lie inside that peer's mapped segment, and a segment's slot size must fit its mapping. A corrupted
+ * or hostile peer yields AC_CORRUPT, never a read outside a mapping.
+ *
+ * Nothing here calls Python or takes the GIL; waits spin (optionally yielding the CPU) for a bounded
+ * time and then return AC_BLOCKED with the step they wait for, and the caller parks (the engine's
+ * doorbell) and resumes. */
+#ifndef AIOCCL_CHANNEL_H
+#define AIOCCL_CHANNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* segment layout: int64 word indices of the control page (aioccl/transport/shm.py) */
+#define AC_CONTROL_BYTES 4096
+#define AC_W_HALF 2
+#define AC_W_HEAP 3
+#define AC_W_HEAP_OFF 5
+#define AC_W_CTR 8
+#define AC_W_SLEEP 16
+#define AC_W_GAVE_UP 24
+#define AC_W_DESC 32
+#define AC_DESC_LEN 8
+#define AC_DESC_FIELDS 6 /* seq, kind, count, root, in offset, out offset */
+#define AC_MAX_RANKS 64
+
+/* results of ac_run / ac_resume */
+enum {
+    AC_DONE = 0,       /* finished: the result is in OUT, my step counter is the op's last step */
+    AC_BLOCKED = -1,   /* waiting for a step (ac_chan.blocked_*): park, then ac_resume */
+    AC_MISMATCH = -2,  /* a peer's descriptor differs from mine (ac_chan.peer) */
+    AC_NOT_CLEAN = -3, /* done, but some rank gave up this op or a later one: the caller decides */
+    AC_CORRUPT = -4,   /* a peer's memory holds an impossible value (ac_chan.error) */
+    AC_UNSUITABLE = -5,/* this op cannot run here (buffers too small for the program): nothing was sent */
+    AC_RING = -6,      /* done, and parked peers need their doorbell (ac_chan.ring); else as AC_DONE */
+};
+
+/* buffers of an op, by the schedule's names */
+enum { AC_IN = 0, AC_OUT = 1 };
+
+typedef struct {
+    int32_t rank, size;
+    uint8_t *seg[AC_MAX_RANKS];     /* every rank's mapped segment */
+    size_t seg_len[AC_MAX_RANKS];
+    size_t slot[AC_MAX_RANKS][2];   /* byte offset of each slot half */
+    size_t half[AC_MAX_RANKS];      /* bytes of a slot half */
+    size_t heap_off, heap_len;      /* my registered-buffer heap */
+    int64_t spin_ns;                /* how long a wait spins before it returns AC_BLOCKED */
+    int yield_cpu;
+    /* the op in progress (one at a time: a channel runs its ops in issue order) */
+    const int64_t *prog;
+    size_t prog_len;
+    uint8_t *buf[2];
+    size_t buf_len[2];
+    size_t item;
+    int dtype, redop;
+    int64_t order, base, divisor;
+    int64_t mine[AC_DESC_FIELDS];
+    int64_t descs[AC_MAX_RANKS][AC_DESC_FIELDS];
+    int64_t in_off, out_off;
+    size_t pc;                      /* where in the program the op stands */
+    int64_t step_index, phase, s, nsteps;
+    int first, zero_copy, active;
+    int64_t blocked_s;              /* the step it waits for (AC_BLOCKED) */
+    int blocked_phase;              /* 0: before staging (all peers, s - 1), 1: the step's wait, 2: the
+                                       closing step of a zero-copy op (all peers) */
+    int peer;                       /* AC_MISMATCH: the rank whose descriptor differs */
+    uint64_t ring;                  /* channel ranks parked on their doorbell when I published */
+    char error[160];                /* AC_CORRUPT: what was wrong */
+    uint8_t *spill;                 /* a reduction's accumulator when its destination is also an input */
+    size_t spill_len;
+    uint64_t ops, spin_hits;
+} ac_chan;
+
+/* Set up over mapped segments; checks each peer's slot size against its mapping. 0, or -1 with
+ * ch->error set. */
+int ac_chan_init(ac_chan *ch, int rank, int size, uint8_t *const *segs, const size_t *lens,
+                 int64_t spin_ns, int yield_cpu);
+void ac_chan_free(ac_chan *ch);
+
+/* A program is one rank's lockstep schedule, lowered by aioccl/engine/shm_native.py:
+ *   header: [AC_PROG_MAGIC, nsteps, zero_copy, divisor, code, algo, count, root, max IN, max OUT]
+ *   per step: nstage, (buf, start, stop, slot) x nstage; nwait, rank x nwait;
+ *             nreads, per read: kind (0 fetch, 1 reduce), nsrc, (rank, buf, start, stop, slot) x nsrc,
+ *                               dst buf, dst start, dst stop;
+ *             nscale, (buf, start, stop) x nscale
+ * in elements. ac_prog_check validates one for a channel of `size` ranks (0, or -1 with a reason). */
+#define AC_PROG_MAGIC 0x41434e5031LL /* "ACNP1" */
+#define AC_PROG_HEADER 10
+int ac_prog_check(const int64_t *prog, size_t len, int rank, int size, char *why, size_t why_len);
+
+/* Run one op from its first step: returns as ac_resume. `inp`/`out` may be the same memory. */
+int ac_run(ac_chan *ch, const int64_t *prog, size_t prog_len, void *inp, size_t in_len, void *out,
+           size_t out_len, int dtype, int redop, int64_t seq, int64_t order);
+/* Go on with the op after AC_BLOCKED (its step may still not be there: AC_BLOCKED again). */
+int ac_resume(ac_chan *ch);
+/* Forget the op in progress (it failed or was abandoned by the caller). */
+void ac_reset(ac_chan *ch);
+/* My step counter (the last step I published). */
+int64_t ac_step(const ac_chan *ch);
+
+#endif

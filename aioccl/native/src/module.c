@@ -1,0 +1,391 @@
+/* aioccl.native._core: the CPython glue of the native core (the only file here that knows Python).
+ *
+ * Two types: Program (one rank's lowered lockstep schedule, checked once when made) and Channel (a
+ * communicator's shared-memory channel: its mapped segments and the op in progress). Channel.run and
+ * Channel.resume release the GIL for the whole of the protocol: staging, waiting, reading, reducing.
+ * Results: an int >= 0 is done (my new step counter); a negative one is channel.h's AC_* code. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include "channel.h"
+#include "reduce.h"
+
+/* -- Program ------------------------------------------------------------------------------------ */
+typedef struct {
+    PyObject_HEAD
+    int64_t *words;
+    size_t len;
+    int rank, size;
+} Program;
+
+static void Program_dealloc(Program *self) {
+    PyMem_Free(self->words);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Program_init(Program *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"words", "rank", "size", NULL};
+    Py_buffer view;
+    int rank, size;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*ii", kwlist, &view, &rank, &size))
+        return -1;
+    if (view.len % 8) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "a native program is whole int64 words");
+        return -1;
+    }
+    size_t len = (size_t)view.len / 8;
+    int64_t *words = PyMem_Malloc(len ? len * 8 : 8);
+    if (words == NULL) {
+        PyBuffer_Release(&view);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(words, view.buf, len * 8);
+    PyBuffer_Release(&view);
+    char why[160] = "";
+    if (ac_prog_check(words, len, rank, size, why, sizeof why) != 0) {
+        PyMem_Free(words);
+        PyErr_Format(PyExc_ValueError, "invalid native program: %s", why);
+        return -1;
+    }
+    PyMem_Free(self->words);
+    self->words = words;
+    self->len = len;
+    self->rank = rank;
+    self->size = size;
+    return 0;
+}
+
+static PyTypeObject ProgramType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioccl.native._core.Program",
+    .tp_doc = "One rank's lockstep schedule, lowered to words and checked (see channel.h)",
+    .tp_basicsize = sizeof(Program),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Program_init,
+    .tp_dealloc = (destructor)Program_dealloc,
+};
+
+/* -- Channel ------------------------------------------------------------------------------------ */
+typedef struct {
+    PyObject_HEAD
+    ac_chan ch;
+    Py_buffer *views;
+    int nviews;
+    PyObject *held[3]; /* the program and buffers of the op in progress */
+} Channel;
+
+static void Channel_release(Channel *self) {
+    for (int k = 0; k < 3; k++)
+        Py_CLEAR(self->held[k]);
+    for (int j = 0; j < self->nviews; j++)
+        PyBuffer_Release(&self->views[j]);
+    PyMem_Free(self->views);
+    self->views = NULL;
+    self->nviews = 0;
+    ac_chan_free(&self->ch);
+    self->ch.size = 0;
+}
+
+static void Channel_dealloc(Channel *self) {
+    Channel_release(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Channel_init(Channel *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"segments", "rank", "spin_ns", "yield_cpu", NULL};
+    PyObject *segs;
+    int rank, yield_cpu;
+    long long spin_ns;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiLp", kwlist, &segs, &rank, &spin_ns, &yield_cpu))
+        return -1;
+    Channel_release(self);
+    PyObject *seq = PySequence_Fast(segs, "segments must be a sequence of writable buffers");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > AC_MAX_RANKS) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "a native channel holds 1 to %d ranks, got %zd", AC_MAX_RANKS, n);
+        return -1;
+    }
+    self->views = PyMem_Calloc((size_t)n, sizeof(Py_buffer));
+    if (self->views == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint8_t *bases[AC_MAX_RANKS];
+    size_t lens[AC_MAX_RANKS];
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, j), &self->views[j], PyBUF_WRITABLE) != 0) {
+            Py_DECREF(seq);
+            Channel_release(self);
+            return -1;
+        }
+        self->nviews = (int)j + 1;
+        bases[j] = self->views[j].buf;
+        lens[j] = (size_t)self->views[j].len;
+    }
+    Py_DECREF(seq);
+    if (ac_chan_init(&self->ch, rank, (int)n, bases, lens, spin_ns, yield_cpu) != 0) {
+        PyErr_Format(PyExc_ValueError, "cannot run a native channel here: %s", self->ch.error);
+        Channel_release(self);
+        return -1;
+    }
+    return 0;
+}
+
+static int live(Channel *self) {
+    if (self->ch.size)
+        return 1;
+    PyErr_SetString(PyExc_ValueError, "the native channel is closed");
+    return 0;
+}
+
+/* the result of run/resume as Python sees it */
+static PyObject *outcome(Channel *self, int rc) {
+    if (rc == AC_DONE || rc == AC_RING || rc == AC_NOT_CLEAN || rc == AC_MISMATCH || rc == AC_CORRUPT)
+        for (int k = 0; k < 3; k++)
+            Py_CLEAR(self->held[k]);
+    if (rc == AC_CORRUPT)
+        self->ch.active = 0;
+    if (rc == AC_DONE)
+        return PyLong_FromLongLong(ac_step(&self->ch));
+    return PyLong_FromLong(rc);
+}
+
+static int host_array(PyObject *a, int writable, void **data, size_t *len) {
+    if (!PyArray_Check(a))
+        return 0;
+    PyArrayObject *arr = (PyArrayObject *)a;
+    if (!PyArray_IS_C_CONTIGUOUS(arr) || (writable && !PyArray_ISWRITEABLE(arr)))
+        return 0;
+    *data = PyArray_DATA(arr);
+    *len = (size_t)PyArray_NBYTES(arr);
+    return 1;
+}
+
+/* run(program, inp, out, dtype, redop, seq, order) */
+static PyObject *Channel_run(Channel *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "run(program, inp, out, dtype, redop, seq, order)");
+        return NULL;
+    }
+    if (!live(self))
+        return NULL;
+    if (!PyObject_TypeCheck(args[0], &ProgramType)) {
+        PyErr_SetString(PyExc_TypeError, "run: program must be a Program");
+        return NULL;
+    }
+    Program *prog = (Program *)args[0];
+    if (prog->rank != self->ch.rank || prog->size != self->ch.size) {
+        PyErr_SetString(PyExc_ValueError, "run: the program was lowered for another rank or channel");
+        return NULL;
+    }
+    if (self->ch.active) {
+        PyErr_SetString(PyExc_RuntimeError, "run: another native op is in progress on this channel");
+        return NULL;
+    }
+    void *inp, *out;
+    size_t in_len, out_len;
+    if (!host_array(args[1], 0, &inp, &in_len) || !host_array(args[2], 1, &out, &out_len))
+        return PyLong_FromLong(AC_UNSUITABLE);
+    long dtype = PyLong_AsLong(args[3]), redop = PyLong_AsLong(args[4]);
+    long long seq = PyLong_AsLongLong(args[5]), order = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (dtype < 0 || dtype > DT_LAST || redop < 0 || redop > OP_LAST)
+        return PyLong_FromLong(AC_UNSUITABLE);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ac_run(&self->ch, prog->words, prog->len, inp, in_len, out, out_len, (int)dtype, (int)redop, seq, order);
+    Py_END_ALLOW_THREADS
+    if (rc == AC_BLOCKED) {  /* it goes on later: keep what it reads and writes alive */
+        for (int k = 0; k < 3; k++)
+            Py_XSETREF(self->held[k], Py_NewRef(args[k]));
+    }
+    return outcome(self, rc);
+}
+
+static PyObject *Channel_resume(Channel *self, PyObject *Py_UNUSED(ignored)) {
+    if (!live(self))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ac_resume(&self->ch);
+    Py_END_ALLOW_THREADS
+    return outcome(self, rc);
+}
+
+static PyObject *Channel_reset(Channel *self, PyObject *Py_UNUSED(ignored)) {
+    ac_reset(&self->ch);
+    for (int k = 0; k < 3; k++)
+        Py_CLEAR(self->held[k]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Channel_close(Channel *self, PyObject *Py_UNUSED(ignored)) {
+    Channel_release(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Channel_take_ring(Channel *self, PyObject *Py_UNUSED(ignored)) {
+    uint64_t ring = self->ch.ring;
+    self->ch.ring = 0;
+    return PyLong_FromUnsignedLongLong(ring);
+}
+
+static PyObject *Channel_descriptors(Channel *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyList_New(self->ch.size);
+    if (out == NULL)
+        return NULL;
+    for (int j = 0; j < self->ch.size; j++) {
+        const int64_t *d = self->ch.descs[j];
+        PyObject *t = Py_BuildValue("(LLLLLL)", d[0], d[1], d[2], d[3], d[4], d[5]);
+        if (t == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, j, t);
+    }
+    return out;
+}
+
+static PyObject *Channel_get_step(Channel *self, void *Py_UNUSED(c)) {
+    return live(self) ? PyLong_FromLongLong(ac_step(&self->ch)) : NULL;
+}
+static PyObject *Channel_get_blocked(Channel *self, void *Py_UNUSED(c)) {
+    return Py_BuildValue("(iL)", self->ch.blocked_phase, (long long)self->ch.blocked_s);
+}
+static PyObject *Channel_get_where(Channel *self, void *Py_UNUSED(c)) {
+    return Py_BuildValue("(LL)", (long long)self->ch.step_index, (long long)self->ch.base);
+}
+static PyObject *Channel_get_peer(Channel *self, void *Py_UNUSED(c)) { return PyLong_FromLong(self->ch.peer); }
+static PyObject *Channel_get_error(Channel *self, void *Py_UNUSED(c)) {
+    return PyUnicode_FromString(self->ch.error);
+}
+static PyObject *Channel_get_stats(Channel *self, void *Py_UNUSED(c)) {
+    return Py_BuildValue("{sKsK}", "ops", (unsigned long long)self->ch.ops, "spin_hits",
+                         (unsigned long long)self->ch.spin_hits);
+}
+
+static PyMethodDef Channel_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))Channel_run, METH_FASTCALL,
+     "run(program, inp, out, dtype, redop, seq, order): start an op; >= 0 done (my step), < 0 a code"},
+    {"resume", (PyCFunction)Channel_resume, METH_NOARGS, "go on with a blocked op, as run"},
+    {"reset", (PyCFunction)Channel_reset, METH_NOARGS, "forget the op in progress"},
+    {"close", (PyCFunction)Channel_close, METH_NOARGS, "release the segments' buffers"},
+    {"take_ring", (PyCFunction)Channel_take_ring, METH_NOARGS, "channel ranks to ring (a bit mask), cleared"},
+    {"descriptors", (PyCFunction)Channel_descriptors, METH_NOARGS, "every rank's descriptor of the op"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Channel_getset[] = {
+    {"step", (getter)Channel_get_step, NULL, "my step counter", NULL},
+    {"blocked", (getter)Channel_get_blocked, NULL, "(phase, step) a blocked op waits for", NULL},
+    {"where", (getter)Channel_get_where, NULL, "(step index, base step) of the op in progress", NULL},
+    {"peer", (getter)Channel_get_peer, NULL, "the rank whose descriptor differs (a mismatch)", NULL},
+    {"error", (getter)Channel_get_error, NULL, "what was wrong (a corrupt peer)", NULL},
+    {"stats", (getter)Channel_get_stats, NULL, "ops run and waits ended by spinning", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ChannelType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioccl.native._core.Channel",
+    .tp_doc = "A shared-memory channel's native protocol (see channel.h)",
+    .tp_basicsize = sizeof(Channel),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Channel_init,
+    .tp_dealloc = (destructor)Channel_dealloc,
+    .tp_methods = Channel_methods,
+    .tp_getset = Channel_getset,
+};
+
+/* -- reductions, for tests ---------------------------------------------------------------------- */
+static PyObject *mod_combine(PyObject *Py_UNUSED(m), PyObject *args) {
+    int op, dtype;
+    Py_buffer d, a, b;
+    if (!PyArg_ParseTuple(args, "iiw*y*y*", &op, &dtype, &d, &a, &b))
+        return NULL;
+    size_t item = ac_itemsize(dtype);
+    int rc = -1;
+    if (item && d.len == a.len && d.len == b.len && d.len % (Py_ssize_t)item == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ac_combine(op, dtype, d.buf, a.buf, b.buf, (size_t)d.len / item);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&d);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    if (rc != 0) {
+        PyErr_SetString(PyExc_ValueError, "combine: unknown op/dtype, or buffers of different sizes");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_scale(PyObject *Py_UNUSED(m), PyObject *args) {
+    int dtype;
+    long long divisor;
+    Py_buffer d;
+    if (!PyArg_ParseTuple(args, "iw*L", &dtype, &d, &divisor))
+        return NULL;
+    size_t item = ac_itemsize(dtype);
+    int rc = -1;
+    if (item && d.len % (Py_ssize_t)item == 0 && divisor > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ac_scale(dtype, d.buf, (size_t)d.len / item, divisor);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&d);
+    if (rc != 0) {
+        PyErr_SetString(PyExc_ValueError, "scale: not a floating-point dtype");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"combine", mod_combine, METH_VARARGS, "combine(op, dtype, dst, a, b): dst = a op b (tests)"},
+    {"scale", mod_scale, METH_VARARGS, "scale(dtype, buf, divisor): buf /= divisor (tests)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, "_core", "aioccl's native core (see aioccl/native/README.md)", -1, module_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__core(void) {
+    import_array();
+    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&ChannelType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&core_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0 ||
+        PyModule_AddObjectRef(m, "Channel", (PyObject *)&ChannelType) < 0 ||
+        PyModule_AddIntConstant(m, "BLOCKED", AC_BLOCKED) < 0 ||
+        PyModule_AddIntConstant(m, "MISMATCH", AC_MISMATCH) < 0 ||
+        PyModule_AddIntConstant(m, "NOT_CLEAN", AC_NOT_CLEAN) < 0 ||
+        PyModule_AddIntConstant(m, "CORRUPT", AC_CORRUPT) < 0 ||
+        PyModule_AddIntConstant(m, "UNSUITABLE", AC_UNSUITABLE) < 0 ||
+        PyModule_AddIntConstant(m, "RING", AC_RING) < 0 ||
+        PyModule_AddIntConstant(m, "PROG_MAGIC", (long)AC_PROG_MAGIC) < 0 ||
+        PyModule_AddIntConstant(m, "CONTROL_BYTES", AC_CONTROL_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "W_CTR", AC_W_CTR) < 0 || PyModule_AddIntConstant(m, "W_SLEEP", AC_W_SLEEP) < 0 ||
+        PyModule_AddIntConstant(m, "W_GAVE_UP", AC_W_GAVE_UP) < 0 ||
+        PyModule_AddIntConstant(m, "W_DESC", AC_W_DESC) < 0 || PyModule_AddIntConstant(m, "DESC_LEN", AC_DESC_LEN) < 0 ||
+        PyModule_AddIntConstant(m, "W_HALF", AC_W_HALF) < 0 || PyModule_AddIntConstant(m, "MAX_RANKS", AC_MAX_RANKS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
