@@ -41,6 +41,7 @@ from .engine.shm_channel import ShmChannel
 from .engine.view import CommView
 from .envvars import check_timeout, env_int, env_timeout
 from .errors import CommAborted, InvalidArgument, PeerLost
+from .fast_lane import FastLane
 from .group import Group
 from .introspection import FlightRecorder
 from .lifecycle import LifecycleOps
@@ -60,7 +61,7 @@ DEFAULT_BORROW_BYTES = 64 << 10
 PLAN_CACHE = 256  # distinct calls (collective, count, dtype, root, placement) whose schedules a communicator keeps
 
 
-class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
+class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, FastLane):
     """A group of ranks that run collectives together.
 
     Create with [`create`][aioccl.Communicator.create] or [`init()`][aioccl.init].
@@ -74,8 +75,8 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         self._tuning = tuning
         self._parent = parent
         self._lock = threading.Lock()
-        self._seq = 0
-        self._shm_order = 0
+        self._counters: Any = shm_native.Counters()  # sequence numbers and channel orders; the lane's once made
+        self._lane: Any = None  # the native core's small all_reduce (shm_native.lane), with a channel
         self._borrow_bytes = env_int(os.environ, "AIOCCL_BORROW_BYTES", DEFAULT_BORROW_BYTES, 0, 1 << 40)
         # (call) -> its schedule, and that lowered for the native core (None: the Python executor), see _plan
         self._plans: dict[tuple[Any, ...], tuple[Schedule, Any]] = {}
@@ -96,6 +97,8 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         # the world's channel is made with the engine; a child's by _open_channel, before the user sees it
         world = engine.table is not None and view.ctx == engine.table.comm_id
         self._shm: ShmChannel | None = engine.shm if world else None
+        if self._shm is not None:
+            shm_native.lane(self, self._shm)
         self._owns_engine = parent is None  # closing it closes the engine (passed on by shrink)
         if world:  # one listener per engine, for all its communicators
             engine.mailbox.lost_listeners.append(functools.partial(on_member_lost, engine))
@@ -311,16 +314,33 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
             raise InvalidArgument(f"{name}: stream= orders ops on GPU buffers; these buffers are in host memory")
         dt = out.array.dtype
         same = in_place or inp.array is out.array  # peers must not read a buffer this rank overwrites
-        key = (name, count, dt, root, in_place, same)
-        plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) >= PLAN_CACHE:
-                self._plans.clear()
-            sched = self._plan(name, count, dt, root, in_place, same)
-            plan = self._plans[key] = (sched, self._lower(name, sched, count, root, dt))
+        plan = self._plans.get((name, count, dt, root, in_place, same)) or self._new_plan(name, count, dt, root,
+                                                                                        in_place, same)
         fo = out.array.reshape(-1)
         return self._launch(name, plan[0], fo if inp is out else inp.array.reshape(-1), fo, op, count, root, t, result,
                             plan[1])
+
+    def _new_plan(self, name: str, count: int, dt: np.dtype[Any], root: int, in_place: bool,
+                  same: bool) -> tuple[Schedule, Any]:
+        """Choose (and keep) the schedule of a call, and lower it for the native core where it can run it."""
+        if len(self._plans) >= PLAN_CACHE:
+            self._forget_plans()
+        sched = self._plan(name, count, dt, root, in_place, same)
+        plan = self._plans[(name, count, dt, root, in_place, same)] = (sched, self._lower(name, sched, count, root, dt))
+        if name == "all_reduce" and same and plan[1] is not None and self._lane is not None:
+            self._lane.learn(count, dtype_code(dt), plan[1])  # in place: the fast lane's case
+        return plan
+
+    @property
+    def _seq(self) -> int:
+        """The sequence number the next op takes (how many this communicator has issued)."""
+        return int(self._counters.seq)
+
+    def _forget_plans(self) -> None:
+        """Drop every schedule chosen so far (and the fast lane's programs): the next calls choose again."""
+        self._plans.clear()
+        if self._lane is not None:
+            self._lane.forget()
 
     def _plan(self, name: str, count: int, dt: np.dtype[Any], root: int, in_place: bool, same: bool) -> Schedule:
         """This rank's schedule for one call on host buffers (the same call always gets the same one,
@@ -351,13 +371,11 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         dt, coll = out.dtype, BY_NAME[name]
         desc = (count, dt, op, root if coll.rooted else None)
         order = -1  # a channel's op: its issue number there
+        if self._lane is not None and self._lane.pending:
+            self._adopt_orphan()
         with self._lock:
             self._usable()
-            seq = self._seq
-            self._seq += 1
-            if shm is not None:
-                order = self._shm_order  # the channel runs its ops in this (issue) order
-                self._shm_order += 1
+            seq, order = self._counters.take(shm is not None)  # the channel runs its ops in issue order
         work: Work[Any] = Work(name, seq)
         op_ = Op(name, coll.code, seq, inp, out, dtype_code(dt) if name != "barrier" else 0, op, count,
                  root, timeout, work, result, sched, order, desc, native)
@@ -396,7 +414,9 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking):
         from .engine.shm_setup import setup
 
         self._shm = await setup(self._engine, self._view, timeout, what)
-        self._plans.clear()  # schedules chosen before: sockets
+        self._forget_plans()  # schedules chosen before: sockets
+        if self._shm is not None:
+            shm_native.lane(self, self._shm)
 
     # -- groups, split, lifetime -------------------------------------------
     def group(self) -> Group:

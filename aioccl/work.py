@@ -33,6 +33,7 @@ T = TypeVar("T")
 _PENDING, _RUNNING, _DONE, _CANCELLED = range(4)
 FAIRNESS_S = 0.001
 _turns = threading.local()  # when this thread's awaiting task last let its loop run
+BORN_DONE_LOCK = threading.Lock()  # the lock of every Work the native core makes done (nothing waits on one)
 _log = log.get("COLL")
 
 

@@ -13,6 +13,14 @@ SETTINGS = {
     # shared memory with 4 KiB slot halves, so 1000 doubles and every block-wise op run in chunks
     "shm-flat": {"AIOCCL_SHM_BUFFSIZE": "4096", "AIOCCL_ALGO": "flat", "EXPECT_TRANSPORT": "shm"},
     "shm-direct": {"AIOCCL_SHM_BUFFSIZE": "4096", "AIOCCL_ALGO": "direct", "EXPECT_TRANSPORT": "shm"},
+    # the same two with the native core switched off: its small ops then take the Python executor (both ways
+    # meet the same checks); the default settings, which pick per size, both ways too
+    "shm-flat-python": {"AIOCCL_SHM_BUFFSIZE": "4096", "AIOCCL_ALGO": "flat", "EXPECT_TRANSPORT": "shm",
+                        "AIOCCL_NATIVE": "0"},
+    "shm-direct-python": {"AIOCCL_SHM_BUFFSIZE": "4096", "AIOCCL_ALGO": "direct", "EXPECT_TRANSPORT": "shm",
+                          "AIOCCL_NATIVE": "0"},
+    "shm-default": {"EXPECT_TRANSPORT": "shm"},
+    "shm-default-python": {"EXPECT_TRANSPORT": "shm", "AIOCCL_NATIVE": "0"},
     # ranks on two "hosts" (AIOCCL_HOSTID = rank % 2: 1+1, 2+1, 2+2, 3+2 ranks): hierarchical schedules over
     # shared-memory pairs inside a host and sockets across; 64 float32 per chunk, so 1000 elements run the
     # bandwidth phases and the small sizes the latency ones

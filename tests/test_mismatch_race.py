@@ -132,7 +132,7 @@ def algorithms(transport: str, colls: set[str]) -> list[dict[str, str]]:
 def force(comms: list[aioccl.Communicator], algos: dict[str, str]) -> None:
     for c in comms:
         c._tuning = Tuning(forced=tuple(algos.items()))
-        c._plans.clear()
+        c._forget_plans()
 
 
 def slow(comms: list[aioccl.Communicator], pattern: Pattern) -> list[SlowLink]:

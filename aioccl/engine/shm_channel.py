@@ -190,6 +190,14 @@ class ShmChannel(ChannelMemory):
             self._tell(op, err)
         return True
 
+    def counts(self) -> dict[str, int]:
+        """``stats`` with the native core's ops and spin hits added in."""
+        counts = dict(self.stats)
+        if self.native is not None:
+            for k, v in self.native.stats.items():
+                counts[k] += v
+        return counts
+
     def begin(self, op: Op[np.ndarray]) -> None:
         """Give a started op its deadline, its scratch space and its Python executor."""
         op.deadline = time.perf_counter() + op.timeout

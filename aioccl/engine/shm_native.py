@@ -18,21 +18,27 @@ the Python way, which hands the event loop back between steps).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
+import ml_dtypes
 import numpy as np
 
 from .. import log, native
 from ..algorithms.schedule import IN, OUT, Fetch, Schedule
+from ..dtypes import ReduceOp
 from ..envvars import env_int
 from ..errors import AiocclError
+from ..group import current_group
+from ..work import BORN_DONE_LOCK, Work
 from .executor import ALGO_CODES, _mismatch
 from .op import Op, Wait
 
 if TYPE_CHECKING:
+    from ..communicator import Communicator
     from .shm_channel import ShmChannel
 
 _log = log.get("SHM")
@@ -54,6 +60,39 @@ def channel(segments: list[Any], rank: int, spin_s: float, yield_cpu: bool) -> A
     except ValueError as e:
         _log.info("rank %d: shared-memory ops take the Python path: %s", rank, e)
         return None
+
+
+class Counters:
+    """A communicator's sequence numbers and channel orders, taken under its lock (the native ``Lane``
+    takes over both once the communicator has a channel)."""
+
+    __slots__ = ("order", "seq")
+
+    def __init__(self) -> None:
+        self.seq = self.order = 0
+
+    def take(self, on_channel: bool) -> tuple[int, int]:
+        seq = self.seq
+        self.seq += 1
+        if not on_channel:
+            return seq, -1
+        order = self.order
+        self.order += 1
+        return seq, order
+
+
+def lane(comm: Communicator, shm: ShmChannel) -> None:
+    """Give ``comm`` the native core's fast lane over its channel ``shm`` (which then owns its counters):
+    ``comm.all_reduce(x)`` of a small numpy array runs from the call to the done Work in C."""
+    core = native.core
+    if core is None or shm.native is None:
+        return
+    placement = comm._engine.placement
+    counters = comm._counters
+    comm._lane = comm._counters = core.Lane(
+        shm.native, shm, comm, Work, BORN_DONE_LOCK, placement, placement.thread_id, placement.lock, current_group,
+        comm._recorder._ring.append, functools.partial(_ring_mask, shm), tuple(ReduceOp),
+        np.dtype(ml_dtypes.bfloat16).num, comm._native_max, counters.seq, counters.order)
 
 
 def lower(sched: Schedule, rank: int, size: int, code: int, count: int, root: int) -> Any:
@@ -108,7 +147,6 @@ def run(ch: ShmChannel, op: Op[np.ndarray]) -> bool:
     rc = nat.run(op.native, op.inp, op.out, op.dtype_code, op.fp[2], op.seq, op.order)
     if rc >= 0:
         ch.step = rc
-        ch.stats["ops"] += 1
         op.work._set_result(op.result())
         return True
     core = native.core
@@ -120,13 +158,20 @@ def run(ch: ShmChannel, op: Op[np.ndarray]) -> bool:
     if rc == core.RING:
         _ring(ch, nat)
         ch.step = nat.step
-        ch.stats["ops"] += 1
         op.work._set_result(op.result())
         return True
-    op.deadline = time.perf_counter() + op.timeout
-    op.base = nat.where[1]
-    op.gen = _carry_on(ch, op, rc)
+    carry_on(ch, op, rc)
     return False
+
+
+def carry_on(ch: ShmChannel, op: Op[np.ndarray], rc: int) -> None:
+    """The native op ``op`` (started) must wait, or failed: give it to the channel's own driver, which
+    parks, owns its deadline and resumes it."""
+    op.work._start()
+    op.native = None  # never run again from the start
+    op.deadline = time.perf_counter() + op.timeout
+    op.base = ch.native.where[1]
+    op.gen = _carry_on(ch, op, rc)
 
 
 def _carry_on(ch: ShmChannel, op: Op[np.ndarray], rc: int) -> Generator[Wait, None, None]:
@@ -160,7 +205,10 @@ def _carry_on(ch: ShmChannel, op: Op[np.ndarray], rc: int) -> Generator[Wait, No
 
 def _ring(ch: ShmChannel, nat: Any) -> None:
     """Ring the doorbells of the peers the core found parked when it published."""
-    mask = nat.take_ring()
+    _ring_mask(ch, nat.take_ring())
+
+
+def _ring_mask(ch: ShmChannel, mask: int) -> None:
     j = 0
     while mask:
         if mask & 1:

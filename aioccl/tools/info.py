@@ -143,6 +143,7 @@ def collect(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     shm = shared_memory(env)
     return {
         "aioccl": aioccl.__version__,
+        "native": aioccl.native.status(),
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "platform": platform.platform(),
         "host": platform.node(),
@@ -168,7 +169,8 @@ def _size(n: int) -> str:
 
 
 def render(info: dict[str, Any]) -> list[str]:
-    lines = [f"aioccl {info['aioccl']}  {info['python']}  on {info['host']} ({info['platform']})"]
+    lines = [f"aioccl {info['aioccl']}  {info['python']}  on {info['host']} ({info['platform']})",
+             f"native core: {info['native']}"]
     for name, lib in info["libraries"].items():
         state = lib["version"] or "-"
         lines.append(f"  {name:10s} {state}" + (f"  ({lib['detail']})" if lib["detail"] else ""))

@@ -33,7 +33,7 @@ async def main() -> None:
         comm._tuning = Tuning(comm._tuning.buffsize, (("all_reduce", algo), ("reduce", "leader"),
                                                       ("broadcast", "leader"), ("all_gather", gathers),
                                                       ("reduce_scatter", gathers)))
-        comm._plans.clear()
+        comm._forget_plans()
         x = ((np.arange(300_001) % 5) + r).astype(np.float32)
         await comm.all_reduce(x)
         ck.same(f"all_reduce {algo}", x, (n * (np.arange(300_001) % 5) + n * (n - 1) // 2).astype(np.float32))
@@ -50,7 +50,7 @@ async def main() -> None:
             await comm.broadcast(z, root=root)
             ck.same(f"broadcast leader root {root}", z, np.arange(999, dtype=np.int32))
     comm._tuning = Tuning()
-    comm._plans.clear()
+    comm._forget_plans()
     g = await comm.all_gather(np.array([r, 10 * r], np.int64))
     ck.same("all_gather", g, np.stack([np.arange(n), 10 * np.arange(n)], 1).reshape(-1))
     b = np.arange(50_000, dtype=np.float64) if r == n - 1 else np.zeros(50_000)

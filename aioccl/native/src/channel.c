@@ -81,8 +81,9 @@ int ac_prog_check(const int64_t *p, size_t len, int rank, int size, char *why, s
     if (rank < 0 || rank >= size || size > AC_MAX_RANKS)
         return bad(why, why_len, "rank out of range", 0);
     int64_t nsteps = p[1], max_len[2] = {p[8], p[9]};
-    if (nsteps < 0 || p[3] < 0 || max_len[0] < 0 || max_len[1] < 0)
-        return bad(why, why_len, "negative header field", 1);
+    if (nsteps < 0 || p[3] < 0 || max_len[0] < 0 || max_len[1] < 0 || p[4] < 0 || p[4] > 255 || p[5] < 0 ||
+        p[5] > 255 || p[6] < 0)
+        return bad(why, why_len, "header field out of range", 1);
     size_t at = AC_PROG_HEADER;
 #define NEED(k) do { if ((k) < 0 || (size_t)(k) > len || at > len - (size_t)(k)) return bad(why, why_len, "truncated", at); } while (0)
 #define REGION(b, a, z) do { if ((b) != AC_IN && (b) != AC_OUT) return bad(why, why_len, "bad buffer", at); \
@@ -435,7 +436,8 @@ int ac_run(ac_chan *ch, const int64_t *prog, size_t prog_len, void *inp, size_t 
     ch->in_off = prog[2] ? heap_offset(ch, inp, in_len) : -1;
     ch->out_off = prog[2] ? heap_offset(ch, out, out_len) : -1;
     ch->zero_copy = 0;
-    int64_t kind = prog[4] | prog[5] << 8 | (int64_t)dtype << 16 | (int64_t)redop << 24;
+    int64_t kind = (int64_t)((uint64_t)prog[4] | (uint64_t)prog[5] << 8 | (uint64_t)dtype << 16 |
+                             (uint64_t)redop << 24);
     int64_t mine[AC_DESC_FIELDS] = {seq, kind, prog[6], prog[7], ch->in_off, ch->out_off};
     memcpy(ch->mine, mine, sizeof mine);
     return advance(ch, now_ns() + ch->spin_ns);

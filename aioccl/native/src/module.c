@@ -6,20 +6,15 @@
  * Results: an int >= 0 is done (my new step counter); a negative one is channel.h's AC_* code. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
 #include "channel.h"
+#include "fastpath.h"
 #include "reduce.h"
 
 /* -- Program ------------------------------------------------------------------------------------ */
-typedef struct {
-    PyObject_HEAD
-    int64_t *words;
-    size_t len;
-    int rank, size;
-} Program;
-
 static void Program_dealloc(Program *self) {
     PyMem_Free(self->words);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -59,7 +54,7 @@ static int Program_init(Program *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-static PyTypeObject ProgramType = {
+PyTypeObject ProgramType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "aioccl.native._core.Program",
     .tp_doc = "One rank's lockstep schedule, lowered to words and checked (see channel.h)",
@@ -71,14 +66,6 @@ static PyTypeObject ProgramType = {
 };
 
 /* -- Channel ------------------------------------------------------------------------------------ */
-typedef struct {
-    PyObject_HEAD
-    ac_chan ch;
-    Py_buffer *views;
-    int nviews;
-    PyObject *held[3]; /* the program and buffers of the op in progress */
-} Channel;
-
 static void Channel_release(Channel *self) {
     for (int k = 0; k < 3; k++)
         Py_CLEAR(self->held[k]);
@@ -295,7 +282,7 @@ static PyGetSetDef Channel_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject ChannelType = {
+PyTypeObject ChannelType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "aioccl.native._core.Channel",
     .tp_doc = "A shared-memory channel's native protocol (see channel.h)",
@@ -370,6 +357,10 @@ PyMODINIT_FUNC PyInit__core(void) {
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;
+    if (fastpath_ready(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0 ||
         PyModule_AddObjectRef(m, "Channel", (PyObject *)&ChannelType) < 0 ||
         PyModule_AddIntConstant(m, "BLOCKED", AC_BLOCKED) < 0 ||

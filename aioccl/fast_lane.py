@@ -1,0 +1,72 @@
+"""The fast lane's slow side: a small all_reduce the native core started in the call and could not finish
+there (a late peer, a failure) goes on in the engine, like any op of the shared-memory channel.
+
+A mixin of ``Communicator``. ``aioccl.engine.shm_native.lane`` gives a communicator with a channel its
+``Lane`` (C): ``comm.all_reduce(x)`` of a small numpy array runs from the call to the done Work there.
+An op it hands back (``(x, op, code, seq, order)``) is built into an ``Op`` here and submitted to the
+channel, which parks, owns its deadline and resumes it. Until that is done the lane keeps the op as
+*pending*, so a signal that interrupts the caller in between loses nothing: the next op adopts it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .algorithms.table import BY_NAME
+from .dtypes import ReduceOp, dtype_code
+from .engine import shm_native
+from .engine.op import Op
+from .work import Work
+
+if TYPE_CHECKING:
+    from .algorithms.schedule import Schedule
+    from .engine.shm_channel import ShmChannel
+
+
+class FastLane:
+    if TYPE_CHECKING:
+        _lane: Any
+        _shm: ShmChannel | None
+        _plans: dict[tuple[Any, ...], tuple[Schedule, Any]]
+
+        def _new_plan(self, name: str, count: int, dt: np.dtype[Any], root: int, in_place: bool,
+                      same: bool) -> tuple[Schedule, Any]: ...
+
+        def _op_timeout(self, timeout: float | None) -> float: ...
+
+        def _track(self, work: Work[Any], desc: Any, start: Any, *args: Any, borrow: bool = False) -> Work[Any]: ...
+
+    def _carry_on(self, x: np.ndarray, op: ReduceOp | str, handed: tuple[Any, ...]) -> Work[Any]:
+        """A fast-lane all_reduce (``shm_native.lane``) that must wait for a peer, or failed: the channel carries
+        on with it, as with any op it runs."""
+        work = self._hand_over(handed)
+        if self._lane is not None:
+            self._lane.claim()  # handed over: nothing left for _launch to adopt
+        return work
+
+    def _hand_over(self, handed: tuple[Any, ...]) -> Work[Any]:
+        x, op, rc, seq, order = handed
+        shm = self._shm
+        assert shm is not None
+        dt, count, rop = x.dtype, x.size, ReduceOp.parse(op)
+        key = ("all_reduce", count, dt, 0, False, True)
+        sched = (self._plans.get(key) or self._new_plan(*key))[0]
+        flat = x.reshape(-1)
+        desc = (count, dt, rop, None)
+        work: Work[Any] = Work("all_reduce", seq)
+        op_ = Op("all_reduce", BY_NAME["all_reduce"].code, seq, flat, flat, dtype_code(dt), rop, count, 0,
+                 self._op_timeout(None), work, lambda: x, sched, order, desc)
+        work._probe = op_.blocked_on
+        shm_native.carry_on(shm, op_, rc)
+        return self._track(work, desc, shm.submit, op_)
+
+    def _adopt_orphan(self) -> None:
+        """A fast-lane op handed over to the engine whose caller was interrupted (a signal) before the engine
+        had it: submit it now, ahead of the next op (peers count on it; nobody awaits it)."""
+        handed = self._lane.claim()
+        shm = self._shm
+        if handed is not None and shm is not None and shm.next_order <= handed[4]:
+            self._hand_over(handed)._retrieved = True  # its caller was told, by the interrupt
+

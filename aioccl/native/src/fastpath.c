@@ -1,0 +1,439 @@
+/* The fast lane: comm.all_reduce(x) on a same-host communicator, from the call to the done Work, in C.
+ *
+ * Lane.all_reduce takes the common case only (an aligned, contiguous, writable numpy array of a
+ * supported dtype, in place, a known reduction, nothing queued on the channel, no group open, the
+ * engine's thread or an idle borrowed engine) and returns None for anything else, before taking a
+ * sequence number, so the caller goes the general way. It takes the op's sequence number and channel
+ * order (the Lane owns the communicator's counters), runs the protocol with the GIL released, and
+ * returns the done Work with its flight-recorder entry made. An op that must wait longer than a spin
+ * comes back as (x, op, code, seq, order) for the engine to carry on with (aioccl/engine/shm_native.py). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h> /* PyMemberDef, for the Work's slot offsets */
+#include <time.h>
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include "fastpath.h"
+#include "reduce.h"
+
+static const char *const WORK_SLOTS[] = {
+    "op", "seq", "_lock", "_state", "_result", "_exc", "_callbacks", "_event", "_cancellable", "_on_cancel",
+    "_engine_thread", "_t0", "_desc", "_probe", "event", "_next_warn", "_retrieved", "status", "_withdraw", "_home",
+};
+enum { N_SLOTS = sizeof WORK_SLOTS / sizeof WORK_SLOTS[0], CACHE = 64, WORK_DONE = 2 };
+
+typedef struct {
+    int64_t count;
+    int dtype;
+    PyObject *prog;
+} cached;
+
+typedef struct {
+    PyObject_HEAD
+    Channel *chan;
+    PyObject *shm, *comm, *work_type, *done_lock, *home, *engine_thread, *lock, *group_var, *record, *ring;
+    PyObject *ops[OP_LAST + 1];
+    PyObject *name;
+    PyObject *pending; /* (x, op, code, seq, order) of the op last handed to the engine, until claimed */
+    Py_ssize_t off[N_SLOTS];
+    unsigned long thread_id;
+    int bf16_num, enabled;
+    Py_ssize_t max_bytes;
+    long long seq, order;
+    cached cache[CACHE];
+} Lane;
+
+static PyObject *s_member_lost, *s_closed, *s_queue, *s_pumping, *s_broken, *s_next_order, *s_step, *s_acquire,
+    *s_release, *s_sum, *s_prod, *s_min, *s_max, *s_avg;
+
+static void Lane_clear_cache(Lane *self) {
+    for (int k = 0; k < CACHE; k++) {
+        Py_CLEAR(self->cache[k].prog);
+        self->cache[k].count = -1;
+    }
+}
+
+static void Lane_dealloc(Lane *self) {
+    Lane_clear_cache(self);
+    Py_CLEAR(self->chan);
+    Py_CLEAR(self->pending);
+    PyObject **refs[] = {&self->shm, &self->comm, &self->work_type, &self->done_lock, &self->home,
+                         &self->engine_thread, &self->lock, &self->group_var, &self->record, &self->ring, &self->name};
+    for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
+        Py_CLEAR(*refs[k]);
+    for (int k = 0; k <= OP_LAST; k++)
+        Py_CLEAR(self->ops[k]);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Lane(channel, shm, comm, work_type, done_lock, home, thread_id, lock, group_var, record, ring, ops,
+ *      bf16_num, max_bytes, seq, order) */
+static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
+    PyObject *chan, *shm, *comm, *work_type, *done_lock, *home, *lock, *group_var, *record, *ring, *ops;
+    unsigned long thread_id;
+    int bf16_num;
+    Py_ssize_t max_bytes;
+    long long seq, order;
+    if (!PyArg_ParseTuple(args, "O!OOO!OOkOOOOO!inLL", &ChannelType, &chan, &shm, &comm, &PyType_Type, &work_type,
+                          &done_lock, &home, &thread_id, &lock, &group_var, &record, &ring, &PyTuple_Type, &ops,
+                          &bf16_num, &max_bytes, &seq, &order))
+        return -1;
+    if (PyTuple_GET_SIZE(ops) != OP_LAST) {
+        PyErr_SetString(PyExc_ValueError, "Lane: ops must hold the 5 ReduceOp members in code order");
+        return -1;
+    }
+    PyObject *dict = ((PyTypeObject *)work_type)->tp_dict;
+    for (int k = 0; k < N_SLOTS; k++) {  /* the Work's slots, set in place for a Work born done */
+        PyObject *d = PyDict_GetItemString(dict, WORK_SLOTS[k]);
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+            PyErr_Format(PyExc_TypeError, "Lane: Work has no slot %s", WORK_SLOTS[k]);
+            return -1;
+        }
+        self->off[k] = ((PyMemberDescrObject *)d)->d_member->offset;
+    }
+    Py_XSETREF(self->chan, (Channel *)Py_NewRef(chan));
+    Py_XSETREF(self->shm, Py_NewRef(shm));
+    Py_XSETREF(self->comm, Py_NewRef(comm));
+    Py_XSETREF(self->work_type, Py_NewRef(work_type));
+    Py_XSETREF(self->done_lock, Py_NewRef(done_lock));
+    Py_XSETREF(self->home, Py_NewRef(home));
+    Py_XSETREF(self->engine_thread, PyLong_FromUnsignedLong(thread_id));
+    Py_XSETREF(self->lock, Py_NewRef(lock));
+    Py_XSETREF(self->group_var, Py_NewRef(group_var));
+    Py_XSETREF(self->record, Py_NewRef(record));
+    Py_XSETREF(self->ring, Py_NewRef(ring));
+    Py_XSETREF(self->name, PyUnicode_InternFromString("all_reduce"));
+    for (int k = 1; k <= OP_LAST; k++)
+        Py_XSETREF(self->ops[k], Py_NewRef(PyTuple_GET_ITEM(ops, k - 1)));
+    self->thread_id = thread_id;
+    self->bf16_num = bf16_num;
+    self->max_bytes = max_bytes;
+    self->seq = seq;
+    self->order = order;
+    self->enabled = 1;
+    Lane_clear_cache(self);
+    return self->engine_thread == NULL || self->name == NULL ? -1 : 0;
+}
+
+/* -- the counters: every op of the communicator takes its numbers here -------------------------- */
+static PyObject *Lane_take(Lane *self, PyObject *on_channel) {
+    long long seq = self->seq++, order = -1;
+    if (PyObject_IsTrue(on_channel))
+        order = self->order++;
+    return Py_BuildValue("(LL)", seq, order);
+}
+
+static PyObject *Lane_learn(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyObject_TypeCheck(args[2], &ProgramType)) {
+        PyErr_SetString(PyExc_TypeError, "learn(count, dtype, program)");
+        return NULL;
+    }
+    long long count = PyLong_AsLongLong(args[0]);
+    long dtype = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    cached *c = &self->cache[(uint64_t)(count * 31 + dtype) % CACHE];
+    c->count = count;
+    c->dtype = (int)dtype;
+    Py_XSETREF(c->prog, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+/* -- the fast path ------------------------------------------------------------------------------ */
+static int dtype_of(Lane *self, PyArrayObject *a) {
+    PyArray_Descr *d = PyArray_DESCR(a);
+    npy_intp size = PyArray_ITEMSIZE(a);
+    if (PyArray_ISBYTESWAPPED(a))
+        return 0;
+    if (d->type_num == self->bf16_num)
+        return DT_BF16;
+    switch (d->kind) {
+    case 'i': return size == 1 ? DT_I8 : size == 4 ? DT_I32 : size == 8 ? DT_I64 : 0;
+    case 'u': return size == 1 ? DT_U8 : size == 4 ? DT_U32 : size == 8 ? DT_U64 : 0;
+    case 'f': return size == 2 ? DT_F16 : size == 4 ? DT_F32 : size == 8 ? DT_F64 : 0;
+    default: return 0;
+    }
+}
+
+static int redop_of(Lane *self, PyObject *op) {
+    if (op == NULL)
+        return OP_SUM;
+    for (int k = 1; k <= OP_LAST; k++)
+        if (op == self->ops[k])
+            return k;
+    if (!PyUnicode_CheckExact(op))
+        return 0;
+    PyObject *names[] = {NULL, s_sum, s_prod, s_min, s_max, s_avg};
+    for (int k = 1; k <= OP_LAST; k++)
+        if (op == names[k] || PyUnicode_Compare(op, names[k]) == 0)
+            return k;
+    PyErr_Clear();
+    return 0;
+}
+
+static int attr_is(PyObject *obj, PyObject *name, PyObject *value) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int same = v == value;
+    Py_DECREF(v);
+    return same;
+}
+
+/* nothing queued on the channel, and every op issued on it so far submitted there */
+static int channel_idle(Lane *self) {
+    PyObject *q = PyObject_GetAttr(self->shm, s_queue);
+    if (q == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_ssize_t n = PyObject_Size(q);
+    Py_DECREF(q);
+    if (n != 0 || !attr_is(self->shm, s_pumping, Py_False) || !attr_is(self->shm, s_broken, Py_None)) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *next = PyObject_GetAttr(self->shm, s_next_order);
+    if (next == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    long long v = PyLong_AsLongLong(next);
+    Py_DECREF(next);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return v == self->order;
+}
+
+static int lock_call(PyObject *lock, PyObject *method, PyObject *arg) {
+    PyObject *r = arg ? PyObject_CallMethodOneArg(lock, method, arg) : PyObject_CallMethodNoArgs(lock, method);
+    if (r == NULL)
+        return -1;
+    int yes = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return yes;
+}
+
+static double monotonic(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void set_slot(PyObject *w, Py_ssize_t off, PyObject *v) {
+    PyObject **at = (PyObject **)((char *)w + off);
+    Py_XSETREF(*at, v);
+}
+
+/* a Work born done, as Work(name, seq) then _start_done(x) would leave it */
+static PyObject *done_work(Lane *self, long long seq, PyObject *x, PyObject *desc, double t0) {
+    PyTypeObject *t = (PyTypeObject *)self->work_type;
+    PyObject *w = t->tp_alloc(t, 0);
+    if (w == NULL)
+        return NULL;
+    PyObject *vals[N_SLOTS] = {
+        Py_NewRef(self->name), PyLong_FromLongLong(seq), Py_NewRef(self->done_lock), PyLong_FromLong(WORK_DONE),
+        Py_NewRef(x), Py_NewRef(Py_None), PyList_New(0), Py_NewRef(Py_None), Py_NewRef(Py_False),
+        Py_NewRef(Py_None), Py_NewRef(self->engine_thread), PyFloat_FromDouble(t0), Py_NewRef(desc),
+        Py_NewRef(Py_None), Py_NewRef(Py_None), PyFloat_FromDouble(0.0), Py_NewRef(Py_False), Py_NewRef(Py_None),
+        Py_NewRef(Py_False), Py_NewRef(self->home),
+    };
+    int ok = 1;
+    for (int k = 0; k < N_SLOTS; k++) {
+        ok &= vals[k] != NULL;
+        set_slot(w, self->off[k], vals[k]);
+    }
+    if (!ok) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    return w;
+}
+
+static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (!self->enabled || kwnames != NULL || nargs < 1 || nargs > 2 || !PyArray_CheckExact(args[0]))
+        Py_RETURN_NONE;
+    PyArrayObject *x = (PyArrayObject *)args[0];
+    if (!PyArray_CHKFLAGS(x, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED))
+        Py_RETURN_NONE;
+    int dtype = dtype_of(self, x), redop = redop_of(self, nargs == 2 ? args[1] : NULL);
+    if (!dtype || !redop || (redop == OP_AVG && dtype != DT_F16 && dtype != DT_BF16 && dtype != DT_F32 && dtype != DT_F64))
+        Py_RETURN_NONE;
+    Py_ssize_t nbytes = PyArray_NBYTES(x), count = PyArray_SIZE(x);
+    if (nbytes <= 0 || nbytes > self->max_bytes)
+        Py_RETURN_NONE;
+    cached *c = &self->cache[(uint64_t)(count * 31 + dtype) % CACHE];
+    if (c->prog == NULL || c->count != count || c->dtype != dtype)
+        Py_RETURN_NONE;
+    Program *prog = (Program *)c->prog;
+    ac_chan *ch = &self->chan->ch;
+    if (!ch->size || ch->active || (uint64_t)prog->words[8] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes ||
+        (uint64_t)prog->words[9] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes)
+        Py_RETURN_NONE;
+    if (!attr_is(self->comm, s_member_lost, Py_None) || !attr_is(self->comm, s_closed, Py_None))
+        Py_RETURN_NONE;
+    PyObject *group = NULL;
+    if (PyContextVar_Get(self->group_var, Py_None, &group) < 0)
+        return NULL;
+    int in_group = group != Py_None;
+    Py_DECREF(group);
+    if (in_group)
+        Py_RETURN_NONE;
+    int borrowed = 0;
+    if (PyThread_get_thread_ident() != self->thread_id) {
+        if (self->lock == Py_None)
+            Py_RETURN_NONE;
+        int got = lock_call(self->lock, s_acquire, Py_False);
+        if (got < 0)
+            return NULL;
+        if (!got)
+            Py_RETURN_NONE;
+        borrowed = 1;
+    }
+    PyObject *result = NULL;
+    if (self->pending != NULL || !channel_idle(self)) {
+        result = Py_NewRef(Py_None);
+        goto out;
+    }
+    long long seq = self->seq++, order = self->order++;
+    double t0 = monotonic();
+    void *data = PyArray_DATA(x);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ac_run(ch, prog->words, prog->len, data, (size_t)nbytes, data, (size_t)nbytes, dtype, redop, seq, order);
+    Py_END_ALLOW_THREADS
+    if (rc == AC_BLOCKED)
+        for (int k = 0; k < 3; k++)
+            Py_XSETREF(self->chan->held[k], Py_NewRef(k ? (PyObject *)x : (PyObject *)prog));
+    if (rc != AC_DONE && rc != AC_RING) {
+        /* the engine carries on with it (and submits it, in order); kept here until the caller claims it,
+         * so a signal that interrupts the caller before then cannot lose the op (it is adopted instead) */
+        PyObject *op = nargs == 2 ? args[1] : s_sum;
+        Py_XSETREF(self->pending, Py_BuildValue("(OOiLL)", (PyObject *)x, op, rc, seq, order));
+        result = self->pending ? Py_NewRef(self->pending) : NULL;
+        goto out;
+    }
+    if (rc == AC_RING) {
+        PyObject *mask = PyLong_FromUnsignedLongLong(ch->ring);
+        ch->ring = 0;
+        PyObject *r = mask ? PyObject_CallOneArg(self->ring, mask) : NULL;
+        Py_XDECREF(mask);
+        if (r == NULL)
+            goto out;
+        Py_DECREF(r);
+    }
+    PyObject *step = PyLong_FromLongLong(ac_step(ch)), *next = PyLong_FromLongLong(order + 1);
+    int bad = step == NULL || next == NULL || PyObject_SetAttr(self->shm, s_step, step) < 0 ||
+              PyObject_SetAttr(self->shm, s_next_order, next) < 0;
+    Py_XDECREF(step);
+    Py_XDECREF(next);
+    if (bad)
+        goto out;
+    PyObject *desc = Py_BuildValue("(nOOO)", count, (PyObject *)PyArray_DESCR(x), self->ops[redop], Py_None);
+    if (desc == NULL)
+        goto out;
+    result = done_work(self, seq, (PyObject *)x, desc, t0);
+    if (result != NULL) {
+        PyObject *entry = Py_BuildValue("(OLOOd)", self->name, seq, desc, Py_None, monotonic() - t0);
+        PyObject *r = entry ? PyObject_CallOneArg(self->record, entry) : NULL;
+        Py_XDECREF(entry);
+        if (r == NULL)
+            Py_CLEAR(result);
+        Py_XDECREF(r);
+    }
+    Py_DECREF(desc);
+out:
+    if (borrowed) {
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *exc = PyErr_GetRaisedException();
+#else
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+#endif
+        if (lock_call(self->lock, s_release, NULL) < 0)
+            Py_CLEAR(result);
+#if PY_VERSION_HEX >= 0x030C0000
+        if (exc != NULL)
+            PyErr_SetRaisedException(exc);
+#else
+        if (type != NULL)
+            PyErr_Restore(type, exc, tb);
+#endif
+    }
+    return result;
+}
+
+static PyObject *Lane_get_seq(Lane *self, void *Py_UNUSED(c)) { return PyLong_FromLongLong(self->seq); }
+static PyObject *Lane_get_order(Lane *self, void *Py_UNUSED(c)) { return PyLong_FromLongLong(self->order); }
+static PyObject *Lane_get_enabled(Lane *self, void *Py_UNUSED(c)) { return PyBool_FromLong(self->enabled); }
+static int Lane_set_enabled(Lane *self, PyObject *v, void *Py_UNUSED(c)) {
+    int yes = v ? PyObject_IsTrue(v) : 0;
+    if (yes < 0)
+        return -1;
+    self->enabled = yes;
+    return 0;
+}
+static PyObject *Lane_claim(Lane *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *p = self->pending ? self->pending : Py_NewRef(Py_None);
+    self->pending = NULL;
+    return p;
+}
+static PyObject *Lane_get_pending(Lane *self, void *Py_UNUSED(c)) { return PyBool_FromLong(self->pending != NULL); }
+
+static PyObject *Lane_forget(Lane *self, PyObject *Py_UNUSED(ignored)) {
+    Lane_clear_cache(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Lane_methods[] = {
+    {"all_reduce", (PyCFunction)(void (*)(void))Lane_all_reduce, METH_FASTCALL | METH_KEYWORDS,
+     "all_reduce(x[, op]): a done Work, (code, seq, order) for the engine to carry on, or None: the general way"},
+    {"take", (PyCFunction)Lane_take, METH_O, "take(on_channel): the next (seq, order); order -1 off the channel"},
+    {"learn", (PyCFunction)(void (*)(void))Lane_learn, METH_FASTCALL, "learn(count, dtype, program)"},
+    {"forget", (PyCFunction)Lane_forget, METH_NOARGS, "drop the learnt programs"},
+    {"claim", (PyCFunction)Lane_claim, METH_NOARGS, "the op handed to the engine and not yet claimed, or None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Lane_getset[] = {
+    {"seq", (getter)Lane_get_seq, NULL, "the next sequence number", NULL},
+    {"order", (getter)Lane_get_order, NULL, "the next channel order", NULL},
+    {"pending", (getter)Lane_get_pending, NULL, "whether an op handed to the engine waits to be claimed", NULL},
+    {"enabled", (getter)Lane_get_enabled, (setter)Lane_set_enabled, "whether all_reduce may take ops", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioccl.native._core.Lane",
+    .tp_doc = "A communicator's counters and its small all_reduce in C (see fastpath.c)",
+    .tp_basicsize = sizeof(Lane),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Lane_init,
+    .tp_dealloc = (destructor)Lane_dealloc,
+    .tp_methods = Lane_methods,
+    .tp_getset = Lane_getset,
+};
+
+int fastpath_ready(PyObject *m) {
+    struct { PyObject **at; const char *s; } names[] = {
+        {&s_member_lost, "_member_lost"}, {&s_closed, "_closed"}, {&s_queue, "queue"}, {&s_pumping, "_pumping"},
+        {&s_broken, "broken"}, {&s_next_order, "next_order"}, {&s_step, "step"}, {&s_acquire, "acquire"},
+        {&s_release, "release"}, {&s_sum, "sum"}, {&s_prod, "prod"}, {&s_min, "min"}, {&s_max, "max"},
+        {&s_avg, "avg"},
+    };
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+        if ((*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
+            return -1;
+    if (PyType_Ready(&LaneType) < 0)
+        return -1;
+    return PyModule_AddObjectRef(m, "Lane", (PyObject *)&LaneType);
+}

@@ -1,0 +1,301 @@
+/* The native core's own tests, in C: built with AddressSanitizer and UndefinedBehaviorSanitizer and run by
+ * tests/test_native.py. Ranks are threads over segments laid out as aioccl/transport/shm.py lays them out.
+ *
+ *   protocol: n ranks run many all_reduce/all_gather ops back to back (spinning briefly, resuming when
+ *             blocked), every element checked; a mismatched call is found on every rank;
+ *   fuzz:     the readers of shared memory (channel set-up, descriptors, registered offsets, programs)
+ *             fed random and hostile contents: every run ends in an allowed code, never outside a mapping;
+ *   halves:   float16 and bfloat16 conversions round-trip every value. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "channel.h"
+#include "reduce.h"
+
+#define CHECK(c) do { if (!(c)) { fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); exit(1); } } while (0)
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+static uint64_t rnd(void) {  /* splitmix64: the same sequence every run */
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    int n;
+    size_t half, heap, len;
+    uint8_t *seg[AC_MAX_RANKS];
+} world;
+
+static void make_world(world *w, int n, size_t half, size_t heap) {
+    w->n = n;
+    w->half = half;
+    w->heap = heap;
+    w->len = AC_CONTROL_BYTES + 2 * half + heap;
+    for (int j = 0; j < n; j++) {
+        CHECK(posix_memalign((void **)&w->seg[j], 4096, w->len) == 0);
+        memset(w->seg[j], 0, w->len);
+        int64_t *c = (int64_t *)(void *)w->seg[j];
+        c[AC_W_HALF] = (int64_t)half;
+        c[AC_W_HEAP] = (int64_t)heap;
+        c[AC_W_HEAP_OFF] = (int64_t)(AC_CONTROL_BYTES + 2 * half);
+    }
+}
+
+static void free_world(world *w) {
+    for (int j = 0; j < w->n; j++)
+        free(w->seg[j]);
+}
+
+/* a flat all_reduce of `count` elements: one step, everyone stages IN, reduces all ranks' slots into OUT */
+static size_t prog_all_reduce(int64_t *p, int n, int64_t count) {
+    size_t k = 0;
+    int64_t head[AC_PROG_HEADER] = {AC_PROG_MAGIC, 1, 0, 0, 1, 1, count, 0, count, count};
+    memcpy(p, head, sizeof head);
+    k = AC_PROG_HEADER;
+    p[k++] = 1;  /* stage IN[0:count] at slot 0 */
+    p[k++] = AC_IN; p[k++] = 0; p[k++] = count; p[k++] = 0;
+    p[k++] = 0;  /* the first step waits for everyone anyway */
+    p[k++] = 1;  /* one read: reduce every rank's slot into OUT */
+    p[k++] = 1; p[k++] = n;
+    for (int j = 0; j < n; j++) {
+        p[k++] = j; p[k++] = AC_IN; p[k++] = 0; p[k++] = count; p[k++] = 0;
+    }
+    p[k++] = AC_OUT; p[k++] = 0; p[k++] = count;
+    p[k++] = 0;  /* no scale */
+    return k;
+}
+
+/* all_gather of `count` elements per rank: everyone stages IN, fetches each rank's slot into OUT block j */
+static size_t prog_all_gather(int64_t *p, int n, int64_t count) {
+    int64_t head[AC_PROG_HEADER] = {AC_PROG_MAGIC, 1, 0, 0, 3, 2, count, 0, count, count * n};
+    memcpy(p, head, sizeof head);
+    size_t k = AC_PROG_HEADER;
+    p[k++] = 1;
+    p[k++] = AC_IN; p[k++] = 0; p[k++] = count; p[k++] = 0;
+    p[k++] = 0;
+    p[k++] = n;
+    for (int j = 0; j < n; j++) {
+        p[k++] = 0; p[k++] = 1;
+        p[k++] = j; p[k++] = AC_IN; p[k++] = 0; p[k++] = count; p[k++] = 0;
+        p[k++] = AC_OUT; p[k++] = j * count; p[k++] = (j + 1) * count;
+    }
+    p[k++] = 0;
+    return k;
+}
+
+typedef struct {
+    world *w;
+    int rank, ops, count, mismatch_at;
+    int failures;
+} rank_job;
+
+static int run_to_end(ac_chan *ch, int rc) {
+    int spins = 0;
+    while (rc == AC_BLOCKED) {
+        CHECK(++spins < 50000000);
+        rc = ac_resume(ch);
+    }
+    return rc;
+}
+
+static void *rank_main(void *arg) {
+    rank_job *job = arg;
+    world *w = job->w;
+    ac_chan ch;
+    CHECK(ac_chan_init(&ch, job->rank, w->n, w->seg, (size_t[AC_MAX_RANKS]){[0 ... AC_MAX_RANKS - 1] = w->len},
+                       20000, 1) == 0);
+    int64_t prog[4096];
+    float in[64], out[64 * AC_MAX_RANKS];
+    for (int op = 0; op < job->ops; op++) {
+        int gather = op % 3 == 2;
+        int count = job->count - (op == job->mismatch_at && job->rank == 1 ? 1 : 0);
+        size_t len = gather ? prog_all_gather(prog, w->n, count) : prog_all_reduce(prog, w->n, count);
+        CHECK(ac_prog_check(prog, len, job->rank, w->n, NULL, 0) == 0);
+        for (int i = 0; i < count; i++)
+            in[i] = (float)(job->rank + 1 + op % 7 + i);
+        for (int i = 0; i < 64 * w->n; i++)
+            out[i] = -1e30f;  /* poisoned */
+        int rc = run_to_end(&ch, ac_run(&ch, prog, len, in, sizeof in, out, sizeof out, DT_F32, OP_SUM, op, op));
+        if (op == job->mismatch_at) {  /* every rank finds it */
+            CHECK(rc == AC_MISMATCH);
+            continue;
+        }
+        CHECK(rc == AC_DONE || rc == AC_RING);
+        for (int i = 0; i < count; i++) {
+            if (gather) {
+                for (int j = 0; j < w->n; j++)
+                    job->failures += out[j * count + i] != (float)(j + 1 + op % 7 + i);
+            } else {
+                float want = 0;
+                for (int j = 0; j < w->n; j++)
+                    want += (float)(j + 1 + op % 7 + i);
+                job->failures += out[i] != want;
+            }
+        }
+    }
+    ac_chan_free(&ch);
+    return NULL;
+}
+
+static void test_protocol(void) {
+    for (int n = 2; n <= 4; n++) {
+        world w;
+        make_world(&w, n, 4096, 4096);
+        pthread_t t[AC_MAX_RANKS];
+        rank_job jobs[AC_MAX_RANKS];
+        for (int r = 0; r < n; r++) {
+            jobs[r] = (rank_job){&w, r, 3000, 16, 1500, 0};
+            CHECK(pthread_create(&t[r], NULL, rank_main, &jobs[r]) == 0);
+        }
+        for (int r = 0; r < n; r++) {
+            pthread_join(t[r], NULL);
+            CHECK(jobs[r].failures == 0);
+        }
+        free_world(&w);
+        printf("protocol: %d ranks x 3000 ops exact, the mismatch found by every rank\n", n);
+    }
+}
+
+/* -- fuzz --------------------------------------------------------------------------------------- */
+static void fill_random(uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t v = rnd();
+        memcpy(p + i, &v, n - i < 8 ? n - i : 8);
+    }
+}
+
+static int64_t hostile(void) {  /* values a corrupted peer might leave: edges, huge, negative */
+    static const int64_t edge[] = {0, -1, 1, 4095, 4096, 8192, INT64_MAX, INT64_MIN, INT64_MAX - 8, 1LL << 40};
+    return rnd() % 2 ? edge[rnd() % (sizeof edge / sizeof edge[0])] : (int64_t)(rnd() % 20000) - 100;
+}
+
+static void test_fuzz_channel(int iterations) {
+    int64_t prog[4096];
+    float in[64], out[64 * 4];
+    int outcomes[8] = {0};
+    for (int it = 0; it < iterations; it++) {
+        int n = 2 + (int)(rnd() % 3), me = (int)(rnd() % (uint64_t)n);
+        world w;
+        make_world(&w, n, 4096, 4096);
+        for (int j = 0; j < n; j++) {
+            if (j == me)
+                continue;
+            fill_random(w.seg[j], w.len);  /* a peer's whole segment is garbage ... */
+            int64_t *c = (int64_t *)(void *)w.seg[j];
+            if (rnd() % 4)  /* ... mostly with a plausible slot size, so the readers behind it are reached */
+                c[AC_W_HALF] = rnd() % 2 ? 4096 : hostile();
+            c[AC_W_CTR] = rnd() % 3 ? INT64_MAX / 2 : hostile();
+            c[AC_W_SLEEP] = (int64_t)(rnd() % 2);
+            c[AC_W_GAVE_UP] = rnd() % 4 ? 0 : hostile();
+        }
+        ac_chan ch;
+        size_t lens[AC_MAX_RANKS];
+        for (int j = 0; j < n; j++)
+            lens[j] = w.len;
+        if (ac_chan_init(&ch, me, n, w.seg, lens, 0, 0) != 0) {
+            outcomes[7]++;
+            free_world(&w);
+            continue;
+        }
+        int gather = (int)(rnd() % 2), count = 1 + (int)(rnd() % 16);
+        size_t len = gather ? prog_all_gather(prog, n, count) : prog_all_reduce(prog, n, count);
+        /* the peers' descriptors agree with mine (else a mismatch ends it before any data is read) but
+         * point their registered buffers anywhere */
+        int64_t kind = prog[4] | prog[5] << 8 | (int64_t)DT_F32 << 16 | (int64_t)(gather ? 0 : OP_SUM) << 24;
+        for (int j = 0; j < n; j++) {
+            if (j == me)
+                continue;
+            for (int half = 0; half < 2; half++) {
+                int64_t *d = (int64_t *)(void *)w.seg[j] + AC_W_DESC + half * AC_DESC_LEN;
+                if (rnd() % 5) {
+                    d[0] = it;
+                    d[1] = kind;
+                    d[2] = count;
+                    d[3] = 0;
+                }
+                d[4] = rnd() % 2 ? -1 : hostile();
+                d[5] = rnd() % 2 ? -1 : hostile();
+            }
+        }
+        int rc = ac_run(&ch, prog, len, in, sizeof in, out, sizeof out, DT_F32, gather ? 0 : OP_SUM, it, it);
+        CHECK(rc == AC_DONE || rc == AC_RING || rc == AC_BLOCKED || rc == AC_MISMATCH || rc == AC_CORRUPT ||
+              rc == AC_NOT_CLEAN);
+        outcomes[-rc]++;
+        ac_reset(&ch);
+        ac_chan_free(&ch);
+        free_world(&w);
+    }
+    printf("fuzz channel: %d runs: done %d, blocked %d, mismatch %d, not clean %d, corrupt %d, ring %d, "
+           "refused at set-up %d\n", iterations, outcomes[0], outcomes[1], outcomes[2], outcomes[3], outcomes[4],
+           outcomes[6], outcomes[7]);
+    CHECK(outcomes[4] > 0 && outcomes[2] > 0 && outcomes[7] > 0);  /* the hostile cases were reached */
+}
+
+static void test_fuzz_programs(int iterations) {
+    int64_t p[256];
+    int accepted = 0;
+    world w;
+    make_world(&w, 3, 4096, 0);
+    float in[4096], out[4096];
+    for (int it = 0; it < iterations; it++) {
+        size_t len = rnd() % 64;
+        for (size_t k = 0; k < len; k++)
+            p[k] = rnd() % 3 ? (int64_t)(rnd() % 6) : hostile();
+        if (len > 0 && rnd() % 2)
+            p[0] = AC_PROG_MAGIC;
+        if (len > 2 && rnd() % 2)
+            p[1] = 1;
+        if (ac_prog_check(p, len, 0, 3, NULL, 0) != 0)
+            continue;
+        accepted++;
+        ac_chan ch;
+        size_t lens[3] = {w.len, w.len, w.len};
+        CHECK(ac_chan_init(&ch, 0, 3, w.seg, lens, 0, 0) == 0);
+        int rc = ac_run(&ch, p, len, in, sizeof in, out, sizeof out, DT_F32, OP_SUM, it, it);
+        CHECK(rc <= 0 && rc >= AC_RING);
+        ac_chan_free(&ch);
+    }
+    /* also programs the lowering would make, with one word broken */
+    for (int it = 0; it < iterations; it++) {
+        size_t len = prog_all_gather(p, 3, 1 + (int64_t)(rnd() % 8));
+        p[AC_PROG_HEADER + rnd() % (len - AC_PROG_HEADER)] = hostile();
+        if (ac_prog_check(p, len, 0, 3, NULL, 0) == 0)
+            accepted++;
+    }
+    free_world(&w);
+    printf("fuzz programs: %d random and broken programs, %d accepted and run safely\n", 2 * iterations, accepted);
+}
+
+static void test_halves(void) {
+    int f16 = 0, bf16 = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = ac_f16_to_f32((uint16_t)h);
+        if (!isnan(f)) {
+            CHECK(ac_f32_to_f16(f) == h);
+            f16++;
+        }
+        float b = ac_bf16_to_f32((uint16_t)h);
+        if (!isnan(b)) {
+            CHECK(ac_f32_to_bf16(b) == h);
+            bf16++;
+        }
+    }
+    CHECK(ac_f32_to_f16(65520.0f) == 0x7c00u && ac_f32_to_f16(1e-8f) == 0 && ac_f32_to_bf16(1.00390625f) == 0x3f80u);
+    printf("halves: %d float16 and %d bfloat16 values round-trip\n", f16, bf16);
+}
+
+int main(int argc, char **argv) {
+    int iterations = argc > 1 ? atoi(argv[1]) : 20000;
+    test_halves();
+    test_protocol();
+    test_fuzz_channel(iterations);
+    test_fuzz_programs(iterations);
+    printf("native core checks passed\n");
+    return 0;
+}

@@ -1,0 +1,213 @@
+"""The native core (aioccl/native): loaded, bit-identical to the Python path, memory-safe under the
+sanitizers and hostile shared memory, interoperable with ranks on the Python path, and the GIL free
+while it waits. The multi-rank matrix runs it both ways (test_collectives_multiprocess.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import aioccl
+from aioccl import native
+from aioccl.dtypes import SUPPORTED_DTYPES, ReduceOp, dtype_code
+from aioccl.errors import CollectiveMismatch
+
+from conftest import close_all, launch, make_comms
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "aioccl" / "native" / "src"
+pytestmark = pytest.mark.skipif(native.core is None, reason=f"native core: {native.status()}")
+
+
+def test_the_core_is_loaded_and_aioccl_info_says_so():
+    out = subprocess.run([sys.executable, "-m", "aioccl.tools.info"], capture_output=True, text=True, timeout=120)
+    assert "native core: loaded (_core." in out.stdout, out.stdout[:500]
+
+
+def test_the_switch_and_a_missing_module_take_the_python_path_with_one_warning():
+    code = ("import asyncio, sys, numpy as np\n"
+            "if sys.argv[1] == 'missing': sys.modules['aioccl.native._core'] = None\n"
+            "import aioccl, aioccl.native as n\n"
+            "sys.path.insert(0, 'tests')\n"
+            "from conftest import make_comms, close_all\n"
+            "async def main():\n"
+            "    comms = await make_comms(2)\n"
+            "    xs = [np.full(3, c.rank + 1, np.int32) for c in comms]\n"
+            "    await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))\n"
+            "    print(n.status(), [x.tolist() for x in xs], [c._lane is None for c in comms])\n"
+            "    await close_all(comms)\n"
+            "asyncio.run(main())\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    off = subprocess.run([sys.executable, "-c", code, "off"], env={**env, "AIOCCL_NATIVE": "0"}, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert "not loaded: switched off by AIOCCL_NATIVE=0 [[3, 3, 3], [3, 3, 3]] [True, True]" in off.stdout, off
+    assert "native core unavailable" not in off.stderr, off.stderr
+    gone = subprocess.run([sys.executable, "-c", code, "missing"], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert "[[3, 3, 3], [3, 3, 3]] [True, True]" in gone.stdout, gone
+    assert gone.stderr.count("native core unavailable") == 1, gone.stderr
+    assert "could not be loaded" in gone.stderr and "reinstall aioccl" in gone.stderr, gone.stderr
+
+
+def _specials(dt: np.dtype, n: int, rng: np.random.Generator) -> np.ndarray:
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        edge = np.array([info.min, info.max, 0, 1, info.max // 2 + 1], dtype=dt)
+        return np.concatenate([edge, rng.integers(info.min, info.max, n, dtype=dt, endpoint=True)])
+    wide = np.array([0.0, -0.0, 1.0, -1.5, np.inf, -np.inf, 6.0e-8, 1e-40, 3.0e38, 65504.0, 1e5, 0.1, 1 / 3])
+    vals = np.concatenate([wide, rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n)])
+    with np.errstate(over="ignore"):
+        return vals.astype(dt)
+
+
+@pytest.mark.parametrize("dt", SUPPORTED_DTYPES, ids=lambda d: d.name)
+def test_every_reduction_is_bit_identical_to_numpy(dt):
+    """The core's combine and scale against numpy's ufuncs (ml_dtypes' for bfloat16), every element's bits,
+    with infinities, signed zeros, subnormals and overflow among them (NaN: the same canonical results)."""
+    rng = np.random.default_rng(7)
+    a, b = _specials(dt, 4000, rng), _specials(dt, 4000, rng)[::-1].copy()
+    if dt.kind == "f" or dt == np.dtype(ml_dtypes.bfloat16):
+        a[::97] = np.nan
+    bits = np.dtype(f"u{dt.itemsize}")
+    ops = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
+    for op, ufunc in ops.items():
+        want = np.empty_like(a)
+        with np.errstate(all="ignore"):
+            ufunc(a, b, out=want)
+        got = np.full_like(a, 7)
+        native.core.combine(op.code, dtype_code(dt), got, a, b)
+        same = got.view(bits) == want.view(bits)
+        if dt.kind == "f" or dt == np.dtype(ml_dtypes.bfloat16):
+            same |= np.isnan(got.astype(np.float64)) & np.isnan(want.astype(np.float64))
+        assert same.all(), (op, np.flatnonzero(~same)[:5], got[~same][:5], want[~same][:5])
+    if dt.kind == "f" or dt == np.dtype(ml_dtypes.bfloat16):
+        for n in (2, 3, 7):
+            want = a.copy()
+            with np.errstate(all="ignore"):
+                np.divide(want, n, out=want, casting="unsafe")
+            got = a.copy()
+            native.core.scale(dtype_code(dt), got, n)
+            same = (got.view(bits) == want.view(bits)) | (np.isnan(got.astype(np.float64)) & np.isnan(want.astype(np.float64)))
+            assert same.all(), (n, got[~same][:5], want[~same][:5])
+
+
+def test_the_core_under_address_and_undefined_behaviour_sanitizers(tmp_path):
+    """The protocol (ranks as threads), the fuzzers of every reader of shared memory, and the float16/bfloat16
+    conversions, built with -fsanitize=address,undefined: any read outside a mapping or UB fails the run."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler on this machine")
+    exe = tmp_path / "check_core"
+    build = subprocess.run([cc, "-std=gnu17", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
+                            "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1", f"-I{SRC}",
+                            str(SRC / "channel.c"), str(SRC / "reduce.c"),
+                            str(ROOT / "tests" / "native" / "check_core.c"), "-lpthread", "-lm", "-o", str(exe)],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(exe), "20000"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0"})
+    assert run.returncode == 0 and "native core checks passed" in run.stdout, run.stdout + run.stderr
+    assert "runtime error" not in run.stderr and "AddressSanitizer" not in run.stderr, run.stderr
+
+
+async def _every_collective(comms: list[aioccl.Communicator], dt: np.dtype) -> None:
+    n = len(comms)
+    one = [np.full(5, c.rank + 1, dt) for c in comms]
+    await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, one, strict=True)))
+    assert all((x == n * (n + 1) // 2).all() for x in one)
+    outs = await asyncio.gather(*(c.all_gather(np.full(3, c.rank, dt)) for c in comms))
+    assert all((o == np.repeat(np.arange(n), 3).astype(dt)).all() for o in outs)
+    blocks = [np.arange(2 * n, dtype=dt) + c.rank for c in comms]
+    outs = await asyncio.gather(*(c.reduce_scatter(b, out=np.full(2, 99, dt)) for c, b in zip(comms, blocks,
+                                                                                          strict=True)))
+    for r, o in enumerate(outs):
+        assert (o == sum(np.arange(2 * n, dtype=np.int64)[2 * r:2 * r + 2] + j for j in range(n))).all(), (r, o)
+    bc = [np.full(4, 9 if c.rank == 1 else 0, dt) for c in comms]
+    await asyncio.gather(*(c.broadcast(x, root=1) for c, x in zip(comms, bc, strict=True)))
+    assert all((x == 9).all() for x in bc)
+    scans = [np.full(3, c.rank + 1, dt) for c in comms]
+    await asyncio.gather(*(c.scan(x) for c, x in zip(comms, scans, strict=True)))
+    assert all((x == (r + 1) * (r + 2) // 2).all() for r, x in enumerate(scans))
+    a2a = [np.arange(n, dtype=dt) + 10 * c.rank for c in comms]
+    await asyncio.gather(*(c.all_to_all(x) for c, x in zip(comms, a2a, strict=True)))
+    assert all((x == np.arange(n) * 10 + r).all() for r, x in enumerate(a2a))
+    await asyncio.gather(*(c.barrier() for c in comms))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+async def test_ranks_on_the_native_and_the_python_path_meet(n):
+    """One rank takes the Python executor, the others the core: the protocol, the descriptors and the
+    reduction order are the same, so every collective is exact; then all native."""
+    comms = await make_comms(n)
+    try:
+        slow = comms[0]
+        slow._native_max = -1  # nothing lowered: the Python executor runs its ops
+        slow._forget_plans()
+        for dt in (np.dtype(np.int32), np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
+            await _every_collective(comms, dt)
+        assert slow._shm.native.stats["ops"] == 0
+        assert all(c._shm.native.stats["ops"] > 10 for c in comms[1:])
+        slow._native_max = 1 << 20
+        slow._forget_plans()
+        await _every_collective(comms, np.dtype(np.float64))
+        assert slow._shm.native.stats["ops"] > 0
+    finally:
+        await close_all(comms)
+
+
+async def test_a_mismatch_on_the_native_path_fails_every_rank_and_the_next_op_is_exact():
+    comms = await make_comms(2)
+    try:
+        for c in comms:  # learn the call: the fast lane takes it from now on
+            await asyncio.gather(*(c.all_reduce(np.ones(4, np.float32)) for c in comms))
+        xs = [np.ones(4 + c.rank, np.float32) for c in comms]
+        got = await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs, strict=True)), return_exceptions=True)
+        assert all(isinstance(e, CollectiveMismatch) for e in got), got
+        assert all("rank 1 issued all_reduce" in str(e) or "rank 0 issued all_reduce" in str(e) for e in got), got
+        ys = [np.full(4, c.rank + 1, np.float32) for c in comms]
+        await asyncio.gather(*(c.all_reduce(y) for c, y in zip(comms, ys, strict=True)))
+        assert all((y == 3).all() for y in ys)
+    finally:
+        await close_all(comms)
+
+
+async def test_the_fast_lane_records_its_ops_and_keeps_the_order_of_a_group():
+    comms = await make_comms(2)
+    try:
+        xs = [np.ones(2, np.int64) for _ in comms]
+        for _ in range(3):
+            await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs, strict=True)))
+        assert all((x == 8).all() for x in xs)
+        assert all(c._shm.native.stats["ops"] >= 2 for c in comms)
+        assert "all_reduce seq 2 (2 x int64, sum)" in comms[0].recent()[-1], comms[0].recent()
+        assert comms[0].pending() == []
+
+        async def grouped(c: aioccl.Communicator, x: np.ndarray, y: np.ndarray) -> None:
+            async with c.group():  # launched together at the exit: the lane stays out of it
+                c.all_reduce(x)
+                c.all_reduce(y, op="max")
+
+        a = [np.full(2, c.rank + 1, np.int64) for c in comms]
+        b = [np.full(2, c.rank + 5, np.int64) for c in comms]
+        await asyncio.gather(*(grouped(c, x, y) for c, x, y in zip(comms, a, b, strict=True)))
+        assert all((x == 3).all() for x in a) and all((y == 6).all() for y in b)
+    finally:
+        await close_all(comms)
+
+
+def test_another_thread_runs_while_a_native_op_waits():
+    """The GIL is released for the whole wait: rank 0's other thread keeps >= 80% of its idle pace while
+    rank 0 waits (spinning in the core, AIOCCL_SHM_SPIN_US long) for a rank that comes 0.25 s late."""
+    proc = launch(2, "native_gil.py", env={"AIOCCL_SHM_SPIN_US": "1000000"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = next(ln for ln in proc.stdout.splitlines() if "GIL idle" in ln)
+    ratio, ops = float(line.split("ratio ")[1].split()[0]), int(line.rsplit(" ", 1)[1])
+    assert ops >= 5 and ratio >= 0.8, line
