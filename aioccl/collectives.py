@@ -18,7 +18,19 @@ import numpy as np
 from .buffers import Buf, adapt, address, check_same, fresh, identical, need_writable, overlaps
 from .dtypes import ReduceOp, check_op_dtype, dtype_code
 from .errors import InvalidArgument
+from .interop import torch as _torch
 from .work import Work
+
+
+def _lane_tensor(lane: Any, x: Any, op: ReduceOp | str) -> Any:
+    """The fast lane for a dense contiguous CPU torch tensor (through its numpy view), else None."""
+    if not (_torch.is_tensor(x) and not x.is_cuda):
+        return None
+    try:
+        view = _torch.view(x, "x")
+    except InvalidArgument:  # the general way raises it, with the same words
+        return None
+    return lane.all_reduce(view, op, x)
 
 
 class CollectiveOps:
@@ -33,7 +45,10 @@ class CollectiveOps:
 
         _lane: Any
 
-        def _carry_on(self, x: Any, op: Any, handed: tuple[Any, ...]) -> Work[Any]: ...
+        def _carry_on(self, x: Any, op: ReduceOp | str, handed: tuple[Any, ...],
+                      timeout: float | None = None) -> Work[Any]: ...
+
+        def _op_timeout(self, timeout: float | None) -> float: ...
 
         def _collective(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
                         result: Callable[[], Any], timeout: float | None, in_place: bool = False,
@@ -71,10 +86,13 @@ class CollectiveOps:
                    timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce ``x`` across ranks; in place unless ``out`` is given. Awaits to the result."""
         lane = self._lane
-        if lane is not None and out is None and timeout is None and stream is None:
-            w = lane.all_reduce(x, op)  # the native core's small op, done in this call (shm_native.py)
+        if lane is not None and out is None and stream is None:
+            if timeout is not None:
+                self._op_timeout(timeout)  # a bad one raises here, before anything is sent
+            # the native core's small op, done in this call (shm_native.py): a numpy array, or a CPU tensor's view
+            w = lane.all_reduce(x, op) if x.__class__ is np.ndarray else _lane_tensor(lane, x, op)
             if w is not None:
-                return w if w.__class__ is Work else self._carry_on(x, op, w)
+                return w if w.__class__ is Work else self._carry_on(x, op, w, timeout)
         return self._elementwise("all_reduce", x, op, out, timeout, stream)
 
     def scan(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,

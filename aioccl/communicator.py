@@ -97,7 +97,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         # the world's channel is made with the engine; a child's by _open_channel, before the user sees it
         world = engine.table is not None and view.ctx == engine.table.comm_id
         self._shm: ShmChannel | None = engine.shm if world else None
-        if self._shm is not None:
+        if self._shm is not None or view.size == 1:
             shm_native.lane(self, self._shm)
         self._owns_engine = parent is None  # closing it closes the engine (passed on by shrink)
         if world:  # one listener per engine, for all its communicators

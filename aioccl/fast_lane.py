@@ -38,16 +38,19 @@ class FastLane:
 
         def _track(self, work: Work[Any], desc: Any, start: Any, *args: Any, borrow: bool = False) -> Work[Any]: ...
 
-    def _carry_on(self, x: np.ndarray, op: ReduceOp | str, handed: tuple[Any, ...]) -> Work[Any]:
+    def _carry_on(self, x: Any, op: ReduceOp | str, handed: tuple[Any, ...],
+                  timeout: float | None = None) -> Work[Any]:
         """A fast-lane all_reduce (``shm_native.lane``) that must wait for a peer, or failed: the channel carries
         on with it, as with any op it runs."""
-        work = self._hand_over(handed)
+        work = self._hand_over(handed, timeout, x)
         if self._lane is not None:
             self._lane.claim()  # handed over: nothing left for _launch to adopt
         return work
 
-    def _hand_over(self, handed: tuple[Any, ...]) -> Work[Any]:
+    def _hand_over(self, handed: tuple[Any, ...], timeout: float | None = None, result: Any = None) -> Work[Any]:
+        """``result``: what the Work gives back (the tensor whose view the lane ran on), by default the array."""
         x, op, rc, seq, order = handed
+        given = x if result is None else result
         shm = self._shm
         assert shm is not None
         dt, count, rop = x.dtype, x.size, ReduceOp.parse(op)
@@ -57,7 +60,7 @@ class FastLane:
         desc = (count, dt, rop, None)
         work: Work[Any] = Work("all_reduce", seq)
         op_ = Op("all_reduce", BY_NAME["all_reduce"].code, seq, flat, flat, dtype_code(dt), rop, count, 0,
-                 self._op_timeout(None), work, lambda: x, sched, order, desc)
+                 self._op_timeout(timeout), work, lambda: given, sched, order, desc)
         work._probe = op_.blocked_on
         shm_native.carry_on(shm, op_, rc)
         return self._track(work, desc, shm.submit, op_)

@@ -81,17 +81,19 @@ class Counters:
         return seq, order
 
 
-def lane(comm: Communicator, shm: ShmChannel) -> None:
+def lane(comm: Communicator, shm: ShmChannel | None) -> None:
     """Give ``comm`` the native core's fast lane over its channel ``shm`` (which then owns its counters):
-    ``comm.all_reduce(x)`` of a small numpy array runs from the call to the done Work in C."""
+    ``comm.all_reduce(x)`` of a small numpy array runs from the call to the done Work in C. A communicator of
+    one rank has a lane without a channel (its all_reduce is done in the call)."""
     core = native.core
-    if core is None or shm.native is None:
+    if core is None or (shm is None and comm.world_size != 1) or (shm is not None and shm.native is None):
         return
     placement = comm._engine.placement
     counters = comm._counters
+    ring = functools.partial(_ring_mask, shm) if shm is not None else None
     comm._lane = comm._counters = core.Lane(
-        shm.native, shm, comm, Work, BORN_DONE_LOCK, placement, placement.thread_id, placement.lock, current_group,
-        comm._recorder._ring.append, functools.partial(_ring_mask, shm), tuple(ReduceOp),
+        shm.native if shm is not None else None, shm, comm, Work, BORN_DONE_LOCK, placement, placement.thread_id,
+        placement.lock, current_group, comm._recorder._ring.append, ring, tuple(ReduceOp),
         np.dtype(ml_dtypes.bfloat16).num, comm._native_max, counters.seq, counters.order)
 
 

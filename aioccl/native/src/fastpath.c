@@ -77,10 +77,14 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
     int bf16_num;
     Py_ssize_t max_bytes;
     long long seq, order;
-    if (!PyArg_ParseTuple(args, "O!OOO!OOkOOOOO!inLL", &ChannelType, &chan, &shm, &comm, &PyType_Type, &work_type,
+    if (!PyArg_ParseTuple(args, "OOOO!OOkOOOOO!inLL", &chan, &shm, &comm, &PyType_Type, &work_type,
                           &done_lock, &home, &thread_id, &lock, &group_var, &record, &ring, &PyTuple_Type, &ops,
                           &bf16_num, &max_bytes, &seq, &order))
         return -1;
+    if (chan != Py_None && !PyObject_TypeCheck(chan, &ChannelType)) {
+        PyErr_SetString(PyExc_TypeError, "Lane: channel must be a Channel, or None for a communicator of one rank");
+        return -1;
+    }
     if (PyTuple_GET_SIZE(ops) != OP_LAST) {
         PyErr_SetString(PyExc_ValueError, "Lane: ops must hold the 5 ReduceOp members in code order");
         return -1;
@@ -94,7 +98,7 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
         }
         self->off[k] = ((PyMemberDescrObject *)d)->d_member->offset;
     }
-    Py_XSETREF(self->chan, (Channel *)Py_NewRef(chan));
+    Py_XSETREF(self->chan, chan == Py_None ? NULL : (Channel *)Py_NewRef(chan));
     Py_XSETREF(self->shm, Py_NewRef(shm));
     Py_XSETREF(self->comm, Py_NewRef(comm));
     Py_XSETREF(self->work_type, Py_NewRef(work_type));
@@ -120,6 +124,10 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
 
 /* -- the counters: every op of the communicator takes its numbers here -------------------------- */
 static PyObject *Lane_take(Lane *self, PyObject *on_channel) {
+    if (PyObject_IsTrue(on_channel) && self->chan == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "take: this lane has no channel");
+        return NULL;
+    }
     long long seq = self->seq++, order = -1;
     if (PyObject_IsTrue(on_channel))
         order = self->order++;
@@ -257,18 +265,52 @@ static PyObject *done_work(Lane *self, long long seq, PyObject *x, PyObject *des
     return w;
 }
 
-static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (!self->enabled || kwnames != NULL || nargs < 1 || nargs > 2 || !PyArray_CheckExact(args[0]))
+static PyObject *record_done(Lane *self, PyArrayObject *x, PyObject *give, long long seq, Py_ssize_t count,
+                             int redop, double t0) {
+    PyObject *desc = Py_BuildValue("(nOOO)", count, (PyObject *)PyArray_DESCR(x), self->ops[redop], Py_None);
+    if (desc == NULL)
+        return NULL;
+    PyObject *result = done_work(self, seq, give, desc, t0);
+    if (result != NULL) {
+        PyObject *entry = Py_BuildValue("(OLOOd)", self->name, seq, desc, Py_None, monotonic() - t0);
+        PyObject *r = entry ? PyObject_CallOneArg(self->record, entry) : NULL;
+        Py_XDECREF(entry);
+        if (r == NULL)
+            Py_CLEAR(result);
+        Py_XDECREF(r);
+    }
+    Py_DECREF(desc);
+    return result;
+}
+
+static PyObject *alone(Lane *self, PyArrayObject *x, PyObject *give, Py_ssize_t count, int redop) {
+    if (!attr_is(self->comm, s_closed, Py_None))
         Py_RETURN_NONE;
+    PyObject *group = NULL;
+    if (PyContextVar_Get(self->group_var, Py_None, &group) < 0)
+        return NULL;
+    int in_group = group != Py_None;
+    Py_DECREF(group);
+    if (in_group)
+        Py_RETURN_NONE;
+    return record_done(self, x, give, self->seq++, count, redop, monotonic());
+}
+
+static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (!self->enabled || kwnames != NULL || nargs < 1 || nargs > 3 || !PyArray_CheckExact(args[0]))
+        Py_RETURN_NONE;
+    PyObject *give = nargs == 3 ? args[2] : args[0];  /* what the Work gives back: x, or the tensor it views */
     PyArrayObject *x = (PyArrayObject *)args[0];
     if (!PyArray_CHKFLAGS(x, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED))
         Py_RETURN_NONE;
-    int dtype = dtype_of(self, x), redop = redop_of(self, nargs == 2 ? args[1] : NULL);
+    int dtype = dtype_of(self, x), redop = redop_of(self, nargs >= 2 ? args[1] : NULL);
     if (!dtype || !redop || (redop == OP_AVG && dtype != DT_F16 && dtype != DT_BF16 && dtype != DT_F32 && dtype != DT_F64))
         Py_RETURN_NONE;
     Py_ssize_t nbytes = PyArray_NBYTES(x), count = PyArray_SIZE(x);
     if (nbytes <= 0 || nbytes > self->max_bytes)
         Py_RETURN_NONE;
+    if (self->chan == NULL)  /* one rank: the reduction of x alone is x, in place (an average too) */
+        return alone(self, x, give, count, redop);
     cached *c = &self->cache[(uint64_t)(count * 31 + dtype) % CACHE];
     if (c->prog == NULL || c->count != count || c->dtype != dtype)
         Py_RETURN_NONE;
@@ -315,7 +357,7 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     if (rc != AC_DONE && rc != AC_RING) {
         /* the engine carries on with it (and submits it, in order); kept here until the caller claims it,
          * so a signal that interrupts the caller before then cannot lose the op (it is adopted instead) */
-        PyObject *op = nargs == 2 ? args[1] : s_sum;
+        PyObject *op = nargs >= 2 ? args[1] : s_sum;
         Py_XSETREF(self->pending, Py_BuildValue("(OOiLL)", (PyObject *)x, op, rc, seq, order));
         result = self->pending ? Py_NewRef(self->pending) : NULL;
         goto out;
@@ -336,19 +378,7 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     Py_XDECREF(next);
     if (bad)
         goto out;
-    PyObject *desc = Py_BuildValue("(nOOO)", count, (PyObject *)PyArray_DESCR(x), self->ops[redop], Py_None);
-    if (desc == NULL)
-        goto out;
-    result = done_work(self, seq, (PyObject *)x, desc, t0);
-    if (result != NULL) {
-        PyObject *entry = Py_BuildValue("(OLOOd)", self->name, seq, desc, Py_None, monotonic() - t0);
-        PyObject *r = entry ? PyObject_CallOneArg(self->record, entry) : NULL;
-        Py_XDECREF(entry);
-        if (r == NULL)
-            Py_CLEAR(result);
-        Py_XDECREF(r);
-    }
-    Py_DECREF(desc);
+    result = record_done(self, x, give, seq, count, redop, t0);
 out:
     if (borrowed) {
 #if PY_VERSION_HEX >= 0x030C0000
