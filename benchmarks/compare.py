@@ -40,7 +40,7 @@ ROOT = HERE.parent
 # aioccl: its default (shared memory on one host), with registered buffers (comm.alloc), sockets only, and
 # (by name only) with a pure spin instead of a yielding one (AIOCCL_SHM_YIELD=0, the wait before issue 36)
 LIBS = ("aioccl", "aioccl-reg", "aioccl-tcp", "gloo", "mpi")
-OPTIONAL = ("aioccl-spin",)
+OPTIONAL = ("aioccl-spin", "aioccl-python")  # aioccl-python: AIOCCL_NATIVE=0, the Python path (A/B of the core)
 PEERS = ("gloo", "mpi")
 
 
@@ -54,6 +54,8 @@ def run_aioccl(lib: str, op: str, n: int, sizes: list[int], extra_env: dict[str,
         env["AIOCCL_SHM_DISABLE"] = "1"
     if lib == "aioccl-spin":
         env["AIOCCL_SHM_YIELD"] = "0"
+    if lib == "aioccl-python":
+        env["AIOCCL_NATIVE"] = "0"
     key = "in_place" if op in ("all_reduce", "broadcast") else "out_of_place"
     points = []
     for size in sizes:

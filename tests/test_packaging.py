@@ -28,6 +28,8 @@ async def main():
     await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
     assert all(x.tolist() == [0, 3, 6, 9, 12] for x in xs), xs
     await asyncio.gather(*(c.close() for c in comms))
+    assert aioccl.native.core is not None, aioccl.native.status()  # the native core was built and loads
+    assert all(c._shm.native.stats["ops"] > 0 or c._lane is not None for c in comms)
     print("smoke ok", aioccl.__file__)
 
 asyncio.run(main())
@@ -53,12 +55,14 @@ def dist(tmp_path_factory) -> Path:
 
 def test_wheel_and_sdist_contents(dist):
     v = aioccl.__version__
-    wheel, = dist.glob(f"aioccl-{v}-py3-none-any.whl")
+    wheel, = dist.glob(f"aioccl-{v}-cp*.whl")  # a platform wheel: it holds the native core
     names = set(zipfile.ZipFile(wheel).namelist())
     for must in ("aioccl/__init__.py", "aioccl/py.typed", "jax_ext/py.typed", "aioccl/transport/ib/protocol.py",
-                 "aioccl/interop/torch.py", "aioccl/tools/info.py"):
+                 "aioccl/interop/torch.py", "aioccl/tools/info.py", "aioccl/native/__init__.py",
+                 "aioccl/native/README.md"):
         assert must in names, must
-    assert not any(n.startswith(("tests/", "examples/")) for n in names)
+    assert any(n.startswith("aioccl/native/_core.") and n.endswith(".so") for n in names), sorted(names)[:20]
+    assert not any(n.startswith(("tests/", "examples/", "aioccl/native/src/")) for n in names)
     meta = zipfile.ZipFile(wheel).read(f"aioccl-{v}.dist-info/METADATA").decode()
     assert f"Version: {v}" in meta and "Provides-Extra: torch" in meta and "Provides-Extra: gpu" in meta
     entry = zipfile.ZipFile(wheel).read(f"aioccl-{v}.dist-info/entry_points.txt").decode()
@@ -68,6 +72,8 @@ def test_wheel_and_sdist_contents(dist):
     with tarfile.open(sdist) as tar:
         members = set(tar.getnames())
     assert f"aioccl-{v}/pyproject.toml" in members and f"aioccl-{v}/aioccl/py.typed" in members
+    for src in ("CMakeLists.txt", "aioccl/native/src/channel.c", "aioccl/native/src/fastpath.c"):
+        assert f"aioccl-{v}/{src}" in members, src  # a build from the sdist compiles the core
 
 
 @pytest.mark.parametrize("artifact", ["aioccl-*.whl", "aioccl-*.tar.gz"])
