@@ -119,6 +119,32 @@ def test_the_core_under_address_and_undefined_behaviour_sanitizers(tmp_path):
     assert "runtime error" not in run.stderr and "AddressSanitizer" not in run.stderr, run.stderr
 
 
+def test_the_module_under_the_sanitizers_through_real_collectives(tmp_path):
+    """The extension itself (the CPython glue too: Program, Channel, Lane) built with
+    -fsanitize=address,undefined and loaded into Python under AddressSanitizer, through every collective on
+    1 to 3 ranks, the fast lane and a mismatch."""
+    cc = shutil.which("gcc")
+    asan = subprocess.run([cc or "gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    ubsan = subprocess.run([cc or "gcc", "-print-file-name=libubsan.so"], capture_output=True, text=True).stdout.strip()
+    if cc is None or not os.path.isabs(asan) or not os.path.isabs(ubsan):
+        pytest.skip("no gcc with AddressSanitizer's runtime on this machine")
+    import sysconfig
+
+    so = tmp_path / f"_core{sysconfig.get_config_var('EXT_SUFFIX')}"
+    build = subprocess.run([cc, "-std=gnu17", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
+                            "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1", "-shared", "-fPIC",
+                            f"-I{sysconfig.get_paths()['include']}", f"-I{np.get_include()}",
+                            *map(str, sorted(SRC.glob("*.c"))), "-o", str(so)], capture_output=True, text=True,
+                           timeout=300)
+    assert build.returncode == 0, build.stderr
+    env = {**os.environ, "LD_PRELOAD": f"{asan} {ubsan}", "ASAN_OPTIONS": "detect_leaks=0",
+           "PYTHONMALLOC": "malloc", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, str(ROOT / "tests" / "native" / "sanitized_module.py"), str(so)],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert run.returncode == 0 and "sanitized module ok" in run.stdout, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "runtime error" not in run.stderr and "AddressSanitizer" not in run.stderr, run.stderr[-3000:]
+
+
 async def _every_collective(comms: list[aioccl.Communicator], dt: np.dtype) -> None:
     n = len(comms)
     one = [np.full(5, c.rank + 1, dt) for c in comms]
