@@ -10,6 +10,7 @@ buffers and the result, and hands them to ``Communicator._collective``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,19 +19,19 @@ import numpy as np
 from .buffers import Buf, adapt, address, check_same, fresh, identical, need_writable, overlaps
 from .dtypes import ReduceOp, check_op_dtype, dtype_code
 from .errors import InvalidArgument
-from .interop import torch as _torch
 from .work import Work
 
 
 def _lane_tensor(lane: Any, x: Any, op: ReduceOp | str) -> Any:
     """The fast lane for a dense contiguous CPU torch tensor (through its numpy view), else None."""
-    if not (_torch.is_tensor(x) and not x.is_cuda):
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
         return None
-    try:
-        view = _torch.view(x, "x")
-    except InvalidArgument:  # the general way raises it, with the same words
+    try:  # a CPU tensor of a numpy dtype, without grad; a CUDA, bfloat16 or sparse one raises (the general way)
+        view = x.numpy()
+    except (RuntimeError, TypeError):
         return None
-    return lane.all_reduce(view, op, x)
+    return lane.all_reduce(view, op, x)  # the lane refuses a non-contiguous view (the general way says why)
 
 
 class CollectiveOps:

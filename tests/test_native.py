@@ -231,8 +231,9 @@ async def test_the_fast_lane_records_its_ops_and_keeps_the_order_of_a_group():
 
 
 def test_another_thread_runs_while_a_native_op_waits():
-    """The GIL is released for the whole wait: rank 0's other thread keeps >= 80% of its idle pace while
-    rank 0 waits (spinning in the core, AIOCCL_SHM_SPIN_US long) for a rank that comes 0.25 s late."""
+    """The GIL is released for the whole wait: rank 0's other thread keeps >= 80% of the pace it has beside a
+    main thread busy without the GIL, while rank 0 waits (spinning in the core, AIOCCL_SHM_SPIN_US long) for a
+    rank that comes 0.25 s late."""
     proc = launch(2, "native_gil.py", env={"AIOCCL_SHM_SPIN_US": "1000000"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     line = next(ln for ln in proc.stdout.splitlines() if "GIL idle" in ln)

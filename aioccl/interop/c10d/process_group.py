@@ -143,8 +143,9 @@ class AiocclProcessGroup(dist.ProcessGroup):
                 raise InvalidArgument("allreduce of a sparse tensor: only SUM is supported (as with Gloo)")
             works, finish = sparse_allreduce(self.comm, t, self._deadline(opts))
             return self._work(works, [t], "allreduce (sparse)", finish)
-        return self._work([self.comm.all_reduce(t, self._reduction(opts), timeout=self._deadline(opts))],
-                          tensors, "allreduce")
+        deadline = self._deadline(opts)  # the communicator's own default needs no checking again (None)
+        timeout = None if deadline == self.comm._timeout else deadline
+        return self._work([self.comm.all_reduce(t, self._reduction(opts), timeout=timeout)], tensors, "allreduce")
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts or dist.AllreduceCoalescedOptions()

@@ -65,6 +65,14 @@ class TorchWork(dist.Work):
         self._base: torch.futures.Future[None] | None = None  # made by get_future
         self._future: torch.futures.Future[list[torch.Tensor]] | None = None
         self._engine_thread = engine_thread
+        if len(works) == 1 and finish is None and works[0].done():
+            # a small op done inside the call (the common case): nobody else can see this Work yet, so its
+            # outcome is set without the locks and callbacks a Work finished later needs
+            exc = works[0].exception()
+            self._exc = backend_error(exc) if exc is not None else None
+            self._left = 0
+            self._settled = self._done = True
+            return
         if not works:
             self._complete()
         for w in works:

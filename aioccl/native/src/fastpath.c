@@ -307,10 +307,10 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     if (!dtype || !redop || (redop == OP_AVG && dtype != DT_F16 && dtype != DT_BF16 && dtype != DT_F32 && dtype != DT_F64))
         Py_RETURN_NONE;
     Py_ssize_t nbytes = PyArray_NBYTES(x), count = PyArray_SIZE(x);
+    if (self->chan == NULL && nbytes > 0)  /* one rank: the reduction of x alone is x, in place (an average too) */
+        return alone(self, x, give, count, redop);
     if (nbytes <= 0 || nbytes > self->max_bytes)
         Py_RETURN_NONE;
-    if (self->chan == NULL)  /* one rank: the reduction of x alone is x, in place (an average too) */
-        return alone(self, x, give, count, redop);
     cached *c = &self->cache[(uint64_t)(count * 31 + dtype) % CACHE];
     if (c->prog == NULL || c->count != count || c->dtype != dtype)
         Py_RETURN_NONE;
