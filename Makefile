@@ -6,10 +6,11 @@ STAMP := $(VENV)/.installed
 JAX_VENV := .venv-jax
 JAX_NEWEST := jax>=0.12,<0.13
 JAX_TESTS := $(wildcard tests/test_jax_*.py)
+NATIVE_SRC := CMakeLists.txt $(wildcard aioccl/native/src/*.c aioccl/native/src/*.h)  # a change rebuilds the core
 
 .PHONY: demo test test-jax-newest lint types docs clean bench bench-jax
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(NATIVE_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch's CPU build first (this machine keeps its wheel on disk); a bare 'torch' would pull a CUDA build of GBs
@@ -41,7 +42,7 @@ types: $(STAMP)
 
 # jax_ext's tests again on the newest jax, which needs Python >= 3.12: a second venv with only what they
 # need (no torch: on 3.12+ pip would pull a CUDA build of GBs). JAX_PYTHON overrides the interpreter.
-$(JAX_VENV)/.installed: pyproject.toml
+$(JAX_VENV)/.installed: pyproject.toml $(NATIVE_SRC)
 	test -x $(JAX_VENV)/bin/python || $${JAX_PYTHON:-$$(sh scripts/find-python.sh 3.13 3.12)} -m venv $(JAX_VENV)
 	$(JAX_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(JAX_VENV)/bin/python -m pip install --quiet -e . '$(JAX_NEWEST)' pytest pytest-timeout pytest-asyncio pytest-xdist anyio

@@ -239,3 +239,30 @@ def test_another_thread_runs_while_a_native_op_waits():
     line = next(ln for ln in proc.stdout.splitlines() if "GIL idle" in ln)
     ratio, ops = float(line.split("ratio ")[1].split()[0]), int(line.rsplit(" ", 1)[1])
     assert ops >= 5 and ratio >= 0.8, line
+
+
+async def test_bad_input_is_refused_before_anything_is_sent_and_the_lane_goes_on():
+    """What the fast lane does not take goes the general way, which raises before taking a sequence number;
+    the next op is exact on every rank."""
+    comms = await make_comms(2)
+    try:
+        xs = [np.ones(3, np.float32) for _ in comms]
+        for _ in range(2):
+            await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs, strict=True)))
+        c = comms[0]
+        seq = c._seq
+        bad = [((np.ones(3, np.int16),), {}), ((np.ones(3, np.float32),), {"op": "bogus"}),
+               ((np.ones(3, np.int32),), {"op": "avg"}), ((np.ones(3, np.float32),), {"timeout": -1}),
+               ((np.ones(6, np.float32)[::2],), {}), (([1.0, 2.0],), {"out": np.ones(3, np.float32)})]
+        ro = np.ones(3, np.float32)
+        ro.flags.writeable = False
+        bad.append(((ro,), {}))
+        for args, kwargs in bad:
+            with pytest.raises(aioccl.InvalidArgument):
+                c.all_reduce(*args, **kwargs)
+        assert c._seq == seq, "a refused call took a sequence number"
+        ys = [np.full(3, r + 1, np.float32) for r in range(2)]
+        await asyncio.gather(*(c.all_reduce(y) for c, y in zip(comms, ys, strict=True)))
+        assert all((y == 3).all() for y in ys)
+    finally:
+        await close_all(comms)

@@ -283,16 +283,22 @@ static PyObject *record_done(Lane *self, PyArrayObject *x, PyObject *give, long 
     return result;
 }
 
-static PyObject *alone(Lane *self, PyArrayObject *x, PyObject *give, Py_ssize_t count, int redop) {
-    if (!attr_is(self->comm, s_closed, Py_None))
-        Py_RETURN_NONE;
+/* 1: the communicator takes an op now (open, no rank lost, no group open); 0: the general way; -1: error */
+static int open_for_ops(Lane *self) {
+    if ((self->chan != NULL && !attr_is(self->comm, s_member_lost, Py_None)) || !attr_is(self->comm, s_closed, Py_None))
+        return 0;
     PyObject *group = NULL;
     if (PyContextVar_Get(self->group_var, Py_None, &group) < 0)
-        return NULL;
+        return -1;
     int in_group = group != Py_None;
     Py_DECREF(group);
-    if (in_group)
-        Py_RETURN_NONE;
+    return !in_group;
+}
+
+static PyObject *alone(Lane *self, PyArrayObject *x, PyObject *give, Py_ssize_t count, int redop) {
+    int open = open_for_ops(self);
+    if (open <= 0)
+        return open < 0 ? NULL : Py_NewRef(Py_None);
     return record_done(self, x, give, self->seq++, count, redop, monotonic());
 }
 
@@ -319,15 +325,9 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     if (!ch->size || ch->active || (uint64_t)prog->words[8] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes ||
         (uint64_t)prog->words[9] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes)
         Py_RETURN_NONE;
-    if (!attr_is(self->comm, s_member_lost, Py_None) || !attr_is(self->comm, s_closed, Py_None))
-        Py_RETURN_NONE;
-    PyObject *group = NULL;
-    if (PyContextVar_Get(self->group_var, Py_None, &group) < 0)
-        return NULL;
-    int in_group = group != Py_None;
-    Py_DECREF(group);
-    if (in_group)
-        Py_RETURN_NONE;
+    int open = open_for_ops(self);
+    if (open <= 0)
+        return open < 0 ? NULL : Py_NewRef(Py_None);
     int borrowed = 0;
     if (PyThread_get_thread_ident() != self->thread_id) {
         if (self->lock == Py_None)
