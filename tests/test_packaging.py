@@ -82,7 +82,8 @@ def test_installs_into_a_fresh_venv_and_runs(dist, tmp_path, artifact):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # (not AIOCCL_NATIVE either: the installed copy must build and load its native core)
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "AIOCCL_NATIVE")}
     p = subprocess.run([str(py), "-m", "pip", "install", "--quiet", str(package)], capture_output=True, text=True,
                        timeout=300, env=clean)
     assert p.returncode == 0, p.stderr[-3000:]
