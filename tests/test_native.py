@@ -266,3 +266,23 @@ async def test_bad_input_is_refused_before_anything_is_sent_and_the_lane_goes_on
         assert all((y == 3).all() for y in ys)
     finally:
         await close_all(comms)
+
+
+async def test_a_closed_communicator_and_its_lane_are_collected():
+    """The lane and its communicator refer to each other: the cycle collector must free both once closed
+    (an app that splits and closes communicators in a loop must not grow)."""
+    import gc
+    import weakref
+
+    comms = await make_comms(2)
+    xs = [np.ones(3, np.float32) for _ in comms]
+    for _ in range(2):
+        await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs, strict=True)))
+    assert all(c._lane is not None for c in comms)
+    refs = [weakref.ref(c) for c in comms]
+    await close_all(comms)
+    del comms, xs
+    for _ in range(3):
+        gc.collect()
+        await asyncio.sleep(0.05)
+    assert [r() is None for r in refs] == [True] * len(refs)

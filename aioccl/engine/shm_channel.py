@@ -114,6 +114,10 @@ class ShmChannel(ChannelMemory):
         later op from another task can arrive first, and every rank must run them in the same order.
         """
         op.chan = self
+        if self.native is not None and self.native.pending:
+            shm_native.adopt(self)  # ahead of this op, in issue order
+            if not self._pumping:
+                self._pump()
         if op.order != self.next_order:
             self.held[op.order] = op
             return

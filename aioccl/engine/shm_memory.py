@@ -42,17 +42,21 @@ class ChannelMemory:
         me = self.ctl[rank]
         self.heap = Heap(me[HEAP_OFF], me[HEAP])
         self._seg_addr = self.u8[rank].__array_interface__["data"][0]
-        self.step = me[CTR]
-        self.all_reached = self.step
+        self.all_reached = me[CTR]
         self._spill: np.ndarray | None = None
         self._typed: dict[tuple[int, np.dtype[Any]], np.ndarray] = {}
         self.stats = {"ops": 0, "spin_hits": 0, "parks": 0, "bells_rung": 0, "recheck_hits": 0}
 
     # -- the shared words -------------------------------------------------
+    @property
+    def step(self) -> int:
+        """The last step this rank published: its counter itself, which the native core advances too (so a
+        signal between the core and Python never leaves a stale copy)."""
+        return int(self.ctl[self.rank][CTR])
+
     def publish(self, s: int) -> None:
         ctl = self.ctl
         ctl[self.rank][CTR] = s
-        self.step = s
         fence()
         for j in self.others:
             if ctl[j][SLEEP]:

@@ -146,9 +146,8 @@ def run(ch: ShmChannel, op: Op[np.ndarray]) -> bool:
     nat = ch.native
     if not op.work._start():
         return True  # failed already (abort)
-    rc = nat.run(op.native, op.inp, op.out, op.dtype_code, op.fp[2], op.seq, op.order)
+    rc = nat.run(op.native, op.inp, op.out, op.dtype_code, op.fp[2], op.seq, op.order, op)
     if rc >= 0:
-        ch.step = rc
         op.work._set_result(op.result())
         return True
     core = native.core
@@ -159,11 +158,23 @@ def run(ch: ShmChannel, op: Op[np.ndarray]) -> bool:
         return False
     if rc == core.RING:
         _ring(ch, nat)
-        ch.step = nat.step
         op.work._set_result(op.result())
         return True
     carry_on(ch, op, rc)
+    nat.claim()  # handed on: nothing for adopt() to do
     return False
+
+
+def adopt(ch: ShmChannel) -> None:
+    """An op the core left unfinished whose caller was interrupted (a signal) before it handed the op on:
+    it goes first in the channel's queue (peers count on it; its Work reports to whoever holds it)."""
+    op = ch.native.claim()
+    if op is None:
+        return
+    if op.gen is None:
+        carry_on(ch, op, ch.native.last)
+    if op not in ch.queue:
+        ch.queue.appendleft(op)
 
 
 def carry_on(ch: ShmChannel, op: Op[np.ndarray], rc: int) -> None:
@@ -185,7 +196,6 @@ def _carry_on(ch: ShmChannel, op: Op[np.ndarray], rc: int) -> Generator[Wait, No
         while True:
             _ring(ch, nat)
             if rc >= 0 or rc in (core.RING, core.NOT_CLEAN):  # NOT_CLEAN: the channel asks the verdict
-                ch.step = nat.step
                 finished = True
                 return
             if rc == core.MISMATCH:

@@ -46,7 +46,7 @@ typedef struct {
     cached cache[CACHE];
 } Lane;
 
-static PyObject *s_member_lost, *s_closed, *s_queue, *s_pumping, *s_broken, *s_next_order, *s_step, *s_acquire,
+static PyObject *s_member_lost, *s_closed, *s_queue, *s_pumping, *s_broken, *s_next_order, *s_acquire,
     *s_release, *s_sum, *s_prod, *s_min, *s_max, *s_avg;
 
 static void Lane_clear_cache(Lane *self) {
@@ -56,16 +56,36 @@ static void Lane_clear_cache(Lane *self) {
     }
 }
 
-static void Lane_dealloc(Lane *self) {
+/* the lane and its communicator hold each other: the cycle collector must see the lane's references */
+#define LANE_REFS(self) {&(self)->shm, &(self)->comm, &(self)->work_type, &(self)->done_lock, &(self)->home, \
+    &(self)->engine_thread, &(self)->lock, &(self)->group_var, &(self)->record, &(self)->ring, &(self)->name, \
+    &(self)->pending, (PyObject **)&(self)->chan}
+
+static int Lane_traverse(Lane *self, visitproc visit, void *arg) {
+    PyObject **refs[] = LANE_REFS(self);
+    for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
+        Py_VISIT(*refs[k]);
+    for (int k = 0; k <= OP_LAST; k++)
+        Py_VISIT(self->ops[k]);
+    for (int k = 0; k < CACHE; k++)
+        Py_VISIT(self->cache[k].prog);
+    return 0;
+}
+
+static int Lane_clear(Lane *self) {
     Lane_clear_cache(self);
-    Py_CLEAR(self->chan);
-    Py_CLEAR(self->pending);
-    PyObject **refs[] = {&self->shm, &self->comm, &self->work_type, &self->done_lock, &self->home,
-                         &self->engine_thread, &self->lock, &self->group_var, &self->record, &self->ring, &self->name};
+    PyObject **refs[] = LANE_REFS(self);
     for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
         Py_CLEAR(*refs[k]);
     for (int k = 0; k <= OP_LAST; k++)
         Py_CLEAR(self->ops[k]);
+    self->enabled = 0;
+    return 0;
+}
+
+static void Lane_dealloc(Lane *self) {
+    PyObject_GC_UnTrack(self);
+    Lane_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -371,10 +391,8 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
             goto out;
         Py_DECREF(r);
     }
-    PyObject *step = PyLong_FromLongLong(ac_step(ch)), *next = PyLong_FromLongLong(order + 1);
-    int bad = step == NULL || next == NULL || PyObject_SetAttr(self->shm, s_step, step) < 0 ||
-              PyObject_SetAttr(self->shm, s_next_order, next) < 0;
-    Py_XDECREF(step);
+    PyObject *next = PyLong_FromLongLong(order + 1);  /* (the channel's step is its counter: nothing to set) */
+    int bad = next == NULL || PyObject_SetAttr(self->shm, s_next_order, next) < 0;
     Py_XDECREF(next);
     if (bad)
         goto out;
@@ -445,10 +463,12 @@ PyTypeObject LaneType = {
     .tp_name = "aioccl.native._core.Lane",
     .tp_doc = "A communicator's counters and its small all_reduce in C (see fastpath.c)",
     .tp_basicsize = sizeof(Lane),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Lane_init,
     .tp_dealloc = (destructor)Lane_dealloc,
+    .tp_traverse = (traverseproc)Lane_traverse,
+    .tp_clear = (inquiry)Lane_clear,
     .tp_methods = Lane_methods,
     .tp_getset = Lane_getset,
 };
@@ -456,7 +476,7 @@ PyTypeObject LaneType = {
 int fastpath_ready(PyObject *m) {
     struct { PyObject **at; const char *s; } names[] = {
         {&s_member_lost, "_member_lost"}, {&s_closed, "_closed"}, {&s_queue, "queue"}, {&s_pumping, "_pumping"},
-        {&s_broken, "broken"}, {&s_next_order, "next_order"}, {&s_step, "step"}, {&s_acquire, "acquire"},
+        {&s_broken, "broken"}, {&s_next_order, "next_order"}, {&s_acquire, "acquire"},
         {&s_release, "release"}, {&s_sum, "sum"}, {&s_prod, "prod"}, {&s_min, "min"}, {&s_max, "max"},
         {&s_avg, "avg"},
     };

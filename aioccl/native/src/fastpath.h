@@ -13,6 +13,8 @@ typedef struct {
     Py_buffer *views;
     int nviews;
     PyObject *held[3]; /* the program and buffers of the op in progress */
+    PyObject *pending; /* the caller's record of an op run() left unfinished, until it claims it */
+    int last;          /* what the last run() returned */
 } Channel;
 
 typedef struct {

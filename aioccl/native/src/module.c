@@ -69,6 +69,7 @@ PyTypeObject ProgramType = {
 static void Channel_release(Channel *self) {
     for (int k = 0; k < 3; k++)
         Py_CLEAR(self->held[k]);
+    Py_CLEAR(self->pending);
     for (int j = 0; j < self->nviews; j++)
         PyBuffer_Release(&self->views[j]);
     PyMem_Free(self->views);
@@ -157,10 +158,12 @@ static int host_array(PyObject *a, int writable, void **data, size_t *len) {
     return 1;
 }
 
-/* run(program, inp, out, dtype, redop, seq, order) */
+/* run(program, inp, out, dtype, redop, seq, order, owner): `owner` (the caller's record of the op) is kept as
+ * pending when the op is left unfinished, until claim(): a signal that interrupts the caller before it has
+ * handed the op on cannot lose it (the channel adopts it before its next op) */
 static PyObject *Channel_run(Channel *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "run(program, inp, out, dtype, redop, seq, order)");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "run(program, inp, out, dtype, redop, seq, order, owner)");
         return NULL;
     }
     if (!live(self))
@@ -196,6 +199,9 @@ static PyObject *Channel_run(Channel *self, PyObject *const *args, Py_ssize_t na
         for (int k = 0; k < 3; k++)
             Py_XSETREF(self->held[k], Py_NewRef(args[k]));
     }
+    self->last = rc;
+    if (rc != AC_DONE && rc != AC_RING && rc != AC_UNSUITABLE)
+        Py_XSETREF(self->pending, Py_NewRef(args[7]));
     return outcome(self, rc);
 }
 
@@ -219,6 +225,12 @@ static PyObject *Channel_reset(Channel *self, PyObject *Py_UNUSED(ignored)) {
 static PyObject *Channel_close(Channel *self, PyObject *Py_UNUSED(ignored)) {
     Channel_release(self);
     Py_RETURN_NONE;
+}
+
+static PyObject *Channel_claim(Channel *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *p = self->pending ? self->pending : Py_NewRef(Py_None);
+    self->pending = NULL;
+    return p;
 }
 
 static PyObject *Channel_take_ring(Channel *self, PyObject *Py_UNUSED(ignored)) {
@@ -252,6 +264,10 @@ static PyObject *Channel_get_blocked(Channel *self, void *Py_UNUSED(c)) {
 static PyObject *Channel_get_where(Channel *self, void *Py_UNUSED(c)) {
     return Py_BuildValue("(LL)", (long long)self->ch.step_index, (long long)self->ch.base);
 }
+static PyObject *Channel_get_pending(Channel *self, void *Py_UNUSED(c)) {
+    return PyBool_FromLong(self->pending != NULL);
+}
+static PyObject *Channel_get_last(Channel *self, void *Py_UNUSED(c)) { return PyLong_FromLong(self->last); }
 static PyObject *Channel_get_peer(Channel *self, void *Py_UNUSED(c)) { return PyLong_FromLong(self->ch.peer); }
 static PyObject *Channel_get_error(Channel *self, void *Py_UNUSED(c)) {
     return PyUnicode_FromString(self->ch.error);
@@ -267,6 +283,7 @@ static PyMethodDef Channel_methods[] = {
     {"resume", (PyCFunction)Channel_resume, METH_NOARGS, "go on with a blocked op, as run"},
     {"reset", (PyCFunction)Channel_reset, METH_NOARGS, "forget the op in progress"},
     {"close", (PyCFunction)Channel_close, METH_NOARGS, "release the segments' buffers"},
+    {"claim", (PyCFunction)Channel_claim, METH_NOARGS, "the owner of an op run() left unfinished, or None; cleared"},
     {"take_ring", (PyCFunction)Channel_take_ring, METH_NOARGS, "channel ranks to ring (a bit mask), cleared"},
     {"descriptors", (PyCFunction)Channel_descriptors, METH_NOARGS, "every rank's descriptor of the op"},
     {NULL, NULL, 0, NULL},
@@ -276,6 +293,8 @@ static PyGetSetDef Channel_getset[] = {
     {"step", (getter)Channel_get_step, NULL, "my step counter", NULL},
     {"blocked", (getter)Channel_get_blocked, NULL, "(phase, step) a blocked op waits for", NULL},
     {"where", (getter)Channel_get_where, NULL, "(step index, base step) of the op in progress", NULL},
+    {"pending", (getter)Channel_get_pending, NULL, "whether an unfinished op waits to be claimed", NULL},
+    {"last", (getter)Channel_get_last, NULL, "what the last run() returned", NULL},
     {"peer", (getter)Channel_get_peer, NULL, "the rank whose descriptor differs (a mismatch)", NULL},
     {"error", (getter)Channel_get_error, NULL, "what was wrong (a corrupt peer)", NULL},
     {"stats", (getter)Channel_get_stats, NULL, "ops run and waits ended by spinning", NULL},
