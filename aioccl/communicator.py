@@ -25,9 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import async_libs, log, topology
-from .algorithms import plan
 from .algorithms.schedule import Schedule
-from .algorithms.shm import shm_plan
 from .algorithms.table import BY_NAME
 from .bootstrap.unique_id import UniqueId
 from .buffers import Buf, same_device
@@ -46,6 +44,7 @@ from .group import Group
 from .introspection import FlightRecorder
 from .lifecycle import LifecycleOps
 from .p2p import PointToPointOps
+from .planning import Planning
 from .recovery import on_member_lost
 from .topology import Topology
 from .tracking import OpTracking
@@ -58,10 +57,9 @@ _log = log.get("COLL")
 # a shared-memory collective this small, issued from a thread while the proxy engine idles, runs in the call
 # (Placement.borrow); a larger one stays on the engine's thread, overlapping the caller's work (DDP's buckets)
 DEFAULT_BORROW_BYTES = 64 << 10
-PLAN_CACHE = 256  # distinct calls (collective, count, dtype, root, placement) whose schedules a communicator keeps
 
 
-class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, FastLane):
+class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, FastLane, Planning):
     """A group of ranks that run collectives together.
 
     Create with [`create`][aioccl.Communicator.create] or [`init()`][aioccl.init].
@@ -320,45 +318,10 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         return self._launch(name, plan[0], fo if inp is out else inp.array.reshape(-1), fo, op, count, root, t, result,
                             plan[1])
 
-    def _new_plan(self, name: str, count: int, dt: np.dtype[Any], root: int, in_place: bool,
-                  same: bool) -> tuple[Schedule, Any]:
-        """Choose (and keep) the schedule of a call, and lower it for the native core where it can run it."""
-        if len(self._plans) >= PLAN_CACHE:
-            self._forget_plans()
-        sched = self._plan(name, count, dt, root, in_place, same)
-        plan = self._plans[(name, count, dt, root, in_place, same)] = (sched, self._lower(name, sched, count, root, dt))
-        if name == "all_reduce" and same and plan[1] is not None and self._lane is not None:
-            self._lane.learn(count, dtype_code(dt), plan[1])  # in place: the fast lane's case
-        return plan
-
     @property
     def _seq(self) -> int:
         """The sequence number the next op takes (how many this communicator has issued)."""
         return int(self._counters.seq)
-
-    def _forget_plans(self) -> None:
-        """Drop every schedule chosen so far (and the fast lane's programs): the next calls choose again."""
-        self._plans.clear()
-        if self._lane is not None:
-            self._lane.forget()
-
-    def _plan(self, name: str, count: int, dt: np.dtype[Any], root: int, in_place: bool, same: bool) -> Schedule:
-        """This rank's schedule for one call on host buffers (the same call always gets the same one,
-        so ``_collective`` keeps them: choosing costs more than an 8-byte op's data)."""
-        shm = self._shm
-        shm_algo = self._tuning.choose_shm(name, count, dt.itemsize, self.world_size) if shm is not None else None
-        if shm is not None and shm_algo is not None:
-            cap = max(1, shm.cap_bytes // dt.itemsize)
-            return shm_plan(name, count, self.rank, self.world_size, root, cap, shm_algo, same)
-        algo, chunk = self._tuning.choose(name, count, dt.itemsize, self.world_size, self._layout)
-        return plan(name, count, self.rank, self.world_size, root, chunk, algo, in_place, self._layout)
-
-    def _lower(self, name: str, sched: Schedule, count: int, root: int, dt: np.dtype[Any]) -> Any:
-        """The native core's program for a small op on the shared-memory channel, or None."""
-        shm = self._shm
-        if shm is None or shm.native is None or not sched.lockstep or count * dt.itemsize > self._native_max:
-            return None
-        return shm_native.lower(sched, self.rank, self.world_size, BY_NAME[name].code, count, root)
 
     def _launch(self, name: str, sched: Schedule, inp: np.ndarray, out: np.ndarray, op: ReduceOp | None,
                 count: int, root: int, timeout: float, result: Callable[[], Any], native: Any = None) -> Work[Any]:

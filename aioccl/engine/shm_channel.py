@@ -44,7 +44,7 @@ import numpy as np
 from .. import log
 from ..envvars import env_int
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted
-from ..transport.shm import SLEEP, LoopBell, Segment
+from ..transport.shm import SLEEP, LoopBell, Segment, usable_cpus
 from ..transport.shm_ring import fence
 from . import shm_native
 from .executor import execute
@@ -62,10 +62,6 @@ _log = log.get("SHM")
 RECHECK_S = 0.005  # backup re-check while parked; wake-ups come from the doorbell
 DEFAULT_SLICE_US = 200  # a long op hands the loop back between steps at least this often
 RESYNC_JUMP = 1 << 32  # steps a timed-out op may span, at most: the next op starts past them on every rank
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def loop_slice_s(env: Mapping[str, str] = os.environ) -> float:
     """``AIOCCL_LOOP_SLICE_US``: the longest run of steps a channel takes before it hands the loop back (on the
     inline engine, the caller's loop: its timers and other tasks wait at most this, plus one step)."""
@@ -102,7 +98,7 @@ class ShmChannel(ChannelMemory):
         self.verdicts = Verdicts(self.ctl, rank, segments[0].fd)  # one outcome for a given-up op
         # None: Python only. The core spins without yielding unless this host's ranks outnumber its cores:
         # beside a busy process one sched_yield costs a scheduler slice (ms), not the microseconds a look does
-        self.native = shm_native.channel([s.mm for s in segments], rank, spin_s, self.size > _cpus())
+        self.native = shm_native.channel([s.mm for s in segments], rank, spin_s, self.size > usable_cpus())
         bell.listeners.append(self.on_bell)
 
     # -- running ops ------------------------------------------------------------

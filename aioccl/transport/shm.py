@@ -171,6 +171,11 @@ class Segment:
 DEFAULT_SPIN_US = 100.0
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def wait_policy(env: Mapping[str, str], local_ranks: int) -> tuple[float, bool]:
     """How a same-host rank waits for a peer before it parks on its doorbell: (spin seconds, yield between
     looks), from ``AIOCCL_SHM_SPIN_US`` and ``AIOCCL_SHM_YIELD``.
@@ -184,7 +189,7 @@ def wait_policy(env: Mapping[str, str], local_ranks: int) -> tuple[float, bool]:
     """
     spin = max(0.0, env_float(env, "AIOCCL_SHM_SPIN_US", DEFAULT_SPIN_US)) * 1e-6
     polite = env.get("AIOCCL_SHM_YIELD", "1").strip().lower() not in ("0", "false", "no")
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     return (spin if polite or local_ranks <= cpus else 0.0), polite or local_ranks > cpus
 
 
