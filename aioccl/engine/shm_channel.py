@@ -81,7 +81,7 @@ class ShmChannel(ChannelMemory):
         self.yield_cpu = yield_cpu
         self.queue: deque[Op[np.ndarray]] = deque()
         self.held: dict[int, Op[np.ndarray]] = {}  # submitted ahead of an op with a lower number (see submit)
-        self.next_order = 0  # the issue number (Op.order) of the op that runs next
+        self._next_order = 0  # the issue number (Op.order) of the op that runs next (the core's gate, with one)
         self.broken: BaseException | None = None
         self.lost: dict[int, BaseException] = {}
         self.remote: dict[int, BaseException] = {}  # seq -> the error a peer gave that op up with
@@ -99,7 +99,45 @@ class ShmChannel(ChannelMemory):
         # None: Python only. The core spins without yielding unless this host's ranks outnumber its cores:
         # beside a busy process one sched_yield costs a scheduler slice (ms), not the microseconds a look does
         self.native = shm_native.channel([s.mm for s in segments], rank, spin_s, self.size > usable_cpus())
+        if self.native is not None:  # an XLA custom call finishing an op rings peers (and me) from C
+            self.native.set_bells(bell.bell.sender(),
+                                  [bell.bell.address(bell.bell.comm_id, w) for w in self.world])
         bell.listeners.append(self.on_bell)
+
+    @property
+    def next_order(self) -> int:
+        """The issue number of the op the channel runs next (with the native core: its gate's, which a
+        native caller outside the engine, an XLA custom call, advances too)."""
+        return int(self.native.next_order) if self.native is not None else self._next_order
+
+    @next_order.setter
+    def next_order(self, value: int) -> None:
+        if self.native is not None:
+            self.native.next_order = value
+        else:
+            self._next_order = value
+
+    def _admit(self, order: int) -> bool:
+        """May op ``order`` run now (it is next, and no native caller holds the channel)? Then it counts as
+        the engine's until ``_finished``."""
+        if self.native is not None:
+            return bool(self.native.admit(order))
+        if order != self._next_order:
+            return False
+        self._next_order += 1
+        return True
+
+    def _finished(self) -> None:
+        if self.native is not None:
+            self.native.finish()
+
+    def _admit_held(self) -> None:
+        """Queue the held ops whose turn has come (in order)."""
+        while self.held:
+            first = min(self.held)
+            if not self._admit(first):
+                return
+            self.queue.append(self.held.pop(first))
 
     # -- running ops ------------------------------------------------------------
     def submit(self, op: Op[np.ndarray]) -> None:
@@ -114,17 +152,16 @@ class ShmChannel(ChannelMemory):
             shm_native.adopt(self)  # ahead of this op, in issue order
             if not self._pumping:
                 self._pump()
-        if op.order != self.next_order:
+        if not self._admit(op.order):  # an op ahead of it is still to come, or an XLA call holds the channel
             self.held[op.order] = op
             return
-        self.next_order += 1
         idle = not self.queue and not self._pumping
         # the native core runs a small op here, in the call, when nothing is ahead of it (shm_native.py)
-        if not (idle and op.native is not None and self.broken is None and shm_native.run(self, op)):
+        if idle and op.native is not None and self.broken is None and shm_native.run(self, op):
+            self._finished()
+        else:
             self.queue.append(op)
-        while self.next_order in self.held:
-            self.queue.append(self.held.pop(self.next_order))
-            self.next_order += 1
+        self._admit_held()
         if idle and self.queue:
             self._pump()
 
@@ -138,6 +175,7 @@ class ShmChannel(ChannelMemory):
                 if not self._advance(self.queue[0]):
                     return
                 self.queue.popleft()
+                self._finished()
         finally:
             self._pumping = False
 
@@ -325,6 +363,11 @@ class ShmChannel(ChannelMemory):
             self._timer = None
 
     def on_bell(self) -> None:
+        if self.held and not self._pumping:  # an XLA call that held the channel has finished (the gate)
+            idle = not self.queue
+            self._admit_held()
+            if idle and self.queue:
+                self._pump()
         if self._parked:
             if self._timer is not None:
                 self._timer.cancel()
@@ -350,6 +393,8 @@ class ShmChannel(ChannelMemory):
         self.stats["resyncs"] = self.stats.get("resyncs", 0) + 1
 
     def _break(self, exc: BaseException) -> None:
+        if self.native is not None:
+            self.native.alarm()  # no native caller may start an op here again
         if self.broken is None:
             self.broken = CommAborted(f"the shared-memory channel is out of step after: {exc}; "
                                       "abort this communicator and create a new one")

@@ -227,6 +227,10 @@ class Doorbell:
         except OSError:
             pass  # a full bell has rung already; a vanished peer is detected by its connection
 
+    def sender(self) -> int:
+        """The descriptor rings go out from (the native core rings from C with it)."""
+        return self._out.fileno()
+
     def drain(self) -> int:
         n = 0
         while True:

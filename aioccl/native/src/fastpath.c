@@ -42,11 +42,11 @@ typedef struct {
     unsigned long thread_id;
     int bf16_num, enabled;
     Py_ssize_t max_bytes;
-    long long seq, order;
+    long long seq;     /* atomic: an XLA thread takes numbers without the GIL (the order: chan->gate) */
     cached cache[CACHE];
 } Lane;
 
-static PyObject *s_member_lost, *s_closed, *s_queue, *s_pumping, *s_broken, *s_next_order, *s_acquire,
+static PyObject *s_member_lost, *s_closed, *s_queue, *s_pumping, *s_broken, *s_acquire,
     *s_release, *s_sum, *s_prod, *s_min, *s_max, *s_avg;
 
 static void Lane_clear_cache(Lane *self) {
@@ -136,7 +136,8 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
     self->bf16_num = bf16_num;
     self->max_bytes = max_bytes;
     self->seq = seq;
-    self->order = order;
+    if (self->chan != NULL)
+        ac_gate_init(&self->chan->gate, order);  /* a new channel: every op so far was off it */
     self->enabled = 1;
     Lane_clear_cache(self);
     return self->engine_thread == NULL || self->name == NULL ? -1 : 0;
@@ -148,9 +149,9 @@ static PyObject *Lane_take(Lane *self, PyObject *on_channel) {
         PyErr_SetString(PyExc_RuntimeError, "take: this lane has no channel");
         return NULL;
     }
-    long long seq = self->seq++, order = -1;
+    long long seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED), order = -1;
     if (PyObject_IsTrue(on_channel))
-        order = self->order++;
+        order = ac_gate_take(&self->chan->gate);
     return Py_BuildValue("(LL)", seq, order);
 }
 
@@ -213,7 +214,7 @@ static int attr_is(PyObject *obj, PyObject *name, PyObject *value) {
     return same;
 }
 
-/* nothing queued on the channel, and every op issued on it so far submitted there */
+/* nothing queued on the engine's side of the channel (the gate says whether every op issued has finished) */
 static int channel_idle(Lane *self) {
     PyObject *q = PyObject_GetAttr(self->shm, s_queue);
     if (q == NULL) {
@@ -222,22 +223,8 @@ static int channel_idle(Lane *self) {
     }
     Py_ssize_t n = PyObject_Size(q);
     Py_DECREF(q);
-    if (n != 0 || !attr_is(self->shm, s_pumping, Py_False) || !attr_is(self->shm, s_broken, Py_None)) {
-        PyErr_Clear();
-        return 0;
-    }
-    PyObject *next = PyObject_GetAttr(self->shm, s_next_order);
-    if (next == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    long long v = PyLong_AsLongLong(next);
-    Py_DECREF(next);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    return v == self->order;
+    PyErr_Clear();
+    return n == 0 && attr_is(self->shm, s_pumping, Py_False) && attr_is(self->shm, s_broken, Py_None);
 }
 
 static int lock_call(PyObject *lock, PyObject *method, PyObject *arg) {
@@ -319,11 +306,11 @@ static PyObject *alone(Lane *self, PyArrayObject *x, PyObject *give, Py_ssize_t 
     int open = open_for_ops(self);
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
-    return record_done(self, x, give, self->seq++, count, redop, monotonic());
+    return record_done(self, x, give, __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED), count, redop, monotonic());
 }
 
 static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (!self->enabled || kwnames != NULL || nargs < 1 || nargs > 3 || !PyArray_CheckExact(args[0]))
+    if (!__atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE) || kwnames != NULL || nargs < 1 || nargs > 3 || !PyArray_CheckExact(args[0]))
         Py_RETURN_NONE;
     PyObject *give = nargs == 3 ? args[2] : args[0];  /* what the Work gives back: x, or the tensor it views */
     PyArrayObject *x = (PyArrayObject *)args[0];
@@ -364,7 +351,12 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
         result = Py_NewRef(Py_None);
         goto out;
     }
-    long long seq = self->seq++, order = self->order++;
+    int64_t order;
+    if (!ac_gate_claim(&self->chan->gate, &order)) {  /* an XLA call runs, or the engine has ops: go its way */
+        result = Py_NewRef(Py_None);
+        goto out;
+    }
+    long long seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
     double t0 = monotonic();
     void *data = PyArray_DATA(x);
     int rc;
@@ -375,6 +367,7 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
         for (int k = 0; k < 3; k++)
             Py_XSETREF(self->chan->held[k], Py_NewRef(k ? (PyObject *)x : (PyObject *)prog));
     if (rc != AC_DONE && rc != AC_RING) {
+        ac_gate_drop(&self->chan->gate);  /* the engine admits it in order (its number is next) */
         /* the engine carries on with it (and submits it, in order); kept here until the caller claims it,
          * so a signal that interrupts the caller before then cannot lose the op (it is adopted instead) */
         PyObject *op = nargs >= 2 ? args[1] : s_sum;
@@ -391,11 +384,8 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
             goto out;
         Py_DECREF(r);
     }
-    PyObject *next = PyLong_FromLongLong(order + 1);  /* (the channel's step is its counter: nothing to set) */
-    int bad = next == NULL || PyObject_SetAttr(self->shm, s_next_order, next) < 0;
-    Py_XDECREF(next);
-    if (bad)
-        goto out;
+    if (ac_gate_done(&self->chan->gate, order))  /* the engine holds an op that waited: wake it */
+        channel_ring(self->chan, (uint64_t)1 << ch->rank);
     result = record_done(self, x, give, seq, count, redop, t0);
 out:
     if (borrowed) {
@@ -418,14 +408,55 @@ out:
     return result;
 }
 
-static PyObject *Lane_get_seq(Lane *self, void *Py_UNUSED(c)) { return PyLong_FromLongLong(self->seq); }
-static PyObject *Lane_get_order(Lane *self, void *Py_UNUSED(c)) { return PyLong_FromLongLong(self->order); }
+int lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in_len, void *out, size_t out_len,
+                    int dtype, int redop, int64_t *seq, int64_t *order) {
+    Lane *self = (Lane *)obj;
+    if (!__atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE))
+        return LANE_NOT_NOW;
+    if (self->chan == NULL) {
+        *seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
+        *order = -1;
+        return LANE_ALONE;
+    }
+    if (prog->rank != self->chan->ch.rank || prog->size != self->chan->ch.size)
+        return LANE_NOT_NOW;
+    if (!ac_gate_claim(&self->chan->gate, order))
+        return LANE_NOT_NOW;
+    ac_chan *ch = &self->chan->ch;
+    *seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
+    if (!ch->size || ch->active) {  /* (the gate rules this out) the numbers are taken: the engine runs it */
+        ac_gate_drop(&self->chan->gate);
+        return AC_UNSUITABLE;
+    }
+    int rc = ac_run(ch, prog->words, prog->len, in, in_len, out, out_len, dtype, redop, *seq, *order);
+    if (rc == AC_UNSUITABLE) {  /* nothing was published: the engine runs it */
+        ac_gate_drop(&self->chan->gate);
+        return rc;
+    }
+    if (rc == AC_DONE || rc == AC_RING) {
+        uint64_t ring = rc == AC_RING ? ch->ring : 0;
+        ch->ring = 0;
+        if (ac_gate_done(&self->chan->gate, *order))
+            ring |= (uint64_t)1 << ch->rank;
+        channel_ring(self->chan, ring);
+        return AC_DONE;
+    }
+    ac_gate_drop(&self->chan->gate);
+    return rc;
+}
+
+static PyObject *Lane_get_seq(Lane *self, void *Py_UNUSED(c)) {
+    return PyLong_FromLongLong(__atomic_load_n(&self->seq, __ATOMIC_RELAXED));
+}
+static PyObject *Lane_get_order(Lane *self, void *Py_UNUSED(c)) {
+    return PyLong_FromLongLong(self->chan ? self->chan->gate.order : -1);
+}
 static PyObject *Lane_get_enabled(Lane *self, void *Py_UNUSED(c)) { return PyBool_FromLong(self->enabled); }
 static int Lane_set_enabled(Lane *self, PyObject *v, void *Py_UNUSED(c)) {
     int yes = v ? PyObject_IsTrue(v) : 0;
     if (yes < 0)
         return -1;
-    self->enabled = yes;
+    __atomic_store_n(&self->enabled, yes, __ATOMIC_RELEASE);
     return 0;
 }
 static PyObject *Lane_claim(Lane *self, PyObject *Py_UNUSED(ignored)) {
@@ -476,7 +507,7 @@ PyTypeObject LaneType = {
 int fastpath_ready(PyObject *m) {
     struct { PyObject **at; const char *s; } names[] = {
         {&s_member_lost, "_member_lost"}, {&s_closed, "_closed"}, {&s_queue, "queue"}, {&s_pumping, "_pumping"},
-        {&s_broken, "broken"}, {&s_next_order, "next_order"}, {&s_acquire, "acquire"},
+        {&s_broken, "broken"}, {&s_acquire, "acquire"},
         {&s_release, "release"}, {&s_sum, "sum"}, {&s_prod, "prod"}, {&s_min, "min"}, {&s_max, "max"},
         {&s_avg, "avg"},
     };

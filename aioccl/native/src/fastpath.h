@@ -6,6 +6,7 @@
 #include <Python.h>
 
 #include "channel.h"
+#include "gate.h"
 
 typedef struct {
     PyObject_HEAD
@@ -15,6 +16,9 @@ typedef struct {
     PyObject *held[3]; /* the program and buffers of the op in progress */
     PyObject *pending; /* the caller's record of an op run() left unfinished, until it claims it */
     int last;          /* what the last run() returned */
+    ac_gate gate;      /* who runs the next op: the engine or a native caller (gate.h) */
+    int bell_fd;       /* a datagram socket to ring the channel ranks' doorbells from C, or -1 */
+    struct ac_bell *bells;
 } Channel;
 
 typedef struct {
@@ -26,5 +30,16 @@ typedef struct {
 
 extern PyTypeObject ChannelType, ProgramType, LaneType;
 int fastpath_ready(PyObject *module);
+
+/* Ring the doorbells of the channel ranks in `mask` (without the GIL; a no-op before bells are set). */
+void channel_ring(Channel *chan, uint64_t mask);
+
+/* The lane's op without Python (an XLA custom call's): on the lane's channel when it is idle, with the
+ * caller's buffers. AC_DONE: finished. LANE_NOT_NOW: nothing taken, go the general way. Else an AC_*
+ * code: the op took *seq and *order and must be carried on by the engine (it holds the channel no more).
+ * A lane without a channel (one rank) only takes *seq and returns LANE_ALONE. */
+enum { LANE_NOT_NOW = -100, LANE_ALONE = -101 };
+int lane_run_native(PyObject *lane, const Program *prog, void *in, size_t in_len, void *out, size_t out_len,
+                    int dtype, int redop, int64_t *seq, int64_t *order);
 
 #endif

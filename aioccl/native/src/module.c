@@ -9,6 +9,10 @@
 #define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include <sched.h>
+#include <stddef.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include "channel.h"
 #include "fastpath.h"
@@ -66,6 +70,19 @@ PyTypeObject ProgramType = {
 };
 
 /* -- Channel ------------------------------------------------------------------------------------ */
+struct ac_bell {
+    struct sockaddr_un addr;
+    socklen_t len;
+};
+
+void channel_ring(Channel *chan, uint64_t mask) {
+    for (int j = 0; mask && j < chan->ch.size && j < AC_MAX_RANKS; j++, mask >>= 1)
+        if ((mask & 1) && chan->bells != NULL && chan->bell_fd >= 0)
+            /* a full bell has rung already; a vanished peer is found by its connection */
+            (void)sendto(chan->bell_fd, "!", 1, MSG_DONTWAIT, (const struct sockaddr *)&chan->bells[j].addr,
+                         chan->bells[j].len);
+}
+
 static void Channel_release(Channel *self) {
     for (int k = 0; k < 3; k++)
         Py_CLEAR(self->held[k]);
@@ -77,6 +94,9 @@ static void Channel_release(Channel *self) {
     self->nviews = 0;
     ac_chan_free(&self->ch);
     self->ch.size = 0;
+    PyMem_Free(self->bells);
+    self->bells = NULL;
+    self->bell_fd = -1;
 }
 
 static void Channel_dealloc(Channel *self) {
@@ -91,7 +111,9 @@ static int Channel_init(Channel *self, PyObject *args, PyObject *kwds) {
     long long spin_ns;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiLp", kwlist, &segs, &rank, &spin_ns, &yield_cpu))
         return -1;
+    self->bell_fd = -1;  /* (PyType_GenericNew zeroes: 0 would be a real descriptor) */
     Channel_release(self);
+    ac_gate_init(&self->gate, 0);
     PyObject *seq = PySequence_Fast(segs, "segments must be a sequence of writable buffers");
     if (seq == NULL)
         return -1;
@@ -223,7 +245,64 @@ static PyObject *Channel_reset(Channel *self, PyObject *Py_UNUSED(ignored)) {
 }
 
 static PyObject *Channel_close(Channel *self, PyObject *Py_UNUSED(ignored)) {
+    ac_gate_alarm(&self->gate);  /* no more claims; an XLA call inside finishes or hands over within its spin */
+    Py_BEGIN_ALLOW_THREADS
+    while (ac_gate_busy(&self->gate))
+        sched_yield();
+    Py_END_ALLOW_THREADS
     Channel_release(self);
+    Py_RETURN_NONE;
+}
+
+/* -- the gate, from the engine's side (gate.h) -------------------------------------------------------- */
+static PyObject *Channel_admit(Channel *self, PyObject *order) {
+    long long o = PyLong_AsLongLong(order);
+    if (o == -1 && PyErr_Occurred())
+        return NULL;
+    return PyBool_FromLong(ac_gate_admit(&self->gate, o));
+}
+
+static PyObject *Channel_finish(Channel *self, PyObject *Py_UNUSED(ignored)) {
+    ac_gate_finish(&self->gate);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Channel_alarm(Channel *self, PyObject *Py_UNUSED(ignored)) {
+    ac_gate_alarm(&self->gate);
+    Py_RETURN_NONE;
+}
+
+/* set_bells(fd, addresses): the socket to ring from and each channel rank's doorbell address */
+static PyObject *Channel_set_bells(Channel *self, PyObject *args) {
+    int fd;
+    PyObject *addrs;
+    if (!PyArg_ParseTuple(args, "iO!", &fd, &PyList_Type, &addrs))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(addrs);
+    if (n != self->ch.size) {
+        PyErr_SetString(PyExc_ValueError, "set_bells: one address per channel rank");
+        return NULL;
+    }
+    struct ac_bell *bells = PyMem_Calloc((size_t)n, sizeof *bells);
+    if (bells == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t j = 0; j < n; j++) {
+        char *buf;
+        Py_ssize_t len;
+        if (PyBytes_AsStringAndSize(PyList_GET_ITEM(addrs, j), &buf, &len) < 0 ||
+            (size_t)len > sizeof bells[j].addr.sun_path) {
+            PyMem_Free(bells);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "set_bells: an address too long for a unix socket");
+            return NULL;
+        }
+        bells[j].addr.sun_family = AF_UNIX;
+        memcpy(bells[j].addr.sun_path, buf, (size_t)len);
+        bells[j].len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)len);
+    }
+    PyMem_Free(self->bells);
+    self->bells = bells;
+    self->bell_fd = fd;
     Py_RETURN_NONE;
 }
 
@@ -267,6 +346,17 @@ static PyObject *Channel_get_where(Channel *self, void *Py_UNUSED(c)) {
 static PyObject *Channel_get_pending(Channel *self, void *Py_UNUSED(c)) {
     return PyBool_FromLong(self->pending != NULL);
 }
+static PyObject *Channel_get_next_order(Channel *self, void *Py_UNUSED(c)) {
+    return PyLong_FromLongLong(ac_gate_next(&self->gate));
+}
+static int Channel_set_next_order(Channel *self, PyObject *v, void *Py_UNUSED(c)) {
+    long long n = v ? PyLong_AsLongLong(v) : -1;
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    ac_gate_set_next(&self->gate, n);
+    return 0;
+}
+static PyObject *Channel_get_busy(Channel *self, void *Py_UNUSED(c)) { return PyBool_FromLong(ac_gate_busy(&self->gate)); }
 static PyObject *Channel_get_last(Channel *self, void *Py_UNUSED(c)) { return PyLong_FromLong(self->last); }
 static PyObject *Channel_get_peer(Channel *self, void *Py_UNUSED(c)) { return PyLong_FromLong(self->ch.peer); }
 static PyObject *Channel_get_error(Channel *self, void *Py_UNUSED(c)) {
@@ -286,6 +376,10 @@ static PyMethodDef Channel_methods[] = {
     {"claim", (PyCFunction)Channel_claim, METH_NOARGS, "the owner of an op run() left unfinished, or None; cleared"},
     {"take_ring", (PyCFunction)Channel_take_ring, METH_NOARGS, "channel ranks to ring (a bit mask), cleared"},
     {"descriptors", (PyCFunction)Channel_descriptors, METH_NOARGS, "every rank's descriptor of the op"},
+    {"admit", (PyCFunction)Channel_admit, METH_O, "admit(order): may the engine run that op now (else it holds it)"},
+    {"finish", (PyCFunction)Channel_finish, METH_NOARGS, "an op the engine admitted has ended"},
+    {"alarm", (PyCFunction)Channel_alarm, METH_NOARGS, "broken or closing: no native caller may claim it again"},
+    {"set_bells", (PyCFunction)Channel_set_bells, METH_VARARGS, "set_bells(fd, addresses): ring from C"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -294,6 +388,9 @@ static PyGetSetDef Channel_getset[] = {
     {"blocked", (getter)Channel_get_blocked, NULL, "(phase, step) a blocked op waits for", NULL},
     {"where", (getter)Channel_get_where, NULL, "(step index, base step) of the op in progress", NULL},
     {"pending", (getter)Channel_get_pending, NULL, "whether an unfinished op waits to be claimed", NULL},
+    {"next_order", (getter)Channel_get_next_order, (setter)Channel_set_next_order,
+     "the order number of the op the channel runs next", NULL},
+    {"busy", (getter)Channel_get_busy, NULL, "whether a native caller holds the channel now", NULL},
     {"last", (getter)Channel_get_last, NULL, "what the last run() returned", NULL},
     {"peer", (getter)Channel_get_peer, NULL, "the rank whose descriptor differs (a mismatch)", NULL},
     {"error", (getter)Channel_get_error, NULL, "what was wrong (a corrupt peer)", NULL},
