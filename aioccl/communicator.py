@@ -39,7 +39,7 @@ from .engine.shm_channel import ShmChannel
 from .engine.view import CommView
 from .envvars import check_timeout, env_int, env_timeout
 from .errors import CommAborted, InvalidArgument, PeerLost
-from .fast_lane import FastLane
+from .fast_lane import CAPTURE, FastLane
 from .group import Group
 from .introspection import FlightRecorder
 from .lifecycle import LifecycleOps
@@ -343,6 +343,8 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         op_ = Op(name, coll.code, seq, inp, out, dtype_code(dt) if name != "barrier" else 0, op, count,
                  root, timeout, work, result, sched, order, desc, native)
         work._probe = op_.blocked_on
+        if CAPTURE.ops is not None:  # jax_ext learning what a custom call runs (fast_lane.py)
+            CAPTURE.ops.append(op_)
         _log.debug("%s seq %d: %d x %s, algorithm %s%s", name, seq, count, dt, sched.algo,
                    " over shared memory" if shm is not None else "")
         if shm is not None:  # a small op from another thread may run here, inside the call (placement.py)

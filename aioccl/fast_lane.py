@@ -10,6 +10,7 @@ channel, which parks, owns its deadline and resumes it. Until that is done the l
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,6 +24,16 @@ from .work import Work
 if TYPE_CHECKING:
     from .algorithms.schedule import Schedule
     from .engine.shm_channel import ShmChannel
+
+
+class _Capture(threading.local):
+    """The ops ``_launch`` builds on this thread while ``ops`` is a list: how jax_ext learns which program an
+    XLA custom call runs (then runs it from C, jax_ext/native_call.py)."""
+
+    ops: list[Op[Any]] | None = None
+
+
+CAPTURE = _Capture()
 
 
 class FastLane:
@@ -73,3 +84,20 @@ class FastLane:
         if handed is not None and shm is not None and shm.next_order <= handed[4]:
             self._hand_over(handed)._retrieved = True  # its caller was told, by the interrupt
 
+
+    def _resume_native(self, template: Op[Any], rc: int, seq: int, order: int, inp: np.ndarray,
+                       out: np.ndarray) -> Work[Any]:
+        """An op an XLA custom call started in the native core and could not finish there (``rc``: it waits, or
+        failed; ``native.core.UNSUITABLE``: nothing was published). It took ``seq`` and ``order``; ``template``
+        is the op the call learnt from. The channel carries it on (or runs it) as any of its ops."""
+        from . import native
+
+        shm = self._shm
+        assert shm is not None and native.core is not None
+        work: Work[Any] = Work(template.name, seq)
+        op_ = Op(template.name, template.code, seq, inp, out, template.dtype_code, template.op, template.count,
+                 template.root, template.timeout, work, lambda: None, template.sched, order, template.desc)
+        work._probe = op_.blocked_on
+        if rc != native.core.UNSUITABLE:
+            shm_native.carry_on(shm, op_, rc)
+        return self._track(work, template.desc, shm.submit, op_)

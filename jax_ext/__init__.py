@@ -20,6 +20,7 @@ from .barrier import barrier
 from .broadcast import broadcast
 from .call_log import get_logging, set_logging
 from .gather import gather
+from .native_call import error_cause
 from .ppermute import ppermute
 from .recv import Status, recv
 from .reduce import reduce
@@ -41,6 +42,7 @@ __all__ = [
     "broadcast",
     "default_comm",
     "device_comms",
+    "error_cause",
     "gather",
     "get_logging",
     "pmax",

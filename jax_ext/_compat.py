@@ -193,23 +193,41 @@ def def_batching(p: Any, rule: Callable[..., Any]) -> None:
     _batching.primitive_batchers[p] = rule
 
 
+# make_site(lowering_info, avals_in, avals_out, **params): the native custom call's site, or None
+SiteMaker = Callable[..., "int | None"]
+
+
 def def_lowering(p: Any, make_callback: Callable[..., HostCallback], aliases: Callable[..., dict[int, int]],
-                 effects: EffectsOf) -> None:
-    """Lower ``p`` to the buffer-callback FFI target, threading the tokens of its ordered ``effects``.
+                 effects: EffectsOf, make_site: SiteMaker | None = None) -> None:
+    """Lower ``p`` to its native FFI target ``p.name`` (when ``make_site`` gives a site: jax_ext/native_call.py)
+    or else to the buffer-callback FFI target, threading the tokens of its ordered ``effects``.
 
     ``make_callback(lowering_info, **params)`` builds the host function once
     per compiled module; ``aliases(**params)`` maps input -> output indices
     that share memory (XLA copies first where the input is still live, and
-    not at all when it was donated).
+    not at all when it was donated). A native custom call holds no host
+    callback, so its module can go to JAX's persistent compilation cache.
     """
 
     def lowering(ctx: Any, *operands: Any, **params: Any) -> Sequence[Any]:
         platforms = ctx.module_context.platforms
         if len(platforms) != 1 or platforms[0] not in _TARGETS:
             raise NotImplementedError(f"aioccl collectives lower on cpu or cuda only, not {platforms}")
-        callback = make_callback(LoweringInfo(platforms[0], ctx.module_context.axis_context), **params)
+        info = LoweringInfo(platforms[0], ctx.module_context.axis_context)
         effs = effects(**params)
         n_tok, n_in = len(effs), len(operands)
+        tokens = [ctx.tokens_in.get(e) for e in effs]
+        token_avals = [_core.abstract_token] * n_tok
+        tctx = dataclasses.replace(ctx, avals_in=[*token_avals, *ctx.avals_in],
+                                   avals_out=[*token_avals, *ctx.avals_out])
+        shifted = {i + n_tok: o + n_tok for i, o in aliases(**params).items()}
+        site = make_site(info, ctx.avals_in, ctx.avals_out, **params) if make_site is not None else None
+        if site is not None:
+            rule = _ffi.build_ffi_lowering_function(p.name, has_side_effect=True, operand_output_aliases=shifted)
+            results = rule(tctx, *tokens, *operands, site=np.int64(site)).results
+            ctx.set_tokens_out(_mlir.TokenSet(dict(zip(effs, results[:n_tok], strict=True))))
+            return list(results[n_tok:])
+        callback = make_callback(info, **params)
 
         def host(exec_ctx: Any, *bufs: Any) -> tuple[()]:
             # the buffers: n_tok tokens, the inputs, n_tok tokens, the outputs
@@ -218,11 +236,6 @@ def def_lowering(p: Any, make_callback: Callable[..., HostCallback], aliases: Ca
 
         ctx.module_context.add_host_callback(host)
         index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
-        tokens = [ctx.tokens_in.get(e) for e in effs]
-        token_avals = [_core.abstract_token] * n_tok
-        tctx = dataclasses.replace(ctx, avals_in=[*token_avals, *ctx.avals_in],
-                                   avals_out=[*token_avals, *ctx.avals_out])
-        shifted = {i + n_tok: o + n_tok for i, o in aliases(**params).items()}
         rule = _ffi.build_ffi_lowering_function(_TARGETS[platforms[0]], has_side_effect=True,
                                                 operand_output_aliases=shifted)
         results = rule(tctx, *tokens, *operands, index=index).results

@@ -28,7 +28,7 @@ import numpy as np
 from aioccl import Communicator, ReduceOp
 from aioccl.dtypes import check_op_dtype, dtype_code
 
-from . import _compat, call_log, runtime
+from . import _compat, call_log, native_call, runtime
 from .interrupts import run_guarded
 
 # the communicator a callback runs on, given a way to read its device's mesh position (a device-to-host
@@ -36,6 +36,13 @@ from .interrupts import run_guarded
 Resolver = Callable[[Callable[[], int]], Communicator]
 RunFn = Callable[..., None]  # run(comm, ins, outs, same, **params): do the op on numpy views
 STATS = {"calls": 0, "in_place": 0}  # host callbacks run, and those whose output aliased the input
+
+
+def counts() -> dict[str, int]:
+    """Ops run (host callbacks and native custom calls alike), and those whose output aliased the input."""
+    native = native_call.stats()
+    return {"calls": STATS["calls"] + sum(native.get(k, 0) for k in ("native", "carried", "python")),
+            "in_place": STATS["in_place"] + native.get("in_place", 0)}
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,8 @@ class AxisGroup:
                 raise RuntimeError(f"{self.api}: mesh position {pos} is not a device of this process")
             return comm
 
+        resolve.table = table  # type: ignore[attr-defined] # (native_call.py: a site's members)
+        resolve.members = int(np.asarray(mesh.devices).size)  # type: ignore[attr-defined]
         return resolve
 
 
@@ -240,15 +249,19 @@ def callback_factory(name: str, run: RunFn) -> Callable[..., _compat.HostCallbac
 
 
 def define(name: str, *, abstract: Callable[..., Any], run: RunFn,
-           alias: bool | Callable[..., bool] = False, multiple_results: bool = False) -> Any:
+           alias: bool | Callable[..., bool] = False, multiple_results: bool = False,
+           replayable: Callable[..., bool] = lambda **_: True) -> Any:
     """A new ordered primitive ``aioccl_<name>`` whose last operand is the mesh position. ``alias``
-    (or ``alias(**params)``): the output may share the first input's buffer (same shape and dtype)."""
+    (or ``alias(**params)``): the output may share the first input's buffer (same shape and dtype).
+    ``replayable(rank=, same=, **params)``: ``run`` is exactly one op of the communicator on the buffers
+    it is given (nothing copied around it), so a native custom call may run that op alone (native_call.py)."""
     p = _compat.new_primitive(f"aioccl_{name}", multiple_results)
     _compat.def_abstract_eval(p, abstract, effects_of)
     def aliases(**params: Any) -> dict[int, int]:
         return {0: 0} if (alias(**params) if callable(alias) else alias) else {}
 
-    _compat.def_lowering(p, callback_factory(name, run), aliases, effects_of)
+    _compat.def_lowering(p, callback_factory(name, run), aliases, effects_of,
+                         native_call.site_maker(name, run, replayable))
     return p
 
 

@@ -25,7 +25,9 @@ ROOTED = {c.code for c in TABLE if c.rooted}
 def describe(op: int, dtype: int, nbytes: int) -> str:
     dt = dtype_from_code(dtype)
     name = name_of(op, "send") if op else "send"
-    return f"{name} of {nbytes} bytes" + (f" ({dt.name})" if dt is not None else "")
+    if dt is None:
+        return f"{name} of {nbytes} bytes"
+    return f"{name} of {nbytes // max(1, dt.itemsize)} x {dt.name} ({nbytes} bytes)"
 
 
 def describe_call(fp: Fingerprint) -> str:

@@ -20,7 +20,7 @@ if os.environ.get("JAXW_COORD"):
     jax.distributed.initialize(os.environ["JAXW_COORD"], int(os.environ["JAXW_NPROC"]), int(os.environ["JAXW_PID"]))
 
 import jax_ext  # noqa: E402
-from jax_ext._primitive import STATS  # noqa: E402
+from jax_ext._primitive import counts  # noqa: E402
 
 comm = jax_ext.default_comm()
 r, n = comm.rank, comm.world_size
@@ -90,10 +90,10 @@ elif r % 2 == 1:
 jax.jit(lambda: jax_ext.barrier())()
 
 # in place: a donated input is the output buffer, the op runs on it without a copy
-before = STATS["in_place"]
+before = counts()["in_place"]
 donated = jax.jit(jax_ext.all_reduce, donate_argnums=0)
 same(donated(jnp.asarray(everyone[r])), total, "donated all_reduce")
-assert STATS["in_place"] == before + 1, ("donated buffer was not aliased", STATS)
+assert counts()["in_place"] == before + 1, ("donated buffer was not aliased", counts())
 checks += 1
 
 # gradients (as mpi4jax and lax.psum under check_vma: the sum is one value every rank holds a copy of, so

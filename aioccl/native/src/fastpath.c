@@ -413,11 +413,8 @@ int lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in_len,
     Lane *self = (Lane *)obj;
     if (!__atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE))
         return LANE_NOT_NOW;
-    if (self->chan == NULL) {
-        *seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
-        *order = -1;
-        return LANE_ALONE;
-    }
+    if (self->chan == NULL)
+        return LANE_NOT_NOW;
     if (prog->rank != self->chan->ch.rank || prog->size != self->chan->ch.size)
         return LANE_NOT_NOW;
     if (!ac_gate_claim(&self->chan->gate, order))

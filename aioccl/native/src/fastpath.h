@@ -36,9 +36,9 @@ void channel_ring(Channel *chan, uint64_t mask);
 
 /* The lane's op without Python (an XLA custom call's): on the lane's channel when it is idle, with the
  * caller's buffers. AC_DONE: finished. LANE_NOT_NOW: nothing taken, go the general way. Else an AC_*
- * code: the op took *seq and *order and must be carried on by the engine (it holds the channel no more).
- * A lane without a channel (one rank) only takes *seq and returns LANE_ALONE. */
-enum { LANE_NOT_NOW = -100, LANE_ALONE = -101 };
+ * code: the op took *seq and *order and must be carried on by the engine (it holds the channel no more;
+ * AC_UNSUITABLE: nothing was published, the engine runs it from the start). */
+enum { LANE_NOT_NOW = -100 };
 int lane_run_native(PyObject *lane, const Program *prog, void *in, size_t in_len, void *out, size_t out_len,
                     int dtype, int redop, int64_t *seq, int64_t *order);
 

@@ -17,6 +17,9 @@
 #include "channel.h"
 #include "fastpath.h"
 #include "reduce.h"
+#ifdef AIOCCL_XLA_FFI
+#include "xla_ffi.h"
+#endif
 
 /* -- Program ------------------------------------------------------------------------------------ */
 static void Program_dealloc(Program *self) {
@@ -473,6 +476,12 @@ PyMODINIT_FUNC PyInit__core(void) {
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;
+#ifdef AIOCCL_XLA_FFI
+    if (xla_ffi_ready(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     if (fastpath_ready(m) < 0) {
         Py_DECREF(m);
         return NULL;

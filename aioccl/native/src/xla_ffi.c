@@ -1,0 +1,359 @@
+/* XLA custom calls for jax_ext's collectives: typed FFI handlers (api_version 1) over XLA's buffers.
+ *
+ * One handler per op (aioccl_all_reduce, ...), registered by jax_ext for the CPU. Each call names its
+ * *site* (an attribute): the op as lowered, its communicators by mesh position (the last operand), and
+ * what each has learnt. A site member whose op the native core can run (a same-host channel, a small
+ * op of lockstep steps) runs it here, on XLA's thread, with no Python and no GIL: the lane's counters,
+ * the channel's gate (gate.h), the protocol (channel.c). Everything else goes to the site's Python
+ * fallback, with the GIL taken then only:
+ *   - the first call of each shape, which runs the op the engine's way and teaches the site the program
+ *     it ran, so that the next calls are native (jax_ext/native_call.py);
+ *   - ops the core cannot run (large, other hosts, point-to-point) and calls that find the channel busy;
+ *   - a native op that must wait longer than a spin, or failed: the engine carries it on from where the
+ *     core left it (deadlines, verdicts, lost peers, errors are the engine's, as for any op).
+ * A Python exception becomes the call's error (its text; jax_ext keeps the exception itself).
+ *
+ * Everything read from the call frame is checked: the attribute's type and range, each operand's
+ * type, the mesh position against the site's members, the buffer sizes against the learnt program. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "xla/ffi/api/c_api.h"
+
+#include "channel.h"
+#include "fastpath.h"
+#include "reduce.h"
+#include "xla_ffi.h"
+
+enum { SITES_MAX = 4096, VARIANTS = 2, MAX_OPERANDS = 8, ON_IN = 0, ON_OUT = 1, ON_NONE = 2 };
+
+static const char *const KIND_NAMES[] = {
+    "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all",
+    "scan", "barrier", "send", "recv", "sendrecv", "ppermute",
+};
+enum { KINDS = sizeof KIND_NAMES / sizeof KIND_NAMES[0] };
+
+typedef struct {
+    PyObject *prog; /* the Program this member ran for this variant (owned) */
+    int dtype, redop;
+    int in_is, out_is; /* which of XLA's buffers the program's IN and OUT are */
+    int ready;         /* set last (release): the handler reads the rest after seeing it (acquire) */
+} recipe;
+
+typedef struct {
+    PyObject *lane; /* the member communicator's Lane (owned), or NULL: always the fallback */
+    recipe r[VARIANTS]; /* [0]: output apart from the input, [1]: the same buffer (XLA aliased them) */
+} member;
+
+typedef struct {
+    int kind, nmembers;
+    member *members;
+    PyObject *fallback;
+} site;
+
+static site *sites[SITES_MAX];
+static int nsites;
+static uint64_t calls_native, calls_python, calls_in_place, calls_carried;
+
+static size_t dtype_bytes(XLA_FFI_DataType t) {
+    switch (t) {
+    case XLA_FFI_DataType_PRED: case XLA_FFI_DataType_S8: case XLA_FFI_DataType_U8: return 1;
+    case XLA_FFI_DataType_S16: case XLA_FFI_DataType_U16: case XLA_FFI_DataType_F16:
+    case XLA_FFI_DataType_BF16: return 2;
+    case XLA_FFI_DataType_S32: case XLA_FFI_DataType_U32: case XLA_FFI_DataType_F32: return 4;
+    case XLA_FFI_DataType_S64: case XLA_FFI_DataType_U64: case XLA_FFI_DataType_F64:
+    case XLA_FFI_DataType_C64: return 8;
+    case XLA_FFI_DataType_C128: return 16;
+    default: return 0;
+    }
+}
+
+static size_t buffer_bytes(const XLA_FFI_Buffer *b) {
+    size_t n = dtype_bytes(b->dtype);
+    for (int64_t d = 0; d < b->rank; d++)
+        n *= b->dims[d] > 0 ? (size_t)b->dims[d] : 0;
+    return n;
+}
+
+static XLA_FFI_Error *fail(const XLA_FFI_CallFrame *cf, XLA_FFI_Error_Code code, const char *msg) {
+    XLA_FFI_Error_Create_Args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
+    a.message = msg;
+    a.errc = code;
+    return cf->api->XLA_FFI_Error_Create(&a);
+}
+
+/* XLA asks a handler which FFI version it was built against before it runs it */
+static XLA_FFI_Error *metadata(XLA_FFI_CallFrame *cf) {
+    XLA_FFI_Metadata_Extension *ext = (XLA_FFI_Metadata_Extension *)(void *)cf->extension_start;
+    if (ext->extension_base.struct_size < XLA_FFI_Metadata_Extension_STRUCT_SIZE || ext->metadata == NULL ||
+        ext->metadata->struct_size < XLA_FFI_Metadata_STRUCT_SIZE)
+        return fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: unexpected XLA FFI metadata layout");
+    XLA_FFI_Metadata *md = ext->metadata;
+    memset(&md->api_version, 0, sizeof md->api_version);
+    md->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
+    md->api_version.major_version = XLA_FFI_API_MAJOR;
+    md->api_version.minor_version = XLA_FFI_API_MINOR;
+    md->traits = 0;
+    if (md->struct_size >= offsetof(XLA_FFI_Metadata, state_type_id) + sizeof md->state_type_id)
+        memset(&md->state_type_id, 0, sizeof md->state_type_id); /* stateless */
+    return NULL;
+}
+
+static PyObject *views(XLA_FFI_Buffer *const *bufs, int n) {
+    PyObject *list = PyList_New(n);
+    for (int k = 0; list != NULL && k < n; k++) {
+        PyObject *mv = PyMemoryView_FromMemory(bufs[k]->data, (Py_ssize_t)buffer_bytes(bufs[k]), PyBUF_WRITE);
+        if (mv == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, k, mv);
+    }
+    return list;
+}
+
+/* the GIL, the site's Python fallback(pos, variant, rc, seq, order, ins, outs), the GIL given back */
+static XLA_FFI_Error *fallback(const XLA_FFI_CallFrame *cf, site *s, int pos, int variant, int rc, int64_t seq,
+                               int64_t order, XLA_FFI_Buffer *const *ins, int nin, XLA_FFI_Buffer *const *outs,
+                               int nout) {
+    __atomic_fetch_add(rc == LANE_NOT_NOW ? &calls_python : &calls_carried, 1, __ATOMIC_RELAXED);
+    char msg[2048] = "";
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *vin = views(ins, nin), *vout = views(outs, nout), *r = NULL;
+    if (vin != NULL && vout != NULL)
+        r = PyObject_CallFunction(s->fallback, "iiiLLOO", pos, variant, rc, (long long)seq, (long long)order, vin,
+                                  vout);
+    Py_XDECREF(vin);
+    Py_XDECREF(vout);
+    if (r == NULL) {
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *exc = PyErr_GetRaisedException();
+#else
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+#endif
+        PyObject *text = exc ? PyObject_Str(exc) : NULL;
+        const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
+        snprintf(msg, sizeof msg, "%s", t && *t ? t : exc ? Py_TYPE(exc)->tp_name : "aioccl: unknown error");
+        PyErr_Clear();
+        Py_XDECREF(text);
+        Py_XDECREF(exc);
+    }
+    Py_XDECREF(r);
+    PyGILState_Release(g);
+    return *msg ? fail(cf, XLA_FFI_Error_Code_INTERNAL, msg) : NULL;
+}
+
+static void *pick(int which, XLA_FFI_Buffer *in, XLA_FFI_Buffer *out, size_t *len) {
+    XLA_FFI_Buffer *b = which == ON_IN ? in : which == ON_OUT ? out : NULL;
+    *len = b ? buffer_bytes(b) : 0;
+    return b ? b->data : NULL;
+}
+
+static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
+    const struct { size_t struct_size; int type; } *ext = (const void *)cf->extension_start;
+    if (ext != NULL && ext->type == XLA_FFI_Extension_Metadata)
+        return metadata(cf);
+    if (cf->stage != XLA_FFI_ExecutionStage_EXECUTE)
+        return fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: called outside the execute stage");
+    int64_t ix = -1;
+    for (int64_t i = 0; i < cf->attrs.size; i++) {
+        const XLA_FFI_ByteSpan *name = cf->attrs.names[i];
+        if (cf->attrs.types[i] == XLA_FFI_AttrType_SCALAR && name->len == 4 && memcmp(name->ptr, "site", 4) == 0) {
+            const XLA_FFI_Scalar *sc = cf->attrs.attrs[i];
+            if (sc->dtype == XLA_FFI_DataType_S64)
+                memcpy(&ix, sc->value, sizeof ix);
+        }
+    }
+    site *s = ix >= 0 && ix < __atomic_load_n(&nsites, __ATOMIC_ACQUIRE) ? sites[ix] : NULL;
+    if (s == NULL || s->kind != kind)
+        return fail(cf, XLA_FFI_Error_Code_FAILED_PRECONDITION,
+                    "aioccl: this custom call names no site of this process (a program compiled by another "
+                    "process, run without lowering it here?)");
+    XLA_FFI_Buffer *ins[MAX_OPERANDS], *outs[MAX_OPERANDS];
+    int nin = 0, nout = 0;
+    for (int64_t i = 0; i < cf->args.size; i++) {
+        XLA_FFI_Buffer *b = cf->args.args[i];
+        if (cf->args.types[i] != XLA_FFI_ArgType_BUFFER || nin == MAX_OPERANDS)
+            return fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: unexpected operands");
+        if (b->dtype != XLA_FFI_DataType_TOKEN)
+            ins[nin++] = b;
+    }
+    for (int64_t i = 0; i < cf->rets.size; i++) {
+        XLA_FFI_Buffer *b = cf->rets.rets[i];
+        if (cf->rets.types[i] != XLA_FFI_RetType_BUFFER || nout == MAX_OPERANDS)
+            return fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: unexpected results");
+        if (b->dtype != XLA_FFI_DataType_TOKEN)
+            outs[nout++] = b;
+    }
+    XLA_FFI_Buffer *where = nin ? ins[nin - 1] : NULL;
+    if (where == NULL || where->dtype != XLA_FFI_DataType_S32 || where->rank != 0)
+        return fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: the last operand must be the mesh position");
+    int32_t pos;
+    memcpy(&pos, where->data, sizeof pos);
+    if (pos < 0 || pos >= s->nmembers)
+        return fail(cf, XLA_FFI_Error_Code_OUT_OF_RANGE, "aioccl: mesh position out of range for this site");
+    nin--;
+    XLA_FFI_Buffer *in = nin ? ins[0] : NULL, *out = nout ? outs[0] : NULL;
+    int variant = in != NULL && out != NULL && in->data == out->data;
+    if (variant)
+        __atomic_fetch_add(&calls_in_place, 1, __ATOMIC_RELAXED);
+    member *m = &s->members[pos];
+    const recipe *r = &m->r[variant];
+    int64_t seq = -1, order = -1;
+    int rc = LANE_NOT_NOW;
+    if (m->lane != NULL && __atomic_load_n(&r->ready, __ATOMIC_ACQUIRE)) {
+        size_t alen, blen;
+        void *a = pick(r->in_is, in, out, &alen), *b = pick(r->out_is, in, out, &blen);
+        rc = lane_run_native(m->lane, (const Program *)r->prog, a, alen, b, blen, r->dtype, r->redop, &seq, &order);
+        if (rc == AC_DONE) {
+            __atomic_fetch_add(&calls_native, 1, __ATOMIC_RELAXED);
+            return NULL;
+        }
+    }
+    return fallback(cf, s, pos, variant, rc, seq, order, ins, nin, outs, nout);
+}
+
+#define HANDLER(name) \
+    static XLA_FFI_Error *h_##name(XLA_FFI_CallFrame *cf) { return handle(cf, K_##name); }
+enum {
+    K_all_reduce, K_broadcast, K_reduce, K_all_gather, K_reduce_scatter, K_gather, K_scatter, K_all_to_all,
+    K_scan, K_barrier, K_send, K_recv, K_sendrecv, K_ppermute,
+};
+HANDLER(all_reduce) HANDLER(broadcast) HANDLER(reduce) HANDLER(all_gather) HANDLER(reduce_scatter)
+HANDLER(gather) HANDLER(scatter) HANDLER(all_to_all) HANDLER(scan) HANDLER(barrier) HANDLER(send)
+HANDLER(recv) HANDLER(sendrecv) HANDLER(ppermute)
+static XLA_FFI_Handler *const HANDLERS[KINDS] = {
+    h_all_reduce, h_broadcast, h_reduce, h_all_gather, h_reduce_scatter, h_gather, h_scatter, h_all_to_all,
+    h_scan, h_barrier, h_send, h_recv, h_sendrecv, h_ppermute,
+};
+
+/* -- the Python side: sites made and taught at lowering and at first calls, under the GIL ---------- */
+static site *site_at(PyObject *index) {
+    long ix = PyLong_AsLong(index);
+    if (ix < 0 || ix >= nsites) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_IndexError, "no such site");
+        return NULL;
+    }
+    return sites[ix];
+}
+
+/* ffi_site(op, members, fallback) -> index */
+static PyObject *ffi_site(PyObject *Py_UNUSED(m), PyObject *args) {
+    const char *op;
+    int n;
+    PyObject *fb;
+    if (!PyArg_ParseTuple(args, "siO", &op, &n, &fb))
+        return NULL;
+    int kind = -1;
+    for (int k = 0; k < KINDS; k++)
+        if (strcmp(op, KIND_NAMES[k]) == 0)
+            kind = k;
+    if (kind < 0 || n < 1 || n > 1 << 16 || !PyCallable_Check(fb)) {
+        PyErr_SetString(PyExc_ValueError, "ffi_site: a known op, 1 to 65536 members, a callable fallback");
+        return NULL;
+    }
+    if (nsites == SITES_MAX) {
+        PyErr_Format(PyExc_RuntimeError, "ffi_site: more than %d distinct jax_ext call sites", SITES_MAX);
+        return NULL;
+    }
+    site *s = PyMem_Calloc(1, sizeof *s);
+    member *mem = PyMem_Calloc((size_t)n, sizeof *mem);
+    if (s == NULL || mem == NULL) {
+        PyMem_Free(s);
+        PyMem_Free(mem);
+        return PyErr_NoMemory();
+    }
+    s->kind = kind;
+    s->nmembers = n;
+    s->members = mem;
+    s->fallback = Py_NewRef(fb);
+    sites[nsites] = s; /* sites live as long as the process: compiled programs name them */
+    __atomic_store_n(&nsites, nsites + 1, __ATOMIC_RELEASE);
+    return PyLong_FromLong(nsites - 1);
+}
+
+/* ffi_member(index, pos, lane): the Lane of the communicator at mesh position pos */
+static PyObject *ffi_member(PyObject *Py_UNUSED(m), PyObject *args) {
+    PyObject *index, *lane;
+    int pos;
+    if (!PyArg_ParseTuple(args, "OiO!", &index, &pos, &LaneType, &lane))
+        return NULL;
+    site *s = site_at(index);
+    if (s == NULL)
+        return NULL;
+    if (pos < 0 || pos >= s->nmembers || s->members[pos].lane != NULL) {
+        PyErr_SetString(PyExc_ValueError, "ffi_member: position out of range, or set already");
+        return NULL;
+    }
+    s->members[pos].lane = Py_NewRef(lane);
+    Py_RETURN_NONE;
+}
+
+/* ffi_learn(index, pos, variant, program, dtype, redop, in_is, out_is): the native op of that member */
+static PyObject *ffi_learn(PyObject *Py_UNUSED(m), PyObject *args) {
+    PyObject *index, *prog;
+    int pos, variant, dtype, redop, in_is, out_is;
+    if (!PyArg_ParseTuple(args, "OiiO!iiii", &index, &pos, &variant, &ProgramType, &prog, &dtype, &redop, &in_is,
+                          &out_is))
+        return NULL;
+    site *s = site_at(index);
+    if (s == NULL)
+        return NULL;
+    if (pos < 0 || pos >= s->nmembers || variant < 0 || variant >= VARIANTS || dtype < 0 || dtype > DT_LAST ||
+        redop < 0 || redop > OP_LAST || in_is < ON_IN || in_is > ON_NONE || out_is < ON_IN || out_is > ON_NONE) {
+        PyErr_SetString(PyExc_ValueError, "ffi_learn: an argument out of range");
+        return NULL;
+    }
+    recipe *r = &s->members[pos].r[variant];
+    if (__atomic_load_n(&r->ready, __ATOMIC_ACQUIRE))
+        Py_RETURN_FALSE; /* learnt already (a handler may be reading it) */
+    r->prog = Py_NewRef(prog);
+    r->dtype = dtype;
+    r->redop = redop;
+    r->in_is = in_is;
+    r->out_is = out_is;
+    __atomic_store_n(&r->ready, 1, __ATOMIC_RELEASE);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *ffi_handlers(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
+    PyObject *d = PyDict_New();
+    for (int k = 0; d != NULL && k < KINDS; k++) {
+        PyObject *cap = PyCapsule_New((void *)HANDLERS[k], NULL, NULL);
+        if (cap == NULL || PyDict_SetItemString(d, KIND_NAMES[k], cap) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(cap);
+    }
+    return d;
+}
+
+static PyObject *ffi_stats(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
+    return Py_BuildValue("{sKsKsKsKsi}", "native", (unsigned long long)__atomic_load_n(&calls_native, __ATOMIC_RELAXED),
+                         "carried", (unsigned long long)__atomic_load_n(&calls_carried, __ATOMIC_RELAXED), "python",
+                         (unsigned long long)__atomic_load_n(&calls_python, __ATOMIC_RELAXED), "in_place",
+                         (unsigned long long)__atomic_load_n(&calls_in_place, __ATOMIC_RELAXED), "sites", nsites);
+}
+
+static PyMethodDef ffi_methods[] = {
+    {"ffi_site", ffi_site, METH_VARARGS, "ffi_site(op, members, fallback) -> index (an XLA call site)"},
+    {"ffi_member", ffi_member, METH_VARARGS, "ffi_member(index, pos, lane)"},
+    {"ffi_learn", ffi_learn, METH_VARARGS, "ffi_learn(index, pos, variant, program, dtype, redop, in_is, out_is)"},
+    {"ffi_handlers", ffi_handlers, METH_NOARGS, "{op: PyCapsule of its XLA FFI handler}"},
+    {"ffi_stats", ffi_stats, METH_NOARGS, "calls done natively, started natively and carried on by the engine, run through Python, with output on "
+     "input; sites made"},
+    {NULL, NULL, 0, NULL},
+};
+
+int xla_ffi_ready(PyObject *m) {
+    if (PyModule_AddFunctions(m, ffi_methods) < 0)
+        return -1;
+    return PyModule_AddStringConstant(m, "FFI_API", XLA_FFI_API_MAJOR == 0 ? "0." Py_STRINGIFY(XLA_FFI_API_MINOR)
+                                                                            : "?");
+}

@@ -1,0 +1,261 @@
+"""jax_ext's ops as native XLA custom calls: the native core runs them on XLA's buffers, without Python.
+
+Each op lowers to its typed FFI handler (``aioccl_<op>``, in ``aioccl.native``'s extension, see
+``aioccl/native/src/xla_ffi.c``) with one attribute, its *site*: the op, its parameters and shapes,
+and the communicators it runs on, by mesh position. The handler finds the communicator from it.
+
+Why learn from a first call: which schedule a communicator runs for a call, and whether the native
+core can run it, are the engine's decisions (size, ranks, hosts, tuning). So the first call of each
+site (and each member, and each aliasing of input and output) goes the engine's way, through the
+fallback below, with the GIL; the op it runs is *captured*, and when it is one the core runs (a
+small op of lockstep steps on a same-host channel, whose buffers are exactly XLA's), the site learns
+its program. Later calls run it in C: the lane's counters, the channel's gate, the protocol. The
+rest stay on the fallback for good: large ops, other hosts, point-to-point.
+
+An op the core started and cannot finish (a late peer past the spin, a failure) is carried on by
+the engine from where the core left it (``Communicator._resume_native``): deadlines, verdicts,
+lost peers and errors are the engine's, and the error text goes back to XLA (the exception itself
+is kept for ``jax_ext.error_cause``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from aioccl import Communicator, native
+from aioccl.fast_lane import CAPTURE
+
+from . import _compat, call_log
+from .interrupts import run_guarded
+
+ON_IN, ON_OUT, ON_NONE = 0, 1, 2
+NOT_NOW = -100  # the handler did not run the op: run it the engine's way (fastpath.h's LANE_NOT_NOW)
+_lock = threading.Lock()
+_sites: dict[Any, int] = {}
+_errors: OrderedDict[int, BaseException] = OrderedDict()  # the last errors reported to XLA, by number
+_ERRORS_KEPT = 64
+_ERROR_TAG = re.compile(r"\[jax_ext error (\d+)\]")
+_registered = False
+
+
+def why_not() -> str | None:
+    """None when custom calls run natively here, else why not."""
+    core = native.core
+    if core is None:
+        return f"the native core is not in use ({native.why_not or 'AIOCCL_NATIVE=0'})"
+    if not hasattr(core, "ffi_handlers"):
+        return "the native core was built without XLA's FFI headers (jaxlib was missing at build time)"
+    return None
+
+
+def _register() -> bool:
+    global _registered
+    with _lock:
+        if not _registered:
+            core = native.core
+            assert core is not None
+            for op, capsule in core.ffi_handlers().items():
+                jax.ffi.register_ffi_target(f"aioccl_{op}", capsule, platform="cpu", api_version=1)
+            _registered = True
+    return True
+
+
+Replayable = Callable[..., bool]  # replayable(rank, same, **params): the run is the one op and nothing else
+
+
+def site_maker(name: str, run: Callable[..., None], replayable: Replayable) -> _compat.SiteMaker:
+    """``make_site(info, avals_in, avals_out, group=..., **params)`` for ``_compat.def_lowering``: the site
+    index of a lowering (made once per op, group, parameters and shapes), or None: a host callback instead."""
+
+    def make(info: _compat.LoweringInfo, avals_in: Sequence[Any], avals_out: Sequence[Any], *, group: Any,
+             **params: Any) -> int | None:
+        if info.platform != "cpu" or why_not() is not None:
+            return None
+        resolve = group.resolver(info)
+        table = getattr(resolve, "table", None)  # a mesh group's communicators by position (else one)
+        shapes = tuple((tuple(a.shape), str(a.dtype)) for a in (*avals_in, *avals_out))
+        key = (name, group, id(table), tuple(sorted((k, _keyable(v)) for k, v in params.items())), shapes)
+        with _lock:
+            ix = _sites.get(key)
+        if ix is not None:
+            return ix
+        _register()
+        members = getattr(resolve, "members", 1)
+        site = Site(name, run, replayable, resolve, avals_in[:-1], avals_out, params)
+        with _lock:
+            ix = _sites.get(key)
+            if ix is None:
+                ix = _sites[key] = site.index = native.core.ffi_site(name, members, site.fallback)  # type: ignore[union-attr]
+        return ix
+
+    return make
+
+
+def _keyable(v: Any) -> Any:
+    """A parameter as part of a site's key: itself when hashable, else its identity (a ``Status`` the op
+    fills in is that object, not an equal one; the site keeps it alive, so the id stays its own)."""
+    try:
+        hash(v)
+    except TypeError:
+        return ("id", id(v))
+    return v
+
+
+class Site:
+    """One lowered op: the Python side of its native handler (first calls, fallback, carrying on)."""
+
+    def __init__(self, name: str, run: Callable[..., None], replayable: Replayable, resolve: Any,
+                 avals_in: Sequence[Any], avals_out: Sequence[Any], params: dict[str, Any]) -> None:
+        self.name, self.run, self.replayable, self.resolve, self.params = name, run, replayable, resolve, params
+        self.ins = [(np.dtype(a.dtype), tuple(a.shape)) for a in avals_in]
+        self.outs = [(np.dtype(a.dtype), tuple(a.shape)) for a in avals_out]
+        self.index = -1
+        self.what = f"{name}({params['op']})" if "op" in params else name
+        # (position, variant) -> the op it learnt from, and which of XLA's buffers its IN and OUT are
+        self.templates: dict[tuple[int, int], tuple[Any, int, int]] = {}
+        self.members: set[int] = set()
+
+    def fallback(self, pos: int, variant: int, rc: int, seq: int, order: int, ins: list[memoryview],
+                 outs: list[memoryview]) -> None:
+        """The handler's way into Python (with the GIL): run the op the engine's way and learn it, or carry on
+        an op the core started. An exception's text becomes the XLA error; the exception is kept."""
+        try:
+            comm = self.resolve(lambda: pos)
+            arrays = [np.frombuffer(b, d).reshape(s) for b, (d, s) in zip(ins, self.ins, strict=True)]
+            outs_ = [np.frombuffer(b, d).reshape(s) for b, (d, s) in zip(outs, self.outs, strict=True)]
+            if comm._engine.placement.thread_id == threading.get_ident():
+                raise RuntimeError(f"{comm!r}: a jax_ext collective ran on its communicator's engine thread, "
+                                   "where waiting would deadlock; create it with engine='thread'")
+            if not call_log.get_logging():
+                self._call(comm, pos, variant, rc, seq, order, arrays, outs_)
+                return
+            items = math.prod(arrays[0].shape) if arrays else 0
+            with call_log.logged(comm.rank, self.what, items, ""):
+                self._call(comm, pos, variant, rc, seq, order, arrays, outs_)
+        except BaseException as e:  # noqa: BLE001 - reported to XLA as its text, kept for error_cause
+            raise RuntimeError(report(e)) from None
+
+    def _call(self, comm: Communicator, pos: int, variant: int, rc: int, seq: int, order: int,
+              ins: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        if rc != NOT_NOW:
+            template, in_is, out_is = self.templates[(pos, variant)]
+            buf = {ON_IN: ins[0] if ins else None, ON_OUT: outs[0] if outs else None}
+            inp, out = buf.get(in_is), buf.get(out_is)
+            work = comm._resume_native(template, rc, seq, order,
+                                       template.inp if inp is None else inp.reshape(-1),
+                                       template.out if out is None else out.reshape(-1))
+            _wait_through_interrupts(work)
+            return
+
+        def learning(comm: Communicator, a: list[Any], b: list[Any], same: bool, **params: Any) -> None:
+            lane = comm._lane
+            enabled = lane is not None and lane.enabled
+            CAPTURE.ops = []
+            try:
+                if enabled:  # the general way, which builds the op (the lane would run it without one)
+                    lane.enabled = False
+                self.run(comm, a, b, same, **params)
+            finally:
+                ops, CAPTURE.ops = CAPTURE.ops, None
+                if enabled:
+                    lane.enabled = True
+            self._learn(comm, pos, variant, ops, a, b, same)
+
+        run = learning if (pos, variant) not in self.templates else self.run
+        run_guarded(run, comm, ins, outs, bool(variant), **self.params)
+
+    def _learn(self, comm: Communicator, pos: int, variant: int, ops: list[Any], ins: list[Any], outs: list[Any],
+               same: bool) -> None:
+        """Teach the handler the op just run, when the core can run it again on XLA's buffers alone."""
+        core, lane, shm = native.core, comm._lane, comm._shm
+        if (len(ops) != 1 or ops[0].native is None or core is None or lane is None or shm is None
+                or shm.native is None or not self.replayable(rank=comm.rank, same=same, **self.params)):
+            return
+        op = ops[0]
+        in_is, out_is = _role(op.inp, ins, outs), _role(op.out, ins, outs)
+        if in_is is None or out_is is None:
+            return
+        with _lock:
+            if pos not in self.members:
+                core.ffi_member(self.index, pos, lane)
+                self.members.add(pos)
+            self.templates[(pos, variant)] = (op, in_is, out_is)
+            core.ffi_learn(self.index, pos, variant, op.native, op.dtype_code, op.fp[2], in_is, out_is)
+
+
+def _role(a: np.ndarray, ins: list[Any], outs: list[Any]) -> int | None:
+    """Which of the call's buffers ``a`` (an op's flat IN or OUT) is exactly, if any."""
+    if a.nbytes == 0:
+        return ON_NONE
+    at = a.__array_interface__["data"][0]
+    for which, bufs in ((ON_IN, ins), (ON_OUT, outs)):
+        if bufs and bufs[0].nbytes == a.nbytes and bufs[0].__array_interface__["data"][0] == at:
+            return which
+    return None
+
+
+def _wait_through_interrupts(work: Any) -> None:
+    """Wait for an op that reads and writes XLA's buffers: an interrupt (Ctrl-C) is raised after it ends (at
+    most its deadline), never while it may still write memory XLA will reuse."""
+    interrupt: BaseException | None = None
+    while True:
+        try:
+            work.wait()
+            break
+        except Exception:
+            if interrupt is None:
+                raise
+            break
+        except BaseException as e:  # noqa: BLE001 - held until the op has ended
+            interrupt = interrupt or e
+    if interrupt is not None:
+        raise interrupt
+
+
+def report(e: BaseException) -> str:
+    """The text an XLA error carries for ``e`` (kept, numbered, for ``error_cause``)."""
+    with _lock:
+        n = (max(_errors) + 1) if _errors else 1
+        _errors[n] = e
+        while len(_errors) > _ERRORS_KEPT:
+            _errors.popitem(last=False)
+    return f"{type(e).__name__}: {e} [jax_ext error {n}]"
+
+
+def error_cause(exc: BaseException) -> BaseException | None:
+    """The aioccl exception behind a JAX error raised by a jax_ext op (``JaxRuntimeError``), or None.
+
+    XLA passes an FFI handler's error on as text, so the exception itself is kept here (the last 64)
+    and found again from the number its text ends with::
+
+        try:
+            step(x)
+        except jax.errors.JaxRuntimeError as e:
+            cause = jax_ext.error_cause(e)
+            if isinstance(cause, aioccl.CollectiveTimeout): ...
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        m = _ERROR_TAG.search(str(exc))
+        if m is not None:
+            with _lock:
+                return _errors.get(int(m.group(1)))
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
+def stats() -> dict[str, int]:
+    """Custom calls so far: done in C (``native``), started in C and carried on by the engine (``carried``: a
+    peer came later than the spin), run through Python (``python``: first calls, ops the core does not run),
+    with the output on the input (``in_place``); and the sites made. For tests and tuning."""
+    core = native.core
+    return dict(core.ffi_stats()) if core is not None and hasattr(core, "ffi_stats") else {}

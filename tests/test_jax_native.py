@@ -1,0 +1,70 @@
+"""jax_ext's ops as native XLA custom calls (jax_ext/native_call.py, aioccl/native/src/xla_ffi.c).
+
+Real processes under aioccl-run (tests/workers/jax_native.py): every collective learnt at its first
+calls and then run in C, exact; a late rank (the engine carries the op on); an engine op in flight
+first; a mismatch caught by type; and JAX's persistent compilation cache written by one run and hit by
+the next. In-process: what a jitted op lowers to, with the native core and without.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_ext
+from jax_ext import native_call
+
+from conftest import ROOT, TRANSPORT_ENV, launch
+
+pytestmark = pytest.mark.skipif(native_call.why_not() is not None,
+                                reason=f"no native custom calls here: {native_call.why_not()}")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_native_calls_exact_and_cached_across_runs(n: int, tmp_path: os.PathLike[str]) -> None:
+    cache = str(tmp_path)
+    env = TRANSPORT_ENV["shm"]
+    first = launch(n, "jax_native.py", cache, env=env, timeout=240)
+    assert first.returncode == 0, first.stdout + first.stderr
+    files = len(os.listdir(cache))
+    assert files > 0, "nothing was written to the persistent compilation cache"
+    second = launch(n, "jax_native.py", cache, env=env, timeout=240)
+    assert second.returncode == 0, second.stdout + second.stderr
+    lines = re.findall(r"JAXNATIVE ok rank (\d+) native (\d+) cache_hits (\d+) cache_files (\d+)", second.stdout)
+    assert len(lines) == n, second.stdout
+    for rank, ran_native, hits, now in lines:
+        assert int(ran_native) > 60, (rank, ran_native)
+        assert int(hits) >= files, f"rank {rank}: {hits} cache hits for {files} cached programs"
+        assert int(now) == files, "the second run compiled (and cached) again"
+
+
+def _lowered(fn: object, x: object) -> str:
+    return jax.jit(fn).lower(x).as_text()  # type: ignore[arg-type]
+
+
+def test_a_jitted_op_lowers_to_its_own_custom_call() -> None:
+    text = _lowered(lambda v: jax_ext.all_reduce(v), jnp.ones(4))
+    assert "aioccl_all_reduce" in text and "site" in text, text
+    assert "xla_buffer_python_cpu_callback" not in text, text
+
+
+def test_without_the_native_core_it_lowers_to_a_host_callback() -> None:
+    code = ("import jax, jax.numpy as jnp, jax_ext\n"
+            "print(jax.jit(lambda v: jax_ext.all_reduce(v)).lower(jnp.ones(4)).as_text())\n"
+            "print('WHY', jax_ext.native_call.why_not())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "AIOCCL_NATIVE": "0"})
+    assert r.returncode == 0, r.stderr
+    assert "xla_buffer_python_cpu_callback" in r.stdout and "aioccl_all_reduce" not in r.stdout, r.stdout
+    assert "WHY the native core is not in use" in r.stdout, r.stdout
+
+
+def test_error_cause_finds_nothing_in_other_errors() -> None:
+    assert jax_ext.error_cause(RuntimeError("unrelated")) is None
+    assert jax_ext.error_cause(RuntimeError("x [jax_ext error 999999]")) is None
