@@ -344,7 +344,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
                  root, timeout, work, result, sched, order, desc, native)
         work._probe = op_.blocked_on
         if CAPTURE.ops is not None:  # jax_ext learning what a custom call runs (fast_lane.py)
-            CAPTURE.ops.append(op_)
+            CAPTURE.ops.append((op_, native))  # (the op lets go of its program once it has to wait)
         _log.debug("%s seq %d: %d x %s, algorithm %s%s", name, seq, count, dt, sched.algo,
                    " over shared memory" if shm is not None else "")
         if shm is not None:  # a small op from another thread may run here, inside the call (placement.py)

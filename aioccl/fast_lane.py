@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 
 
 class _Capture(threading.local):
-    """The ops ``_launch`` builds on this thread while ``ops`` is a list: how jax_ext learns which program an
-    XLA custom call runs (then runs it from C, jax_ext/native_call.py)."""
+    """The ops ``_launch`` builds on this thread, with their native programs, while ``ops`` is a list: how
+    jax_ext learns which program an XLA custom call runs (then runs it from C, jax_ext/native_call.py)."""
 
-    ops: list[Op[Any]] | None = None
+    ops: list[tuple[Op[Any], Any]] | None = None
 
 
 CAPTURE = _Capture()

@@ -172,14 +172,14 @@ class Site:
         run = learning if (pos, variant) not in self.templates else self.run
         run_guarded(run, comm, ins, outs, bool(variant), **self.params)
 
-    def _learn(self, comm: Communicator, pos: int, variant: int, ops: list[Any], ins: list[Any], outs: list[Any],
-               same: bool) -> None:
+    def _learn(self, comm: Communicator, pos: int, variant: int, ops: list[tuple[Any, Any]], ins: list[Any],
+               outs: list[Any], same: bool) -> None:
         """Teach the handler the op just run, when the core can run it again on XLA's buffers alone."""
         core, lane, shm = native.core, comm._lane, comm._shm
-        if (len(ops) != 1 or ops[0].native is None or core is None or lane is None or shm is None
+        if (len(ops) != 1 or ops[0][1] is None or core is None or lane is None or shm is None
                 or shm.native is None or not self.replayable(rank=comm.rank, same=same, **self.params)):
             return
-        op = ops[0]
+        op, program = ops[0]
         in_is, out_is = _role(op.inp, ins, outs), _role(op.out, ins, outs)
         if in_is is None or out_is is None:
             return
@@ -188,7 +188,7 @@ class Site:
                 core.ffi_member(self.index, pos, lane)
                 self.members.add(pos)
             self.templates[(pos, variant)] = (op, in_is, out_is)
-            core.ffi_learn(self.index, pos, variant, op.native, op.dtype_code, op.fp[2], in_is, out_is)
+            core.ffi_learn(self.index, pos, variant, program, op.dtype_code, op.fp[2], in_is, out_is)
 
 
 def _role(a: np.ndarray, ins: list[Any], outs: list[Any]) -> int | None:
