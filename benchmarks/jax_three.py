@@ -63,6 +63,7 @@ def main() -> None:
     comm = aioccl.Communicator.create_sync(aioccl.UniqueId.parse(uid), rank, size)
     jax_ext.set_default_comm(comm)
     mesh = jax.make_mesh((jax.device_count(),), ("i",))
+    shrink = 1.0 / size  # keeps the values bounded over 50 sums
 
     def lax_op(v: Any) -> Any:
         return jax.shard_map(lambda a: jax.lax.psum(a, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i"))(v)
@@ -79,8 +80,6 @@ def main() -> None:
         glob = jax.make_array_from_process_local_data(NamedSharding(mesh, P("i")), local)
         for lib, op in libs.items():
             x = glob if lib == "lax.psum" else jnp.asarray(local)
-            shrink = 1.0 / size  # keeps the values bounded over 50 sums
-
             def loop(v: Any, op: Any = op) -> Any:
                 return jax.lax.fori_loop(0, OPS, lambda i, a: op(a) * shrink, v)
 
