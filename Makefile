@@ -55,7 +55,7 @@ test-jax-newest: $(JAX_VENV)/.installed
 # Side-by-side benchmarks (by hand, not CI): aioccl vs torch.distributed/Gloo vs Open MPI.
 # Needs root for Open MPI from Debian; uses a local CPU torch wheel when there is one.
 BENCH := .venv-bench
-$(BENCH)/.installed: pyproject.toml
+$(BENCH)/.installed: pyproject.toml $(NATIVE_SRC)
 	test -x $(BENCH)/bin/python || $(PYTHON) -m venv $(BENCH)
 	command -v mpirun >/dev/null || (apt-get update && apt-get install -y openmpi-bin libopenmpi-dev)
 	T=$$(ls /opt/wheels/torch-*+cpu-*.whl 2>/dev/null | head -n 1); \
@@ -65,10 +65,20 @@ $(BENCH)/.installed: pyproject.toml
 bench: $(BENCH)/.installed
 	$(BENCH)/bin/python benchmarks/compare.py --out docs/bench
 
-# jax_ext's per-call cost against jax.lax's own CPU collectives (Gloo), on jax 0.10 and on the newest
-bench-jax: $(STAMP) $(JAX_VENV)/.installed
+# the real mpi4jax, from PyPI's sdist built against Debian's Open MPI, in the benchmark venv: its CPU bridge
+# only (CUDA_PATH at an empty folder: its setup.py otherwise builds the CUDA bridge wherever nvcc is found)
+$(BENCH)/.mpi4jax: $(BENCH)/.installed
+	mkdir -p $(BENCH)/no-cuda
+	CUDA_PATH=$(CURDIR)/$(BENCH)/no-cuda $(BENCH)/bin/python -m pip install --quiet 'jax==0.10.2' cython 'mpi4jax==0.9.1'
+	touch $@
+
+# jax_ext's per-call cost against jax.lax's own CPU collectives (Gloo), on jax 0.10 and on the newest; then
+# jax_ext, mpi4jax and lax.psum side by side on the same MPI processes (benchmarks/jax_three.py)
+bench-jax: $(STAMP) $(JAX_VENV)/.installed $(BENCH)/.mpi4jax
 	$(PY) benchmarks/jax_overhead.py --repeats 5 --out docs/bench
 	$(JAX_VENV)/bin/python benchmarks/jax_overhead.py --repeats 5 --out docs/bench/jax-newest
+	mpirun --allow-run-as-root --oversubscribe -np 2 $(BENCH)/bin/python benchmarks/jax_three.py --repeats 3 \
+		--out docs/bench/jax-three
 
 lint: $(STAMP)
 	$(PY) -m ruff check aioccl jax_ext tests examples benchmarks

@@ -262,6 +262,16 @@ class LoweringInfo:
         return mesh
 
 
+def partitioned_devices(axis_context: Any) -> int:
+    """How many devices XLA's partitioner splits a jitted computation over (1 when it does not; a shard_map
+    body's ops are per device: 1)."""
+    from jax._src import sharding_impls
+
+    if isinstance(axis_context, sharding_impls.ShardingContext):
+        return int(axis_context.num_devices)
+    return 1
+
+
 def callback_stream(exec_ctx: Any) -> int:
     """The CUDA stream XLA runs the callback's computation on (``ExecutionContext.stream``, jaxlib 0.7+)."""
     stream = getattr(exec_ctx, "stream", None)

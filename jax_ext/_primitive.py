@@ -51,6 +51,7 @@ class CommGroup:
 
     comm: Communicator = field(hash=False, compare=False)
     ident: int = 0
+    api: str = field(default="jax_ext", hash=False, compare=False)  # the op's public name, for errors
 
     @property
     def size(self) -> int:
@@ -61,6 +62,13 @@ class CommGroup:
         return self.comm.rank
 
     def resolver(self, info: _compat.LoweringInfo) -> Resolver:
+        devices = _compat.partitioned_devices(info.axis_context)
+        if devices > 1:
+            raise ValueError(f"{self.api}: a process-level op (comm=) in a computation partitioned over {devices} "
+                             "devices: it runs once per process, on this process's one device, and XLA's "
+                             "partitioner cannot place it. For an array sharded over several devices, run the op per "
+                             "device inside jax.shard_map with axis_name=...; or jax.device_put the array to one "
+                             "device")
         comm = self.comm
         return lambda _position: comm  # one communicator: the position is never read
 
@@ -95,8 +103,8 @@ class AxisGroup:
 Group = CommGroup | AxisGroup
 
 
-def comm_group(comm: Communicator) -> CommGroup:
-    return CommGroup(comm, id(comm))
+def comm_group(comm: Communicator, api: str = "jax_ext") -> CommGroup:
+    return CommGroup(comm, id(comm), api)
 
 
 def group_for(api: str, axis_name: Any, comm: Communicator | None) -> tuple[Group, Any]:
@@ -113,7 +121,7 @@ def group_for(api: str, axis_name: Any, comm: Communicator | None) -> tuple[Grou
             raise RuntimeError(f"{api}: called on the engine thread of {comm!r}; the host callback would block "
                                "the loop that must run the op. Create the communicator with engine='thread' "
                                "(or call the jitted function from another thread)")
-        return comm_group(comm), np.int32(0)
+        return comm_group(comm, api), np.int32(0)
     if comm is not None:
         raise ValueError(f"{api}: pass axis_name (mesh-level, inside shard_map) or comm (process-level), not both")
     axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)

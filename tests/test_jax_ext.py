@@ -216,3 +216,29 @@ def test_a_failed_ops_runtime_token_does_not_fail_the_next_op() -> None:
     dispatch.runtime_tokens.current_tokens[_compat.EFFECT] = core.Token(FailedBuffer())
     np.testing.assert_array_equal(f(jnp.arange(3.0) + 1), np.arange(3.0) + 1)
     assert not isinstance(dispatch.runtime_tokens.current_tokens[_compat.EFFECT]._buf, FailedBuffer)
+
+
+def test_a_process_level_op_on_an_array_sharded_over_devices_is_refused_clearly() -> None:
+    """XLA's partitioner cannot place a side-effecting op over several devices (its RET_CHECK aborted the
+    compile with an internal error): the lowering refuses it first, naming the op and what to do instead."""
+    code = """if True:
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        import jax, jax.numpy as jnp, jax_ext
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        mesh = jax.make_mesh((2,), ("i",))
+        for spec in (P("i"), P()):
+            x = jax.device_put(jnp.arange(4.0), NamedSharding(mesh, spec))
+            try:
+                jax.jit(jax_ext.all_reduce)(x)
+            except ValueError as e:
+                assert str(e).startswith("all_reduce: a process-level op") and "shard_map" in str(e), e
+            else:
+                raise AssertionError(spec)
+        print(jax.jit(jax_ext.all_reduce)(jax.device_put(jnp.arange(4.0), jax.devices()[1])))
+        print("REFUSED OK")
+        """
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "REFUSED OK" in r.stdout, (r.stdout[-2000:], r.stderr[-4000:])
+    assert "RET_CHECK" not in r.stderr, r.stderr[-4000:]

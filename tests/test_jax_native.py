@@ -68,3 +68,4 @@ def test_without_the_native_core_it_lowers_to_a_host_callback() -> None:
 def test_error_cause_finds_nothing_in_other_errors() -> None:
     assert jax_ext.error_cause(RuntimeError("unrelated")) is None
     assert jax_ext.error_cause(RuntimeError("x [jax_ext error 999999]")) is None
+
