@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from aioccl import Communicator, ReduceOp
@@ -89,13 +90,39 @@ def_batching(all_reduce_transpose_p, axis0=False)
 
 
 def _bind(api: str, x: Any, op: str | ReduceOp, axis_name: Any, comm: Communicator | None) -> Any:
-    return _bind_group(x, op, *group_for(api, axis_name, comm))
+    return _bind_group(x, op, *group_for(api, axis_name, comm), api=api)
 
 
-def _bind_group(x: Any, op: str | ReduceOp, group: Group, pos: Any) -> Any:
+def _bind_group(x: Any, op: str | ReduceOp, group: Group, pos: Any, api: str = "all_reduce") -> Any:
     op = parse_op(op)
-    return jax.tree_util.tree_map(
-        lambda leaf: all_reduce_p.bind(varying_in(group, as_array(leaf)), pos, group=group, op=op), x)
+
+    def one(leaf: Any) -> Any:
+        v = varying_in(group, as_array(leaf))
+        return _widened(api, v, op, lambda w: all_reduce_p.bind(w, pos, group=group, op=op))
+
+    return jax.tree_util.tree_map(one, x)
+
+
+_WIDER = {np.dtype(np.int16): jnp.int32, np.dtype(np.uint16): jnp.uint32}
+
+
+def _widened(api: str, v: Any, op: str, reduce: Any) -> Any:
+    """Reduce ``v``, taking what ``lax.psum`` takes that aioccl's wire does not: 16-bit integers as 32-bit
+    ones (the low 16 bits of a sum, product, max or min are the 16-bit result: it wraps as lax's does), and
+    complex numbers as their real and imaginary parts side by side (sum and average only: complex numbers
+    have no order, and a product mixes the parts)."""
+    dt = np.dtype(v.dtype)
+    if dt.kind == "c":
+        if op not in ("sum", "avg"):
+            raise TypeError(f"{api}: op {op!r} on complex values: only sum and avg (complex numbers have no "
+                            "order; a product mixes real and imaginary parts)")
+        parts = reduce(jnp.stack([jnp.real(v), jnp.imag(v)], axis=-1))
+        return jax.lax.complex(parts[..., 0], parts[..., 1])
+    if dt in _WIDER:
+        check_reduction(api, op, np.dtype(_WIDER[dt]))
+        return reduce(v.astype(_WIDER[dt])).astype(dt)
+    check_reduction(api, op, dt)
+    return reduce(v)
 
 
 def all_reduce(x: Any, op: str | ReduceOp = "sum", *, comm: Communicator | None = None) -> Any:
@@ -124,4 +151,4 @@ def pmin(x: Any, axis_name: Any) -> Any:
 def pmean(x: Any, axis_name: Any) -> Any:
     """``psum`` divided by the group size, like ``jax.lax.pmean`` (bit for bit)."""
     group, pos = group_for("pmean", axis_name, None)
-    return jax.tree_util.tree_map(lambda v: v / group.size, _bind_group(x, "sum", group, pos))
+    return jax.tree_util.tree_map(lambda v: v / group.size, _bind_group(x, "sum", group, pos, api="pmean"))

@@ -242,3 +242,35 @@ def test_a_process_level_op_on_an_array_sharded_over_devices_is_refused_clearly(
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "REFUSED OK" in r.stdout, (r.stdout[-2000:], r.stderr[-4000:])
     assert "RET_CHECK" not in r.stderr, r.stderr[-4000:]
+
+
+def test_psum_takes_int16_and_complex_as_lax_does() -> None:
+    """16-bit integers go as 32-bit ones (wrapping as lax's do), complex numbers as their two parts (sum,
+    mean); bit for bit equal to jax.lax on a mesh of four devices. Errors name the API called."""
+    code = """if True:
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        import jax, numpy as np, jax_ext
+        mesh = jax.sharding.Mesh(np.array(jax.devices()), ("i",))
+        def run(fn, x):
+            return np.asarray(jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=jax.P("i"), out_specs=jax.P("i")))(x))
+        wide = np.arange(8) * 7000 % 65536  # sums past 2**15: they wrap
+        cases = [(wide.astype(np.int16), ("psum", "pmax", "pmin")), (wide.astype(np.uint16), ("psum", "pmax", "pmin")),
+                 ((np.arange(8) + 1j * np.arange(8)[::-1]).astype(np.complex64), ("psum", "pmean"))]
+        for x, names in cases:
+            for name in names:
+                ours = run(lambda v: getattr(jax_ext, name)(v, "i"), x)
+                ref = run(lambda v: getattr(jax.lax, name)(v, "i"), x)
+                assert ours.dtype == ref.dtype == x.dtype and np.array_equal(ours, ref), (name, x.dtype, ours, ref)
+        for name, x in (("pmax", np.ones(8, np.complex64)), ("psum", np.ones(8, np.bool_))):
+            try:
+                run(lambda v: getattr(jax_ext, name)(v, "i"), x)
+            except TypeError as e:
+                assert str(e).startswith(name + ":"), e
+            else:
+                raise AssertionError((name, x.dtype))
+        print("DTYPES OK")
+        """
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "DTYPES OK" in r.stdout, (r.stdout[-2000:], r.stderr[-4000:])
