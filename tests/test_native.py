@@ -109,7 +109,7 @@ def test_the_core_under_address_and_undefined_behaviour_sanitizers(tmp_path):
     exe = tmp_path / "check_core"
     build = subprocess.run([cc, "-std=gnu17", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
                             "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1", f"-I{SRC}",
-                            str(SRC / "channel.c"), str(SRC / "reduce.c"),
+                            str(SRC / "channel.c"), str(SRC / "reduce.c"), str(SRC / "gate.c"),
                             str(ROOT / "tests" / "native" / "check_core.c"), "-lpthread", "-lm", "-o", str(exe)],
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr
@@ -120,9 +120,9 @@ def test_the_core_under_address_and_undefined_behaviour_sanitizers(tmp_path):
 
 
 def test_the_module_under_the_sanitizers_through_real_collectives(tmp_path):
-    """The extension itself (the CPython glue too: Program, Channel, Lane) built with
+    """The extension itself (the CPython glue too: Program, Channel, Lane, the XLA FFI handlers) built with
     -fsanitize=address,undefined and loaded into Python under AddressSanitizer, through every collective on
-    1 to 3 ranks, the fast lane and a mismatch."""
+    1 to 3 ranks, the fast lane, a mismatch, and jitted jax_ext ops run by its custom calls."""
     cc = shutil.which("gcc")
     asan = subprocess.run([cc or "gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
     ubsan = subprocess.run([cc or "gcc", "-print-file-name=libubsan.so"], capture_output=True, text=True).stdout.strip()
@@ -131,14 +131,17 @@ def test_the_module_under_the_sanitizers_through_real_collectives(tmp_path):
     import sysconfig
 
     so = tmp_path / f"_core{sysconfig.get_config_var('EXT_SUFFIX')}"
+    import jax.ffi
+
     build = subprocess.run([cc, "-std=gnu17", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
                             "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1", "-shared", "-fPIC",
                             f"-I{sysconfig.get_paths()['include']}", f"-I{np.get_include()}",
+                            f"-I{jax.ffi.include_dir()}", "-DAIOCCL_XLA_FFI=1",
                             *map(str, sorted(SRC.glob("*.c"))), "-o", str(so)], capture_output=True, text=True,
                            timeout=300)
     assert build.returncode == 0, build.stderr
     env = {**os.environ, "LD_PRELOAD": f"{asan} {ubsan}", "ASAN_OPTIONS": "detect_leaks=0",
-           "PYTHONMALLOC": "malloc", "PYTHONPATH": str(ROOT)}
+           "PYTHONMALLOC": "malloc", "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     run = subprocess.run([sys.executable, str(ROOT / "tests" / "native" / "sanitized_module.py"), str(so)],
                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert run.returncode == 0 and "sanitized module ok" in run.stdout, run.stdout[-2000:] + run.stderr[-3000:]

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "channel.h"
+#include "gate.h"
 #include "reduce.h"
 
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); exit(1); } } while (0)
@@ -290,12 +291,78 @@ static void test_halves(void) {
     printf("halves: %d float16 and %d bfloat16 values round-trip\n", f16, bf16);
 }
 
+/* -- the gate: an "engine" thread and two "native callers" share one channel's order -------------------
+ * Each op takes an order number; the engine takes numbers for its ops and admits them (holding them when
+ * not next, as the Python channel does), native callers claim the channel when it is idle. Checked: ops run
+ * one at a time, exactly in order-number order, none lost, whoever runs them. */
+enum { GATE_OPS = 20000 };
+static ac_gate gate;
+static int64_t ran_upto = -1; /* the last order number run (written by whoever holds the channel) */
+static int inside;            /* ops running now: must never exceed 1 */
+static int64_t native_ops, engine_ops_run;
+
+static void run_op(int64_t order) {
+    if (__atomic_add_fetch(&inside, 1, __ATOMIC_ACQ_REL) != 1 || ran_upto != order - 1) {
+        fprintf(stderr, "gate: op %lld ran beside another or out of order (last %lld)\n", (long long)order,
+                (long long)ran_upto);
+        abort();
+    }
+    ran_upto = order;
+    __atomic_sub_fetch(&inside, 1, __ATOMIC_ACQ_REL);
+}
+
+static void *gate_native(void *arg) {
+    (void)arg;
+    int64_t order;
+    while (__atomic_load_n(&ran_upto, __ATOMIC_ACQUIRE) < GATE_OPS)
+        if (ac_gate_claim(&gate, &order)) {
+            run_op(order);
+            __atomic_fetch_add(&native_ops, 1, __ATOMIC_RELAXED);
+            (void)ac_gate_done(&gate, order);
+        }
+    return NULL;
+}
+
+static void test_gate(void) {
+    ac_gate_init(&gate, 0);
+    pthread_t t[2];
+    for (int k = 0; k < 2; k++)
+        pthread_create(&t[k], NULL, gate_native, NULL);
+    int64_t held[64];
+    int nheld = 0;
+    while (__atomic_load_n(&ran_upto, __ATOMIC_ACQUIRE) < GATE_OPS) {
+        if (nheld < 64 && rnd() % 3 == 0)
+            held[nheld++] = ac_gate_take(&gate); /* an engine op: issued now, admitted when its turn comes */
+        for (int k = 0; k < nheld; k++)
+            if (ac_gate_admit(&gate, held[k])) {
+                run_op(held[k]);
+                __atomic_fetch_add(&engine_ops_run, 1, __ATOMIC_RELAXED);
+                ac_gate_finish(&gate);
+                held[k--] = held[--nheld];
+            }
+    }
+    for (int k = 0; k < 2; k++)
+        pthread_join(t[k], NULL);
+    if (native_ops == 0 || engine_ops_run == 0) {
+        fprintf(stderr, "gate: one side never ran (native %lld, engine %lld)\n", (long long)native_ops,
+                (long long)engine_ops_run);
+        abort();
+    }
+    ac_gate_alarm(&gate);
+    int64_t order;
+    if (ac_gate_claim(&gate, &order)) {
+        fprintf(stderr, "gate: claimed after the alarm\n");
+        abort();
+    }
+}
+
 int main(int argc, char **argv) {
     int iterations = argc > 1 ? atoi(argv[1]) : 20000;
     test_halves();
     test_protocol();
     test_fuzz_channel(iterations);
     test_fuzz_programs(iterations);
+    test_gate();
     printf("native core checks passed\n");
     return 0;
 }

@@ -1,5 +1,6 @@
 """Run by tests/test_native.py under AddressSanitizer (LD_PRELOAD) with the module built with
--fsanitize=address,undefined: the CPython glue (Program, Channel, Lane) through real collectives."""
+-fsanitize=address,undefined: the CPython glue (Program, Channel, Lane) through real collectives, and
+jax_ext's XLA custom calls (xla_ffi.c) on two devices of this process and on a communicator of one rank."""
 
 import asyncio
 import importlib.util
@@ -40,7 +41,25 @@ async def main() -> None:
                                        return_exceptions=True)
             assert all(isinstance(e, aioccl.CollectiveMismatch) for e in got), got
         await close_all(comms)
-    print("sanitized module ok", flush=True)
 
 
 asyncio.run(main())
+
+if hasattr(core, "ffi_handlers"):  # jax_ext's custom calls through this module: 2 devices of one process
+    import jax
+    import jax.numpy as jnp
+
+    import jax_ext
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("i",))
+    f = jax.jit(jax.shard_map(lambda v: jax.lax.fori_loop(0, 20, lambda i, a: jax_ext.pmax(a + i, "i") - i, v),
+                              mesh=mesh, in_specs=jax.P("i"), out_specs=jax.P("i"), check_vma=False))
+    for _ in range(3):
+        got = np.asarray(f(jnp.arange(8.0)))
+        assert (got == np.tile(np.arange(4.0, 8.0), 2)).all(), got
+    one = jax.jit(lambda v: jax_ext.all_reduce(v))  # the process's communicator: one rank here
+    for _ in range(3):
+        assert (np.asarray(one(jnp.arange(4.0))) == np.arange(4.0)).all()
+    assert core.ffi_stats()["native"] > 0, core.ffi_stats()
+    jax_ext.shutdown()
+print("sanitized module ok", flush=True)

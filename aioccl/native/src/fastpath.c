@@ -442,6 +442,14 @@ int lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in_len,
     return rc;
 }
 
+int lane_alone(PyObject *obj, int64_t *seq) {
+    Lane *self = (Lane *)obj;
+    if (self->chan != NULL || !__atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE))
+        return 0;
+    *seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
 static PyObject *Lane_get_seq(Lane *self, void *Py_UNUSED(c)) {
     return PyLong_FromLongLong(__atomic_load_n(&self->seq, __ATOMIC_RELAXED));
 }

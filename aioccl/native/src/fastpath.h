@@ -39,6 +39,10 @@ void channel_ring(Channel *chan, uint64_t mask);
  * code: the op took *seq and *order and must be carried on by the engine (it holds the channel no more;
  * AC_UNSUITABLE: nothing was published, the engine runs it from the start). */
 enum { LANE_NOT_NOW = -100 };
+
+/* A lane of a communicator of one rank (no channel): takes *seq and returns 1 (every collective of one
+ * rank is its input, in its output); 0: not such a lane, or disabled. */
+int lane_alone(PyObject *lane, int64_t *seq);
 int lane_run_native(PyObject *lane, const Program *prog, void *in, size_t in_len, void *out, size_t out_len,
                     int dtype, int redop, int64_t *seq, int64_t *order);
 
