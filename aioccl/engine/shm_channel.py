@@ -52,6 +52,7 @@ from .notices import passed_on
 from .op import Op, Wait
 from .pool import BufferPool
 from .shm_memory import ChannelMemory
+from .shm_order import IssueOrder
 from .shm_verdict import Verdicts
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def loop_slice_s(env: Mapping[str, str] = os.environ) -> float:
     return env_int(env, "AIOCCL_LOOP_SLICE_US", DEFAULT_SLICE_US, 50, 1_000_000) * 1e-6
 
 
-class ShmChannel(ChannelMemory):
+class ShmChannel(IssueOrder, ChannelMemory):
     def __init__(self, loop: asyncio.AbstractEventLoop, rank: int, segments: Sequence[Segment], bell: LoopBell,
                  pool: BufferPool, spin_s: float, yield_cpu: bool, ctx: int = 0,
                  world: tuple[int, ...] | None = None) -> None:
@@ -103,41 +104,6 @@ class ShmChannel(ChannelMemory):
             self.native.set_bells(bell.bell.sender(),
                                   [bell.bell.address(bell.bell.comm_id, w) for w in self.world])
         bell.listeners.append(self.on_bell)
-
-    @property
-    def next_order(self) -> int:
-        """The issue number of the op the channel runs next (with the native core: its gate's, which a
-        native caller outside the engine, an XLA custom call, advances too)."""
-        return int(self.native.next_order) if self.native is not None else self._next_order
-
-    @next_order.setter
-    def next_order(self, value: int) -> None:
-        if self.native is not None:
-            self.native.next_order = value
-        else:
-            self._next_order = value
-
-    def _admit(self, order: int) -> bool:
-        """May op ``order`` run now (it is next, and no native caller holds the channel)? Then it counts as
-        the engine's until ``_finished``."""
-        if self.native is not None:
-            return bool(self.native.admit(order))
-        if order != self._next_order:
-            return False
-        self._next_order += 1
-        return True
-
-    def _finished(self) -> None:
-        if self.native is not None:
-            self.native.finish()
-
-    def _admit_held(self) -> None:
-        """Queue the held ops whose turn has come (in order)."""
-        while self.held:
-            first = min(self.held)
-            if not self._admit(first):
-                return
-            self.queue.append(self.held.pop(first))
 
     # -- running ops ------------------------------------------------------------
     def submit(self, op: Op[np.ndarray]) -> None:
