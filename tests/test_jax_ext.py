@@ -274,3 +274,19 @@ def test_psum_takes_int16_and_complex_as_lax_does() -> None:
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "DTYPES OK" in r.stdout, (r.stdout[-2000:], r.stderr[-4000:])
+
+
+def test_psum_inside_pmap_equals_lax() -> None:
+    code = """if True:
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        import jax, jax.numpy as jnp, numpy as np, jax_ext
+        x = jnp.arange(8.0).reshape(4, 2)
+        ours = jax.pmap(lambda v: jax_ext.psum(v, "i"), axis_name="i")(x)
+        ref = jax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")(x)
+        assert np.array_equal(np.asarray(ours), np.asarray(ref)), (ours, ref)
+        print("PMAP OK")
+        """
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "PMAP OK" in r.stdout, (r.stdout[-2000:], r.stderr[-4000:])
