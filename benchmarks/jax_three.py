@@ -1,6 +1,7 @@
 """jax_ext against the real mpi4jax and jax.lax.psum, inside jitted programs, in one run.
 
-    mpirun -np 2 python benchmarks/jax_three.py [--sizes 8,64K,16M] [--repeats 3] [--out docs/bench/jax-three]
+    mpirun -np 2 python benchmarks/jax_three.py [--sizes 8,64K,16M] [--repeats 3] [--libs jax_ext,mpi4jax,lax.psum]
+                                                [--out docs/bench/jax-three]
 
 (``make bench-jax`` runs it from the benchmark venv, where mpi4jax is built from PyPI's sdist against
 Debian's Open MPI.) The processes are MPI's: mpi4py hands aioccl its unique id and jax.distributed its
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="8,64K,16M")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--libs", default="jax_ext,mpi4jax,lax.psum")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
@@ -74,6 +76,7 @@ def main() -> None:
         "lax.psum": lax_op,
     }
     results: dict[str, Any] = {}
+    libs = {k: v for k, v in libs.items() if k in args.libs.split(",")}
     for nbytes in [parse_size(s) for s in args.sizes.split(",")]:
         count = max(1, nbytes // 4)
         local = np.ones(count, np.float32)
@@ -111,7 +114,8 @@ def main() -> None:
         if args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
-            (out / "jax_three.json").write_text(json.dumps(
+            name = "jax_three.json" if os.environ.get("AIOCCL_NATIVE", "1") != "0" else "jax_three_python.json"
+            (out / name).write_text(json.dumps(
                 {"jax": jax.__version__, "mpi4jax": mpi4jax.__version__, "ranks": size, "us": results}, indent=1))
     comm.close().wait()
 
