@@ -1,8 +1,16 @@
 """``ppermute``: each member sends to one member and receives from one, ``jax.lax.ppermute`` semantics.
 
 Members that no pair sends to get zeros. Transpose: the inverse permutation.
-Runs on the group's point-to-point path under a tag of its own, so it never
-matches a user's ``send``/``recv``.
+
+Two ways, chosen per call at trace time:
+
+- small (the whole group's data within the native core's size limit, on CPU): an ``all_gather`` of
+  every member's block, and each member takes its source's block. Why: point-to-point is not native,
+  a gather is (one lockstep step on shared memory, in C inside jitted code: a few microseconds, where
+  the point-to-point path costs a hand-off to the engine's thread, ~100x that). Autodiff and vmap
+  follow the gather and the take (the cotangent reaches the source through the gather's transpose).
+- otherwise the group's point-to-point path under a tag of its own, so it never matches a user's
+  ``send``/``recv``.
 """
 
 from __future__ import annotations
@@ -14,9 +22,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from aioccl import Communicator
+from aioccl.engine import shm_native
 
-from . import _compat
-from ._primitive import Group, check_dtype, check_int, def_batching, def_linear, define, group_for, varying_in
+from . import _compat, native_call
+from ._primitive import (
+    AxisGroup,
+    Group,
+    check_dtype,
+    check_int,
+    def_batching,
+    def_linear,
+    define,
+    group_for,
+    varying_in,
+)
 
 TAG = 2**61 + 1
 
@@ -65,5 +84,37 @@ def ppermute(x: Any, axis_name: Any = None, perm: Any = (), *, comm: Communicato
         axis_name = _compat.ppermute_axes(tuple(axis_name))
     group, pos = group_for("ppermute", axis_name, comm)
     pairs = check_perm("ppermute", perm, group.size)
-    return jax.tree_util.tree_map(
-        lambda v: ppermute_p.bind(varying_in(group, jnp.asarray(v)), pos, group=group, perm=pairs), x)
+
+    def one(v: Any) -> Any:
+        v = varying_in(group, jnp.asarray(v))
+        if _by_gather(v, group):
+            return _gathered(v, pos, group, pairs)
+        return ppermute_p.bind(v, pos, group=group, perm=pairs)
+
+    return jax.tree_util.tree_map(one, x)
+
+
+def _by_gather(v: Any, group: Group) -> bool:
+    """Is a gather the faster way: on CPU with the native custom call, and the gathered bytes small enough
+    for the native core?"""
+    nbytes = int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize * group.size
+    return (0 < nbytes <= shm_native.max_bytes() and jax.default_backend() == "cpu"
+            and native_call.why_not() is None)
+
+
+def _gathered(v: Any, pos: Any, group: Group, pairs: tuple[tuple[int, int], ...]) -> Any:
+    """The permutation as a gather of every member's block, then a take of the source's (zeros for a
+    member no pair sends to)."""
+    from .all_gather import all_gather_p
+
+    every = all_gather_p.bind(v[None], pos, group=group)  # (members, *v.shape)
+    source = [-1] * group.size
+    for s, d in pairs:
+        source[d] = s
+    if isinstance(group, AxisGroup):
+        me = jax.lax.axis_index(group.axes)
+        src = jnp.asarray(source, jnp.int32)[me]
+        block = jax.lax.dynamic_index_in_dim(every, jnp.maximum(src, 0), 0, keepdims=False)
+        return jnp.where(src >= 0, block, jnp.zeros_like(block))
+    mine = source[group.rank]
+    return every[mine] if mine >= 0 else jnp.zeros_like(v)

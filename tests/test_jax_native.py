@@ -36,11 +36,13 @@ def test_native_calls_exact_and_cached_across_runs(n: int, tmp_path: os.PathLike
     assert files > 0, "nothing was written to the persistent compilation cache"
     second = launch(n, "jax_native.py", cache, env=env, timeout=240)
     assert second.returncode == 0, second.stdout + second.stderr
-    lines = re.findall(r"JAXNATIVE ok rank (\d+) native (\d+) cache_hits (\d+) cache_files (\d+)", second.stdout)
+    pattern = r"JAXNATIVE ok rank (\d+) native (\d+) cache_hits (\d+) cache_misses (\d+) cache_files (\d+)"
+    lines = re.findall(pattern, second.stdout)
     assert len(lines) == n, second.stdout
-    for rank, ran_native, hits, now in lines:
+    for rank, ran_native, hits, misses, now in lines:
         assert int(ran_native) > 60, (rank, ran_native)
-        assert int(hits) >= files, f"rank {rank}: {hits} cache hits for {files} cached programs"
+        # (ranks compile programs of their own too, rank-dependent ones: the folder holds every rank's)
+        assert int(hits) >= 10 and int(misses) == 0, f"rank {rank}: {hits} hits, {misses} misses"
         assert int(now) == files, "the second run compiled (and cached) again"
 
 

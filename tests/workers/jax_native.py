@@ -24,7 +24,10 @@ import jax_ext  # noqa: E402
 from jax_ext import native_call  # noqa: E402
 
 hits: list[str] = []
-jax.monitoring.register_event_listener(lambda name, **_: hits.append(name) if "cache_hits" in name else None)
+misses: list[str] = []
+jax.monitoring.register_event_listener(
+    lambda name, **_: (hits if name.endswith("/cache_hits") else misses if name.endswith("/cache_misses")
+                       else []).append(name))
 
 comm = jax_ext.runtime.default_comm()
 r, n = comm.rank, comm.world_size
@@ -58,6 +61,9 @@ cases = {
                    np.concatenate([everyone[j][r * 2:(r + 1) * 2] for j in range(n)])),
     "scan": (lambda v: jax_ext.scan(v), sum(everyone[: r + 1])),
     "reduce": (lambda v: jax_ext.reduce(v, "sum", 0), total if r == 0 else everyone[r]),
+    # small: a gather and a take, so native too (ppermute.py); rank 0 gets no block: zeros
+    "ppermute": (lambda v: jax_ext.ppermute(v, perm=[(k, k + 1) for k in range(n - 1)]),
+                 everyone[r - 1] if r else np.zeros_like(everyone[0])),
 }
 for what, (fn, want) in cases.items():
     f = jax.jit(fn)
@@ -108,5 +114,5 @@ else:
     raise AssertionError("a mismatch went unnoticed")
 same(f(x), total, "the op after a mismatch")
 
-print(f"JAXNATIVE ok rank {r} native {native_calls()} cache_hits {len(hits)} "
+print(f"JAXNATIVE ok rank {r} native {native_calls()} cache_hits {len(hits)} cache_misses {len(misses)} "
       f"cache_files {len(os.listdir(sys.argv[1]))}", flush=True)
