@@ -19,6 +19,7 @@ import numpy as np
 from .buffers import Buf, adapt, address, check_same, fresh, identical, need_writable, overlaps
 from .dtypes import ReduceOp, check_op_dtype, dtype_code
 from .errors import InvalidArgument
+from .fast_lane import CAPTURE
 from .work import Work
 
 
@@ -87,10 +88,11 @@ class CollectiveOps:
                    timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce ``x`` across ranks; in place unless ``out`` is given. Awaits to the result."""
         lane = self._lane
-        if lane is not None and out is None and stream is None:
+        if lane is not None and out is None and stream is None and CAPTURE.ops is None:
             if timeout is not None:
                 self._op_timeout(timeout)  # a bad one raises here, before anything is sent
             # the native core's small op, done in this call (shm_native.py): a numpy array, or a CPU tensor's view
+            # (not while jax_ext learns what an op runs: it must see the op built, fast_lane.CAPTURE)
             w = lane.all_reduce(x, op) if x.__class__ is np.ndarray else _lane_tensor(lane, x, op)
             if w is not None:
                 return w if w.__class__ is Work else self._carry_on(x, op, w, timeout)

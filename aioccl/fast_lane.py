@@ -49,6 +49,12 @@ class FastLane:
 
         def _track(self, work: Work[Any], desc: Any, start: Any, *args: Any, borrow: bool = False) -> Work[Any]: ...
 
+    def _lane_off(self) -> None:
+        """The communicator takes no more ops (closed, aborted, shrunk, a member lost): its lane says so too,
+        for the callers that read only the lane (an XLA custom call, on XLA's thread, without the GIL)."""
+        if self._lane is not None:
+            self._lane.enabled = False
+
     def _carry_on(self, x: Any, op: ReduceOp | str, handed: tuple[Any, ...],
                   timeout: float | None = None) -> Work[Any]:
         """A fast-lane all_reduce (``shm_native.lane``) that must wait for a peer, or failed: the channel carries

@@ -60,6 +60,8 @@ class LifecycleOps:
 
         def _usable(self) -> None: ...
 
+        def _lane_off(self) -> None: ...
+
         def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None) -> Work[Any]: ...
 
     def split(self, color: int | None, key: int | None = None, *,
@@ -181,6 +183,7 @@ class LifecycleOps:
         lost = [r for r in range(self.world_size) if r not in alive]
         with self._lock:
             self._closed = CommAborted(f"{self!r} was shrunk to {new!r} (lost ranks {lost}); use the new one")
+        self._lane_off()
         _log.warning("shrunk to %d ranks without %s: now rank %d", len(alive), lost, new.rank)
         return new
 
@@ -201,6 +204,7 @@ class LifecycleOps:
             if self._closed is not None:
                 return completed("close", -1, None)
             self._closed = CommAborted(f"{self!r} is closed")
+        self._lane_off()
         pending = list(self._inflight)
         work: Work[None] = Work("close", -1)
         work._bind(self._engine.placement)
@@ -262,6 +266,7 @@ class LifecycleOps:
                 return
             self._aborted = True
             self._closed = exc
+        self._lane_off()
         for w in list(self._inflight):
             w._set_exception(exc)
         if self._gpu is not None:

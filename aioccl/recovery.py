@@ -57,6 +57,7 @@ def on_member_lost(engine: Engine, world_rank: int, lost: PeerLost) -> None:
         exc = PeerLost(world_rank, f"{lost.detail}; it was rank {ranks.index(world_rank)} of communicator "
                                    f"{comm._view.ctx:x}, so its ops fail until comm.shrink()")
         comm._member_lost = exc
+        comm._lane_off()
         for w in list(comm._inflight):
             w._withdraw_with(exc)
 

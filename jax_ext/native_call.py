@@ -160,17 +160,11 @@ class Site:
             return
 
         def learning(comm: Communicator, a: list[Any], b: list[Any], same: bool, **params: Any) -> None:
-            lane = comm._lane
-            enabled = lane is not None and lane.enabled
-            CAPTURE.ops = []
+            CAPTURE.ops = []  # (the fast lane stands aside meanwhile: the op must be built to be seen)
             try:
-                if enabled:  # the general way, which builds the op (the lane would run it without one)
-                    lane.enabled = False
                 self.run(comm, a, b, same, **params)
             finally:
                 ops, CAPTURE.ops = CAPTURE.ops, None
-                if enabled:
-                    lane.enabled = True
             self._learn(comm, pos, variant, ops, a, b, same)
 
         run = learning if (pos, variant) not in self.templates else self.run

@@ -95,6 +95,8 @@ def lane(comm: Communicator, shm: ShmChannel | None) -> None:
         shm.native if shm is not None else None, shm, comm, Work, BORN_DONE_LOCK, placement, placement.thread_id,
         placement.lock, current_group, comm._recorder._ring.append, ring, tuple(ReduceOp),
         np.dtype(ml_dtypes.bfloat16).num, comm._native_max, counters.seq, counters.order)
+    if comm._closed is not None or comm._member_lost is not None:
+        comm._lane.enabled = False  # (a member lost while the channel was set up)
 
 
 def lower(sched: Schedule, rank: int, size: int, code: int, count: int, root: int) -> Any:

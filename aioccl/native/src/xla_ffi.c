@@ -210,19 +210,20 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
         __atomic_fetch_add(&calls_in_place, 1, __ATOMIC_RELAXED);
     member *m = &s->members[pos];
     const recipe *r = &m->r[variant];
+    PyObject *lane = __atomic_load_n(&m->lane, __ATOMIC_ACQUIRE); /* (set once, by a first call) */
     int64_t seq = -1, order = -1;
     int rc = LANE_NOT_NOW;
     size_t in_len = in ? buffer_bytes(in) : 0, out_len = out ? buffer_bytes(out) : 0;
-    if (m->lane != NULL && kind < K_send && in_len == out_len && lane_alone(m->lane, &seq)) {
+    if (lane != NULL && kind < K_send && in_len == out_len && lane_alone(lane, &seq)) {
         if (out_len && in->data != out->data)  /* one rank: every collective gives its input back */
             memcpy(out->data, in->data, out_len);
         __atomic_fetch_add(&calls_native, 1, __ATOMIC_RELAXED);
         return NULL;
     }
-    if (m->lane != NULL && __atomic_load_n(&r->ready, __ATOMIC_ACQUIRE)) {
+    if (lane != NULL && __atomic_load_n(&r->ready, __ATOMIC_ACQUIRE)) {
         size_t alen, blen;
         void *a = pick(r->in_is, in, out, &alen), *b = pick(r->out_is, in, out, &blen);
-        rc = lane_run_native(m->lane, (const Program *)r->prog, a, alen, b, blen, r->dtype, r->redop, &seq, &order);
+        rc = lane_run_native(lane, (const Program *)r->prog, a, alen, b, blen, r->dtype, r->redop, &seq, &order);
         if (rc == AC_DONE) {
             __atomic_fetch_add(&calls_native, 1, __ATOMIC_RELAXED);
             return NULL;
@@ -300,7 +301,7 @@ static PyObject *ffi_member(PyObject *Py_UNUSED(m), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "ffi_member: position out of range, or set already");
         return NULL;
     }
-    s->members[pos].lane = Py_NewRef(lane);
+    __atomic_store_n(&s->members[pos].lane, Py_NewRef(lane), __ATOMIC_RELEASE);
     Py_RETURN_NONE;
 }
 
