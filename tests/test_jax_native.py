@@ -71,3 +71,22 @@ def test_error_cause_finds_nothing_in_other_errors() -> None:
     assert jax_ext.error_cause(RuntimeError("unrelated")) is None
     assert jax_ext.error_cause(RuntimeError("x [jax_ext error 999999]")) is None
 
+
+
+def test_a_closed_communicator_refuses_a_jitted_op_answered_in_c() -> None:
+    """A communicator of one rank answers its custom calls in C; once closed, its lane is off and the call
+    goes to Python, which raises the communicator's error (kept for error_cause)."""
+    import numpy as np
+
+    import aioccl
+
+    comm = aioccl.Communicator.create_sync(aioccl.UniqueId.new(host="127.0.0.1"), 0, 1)
+    f = jax.jit(lambda v: jax_ext.all_reduce(v, comm=comm))
+    before = native_call.stats()["native"]
+    for _ in range(3):
+        assert np.array_equal(np.asarray(f(jnp.arange(3.0))), np.arange(3.0))
+    assert native_call.stats()["native"] >= before + 2
+    comm.close().wait()
+    with pytest.raises(Exception) as info:
+        f(jnp.arange(3.0)).block_until_ready()
+    assert isinstance(jax_ext.error_cause(info.value), aioccl.CommAborted), info.value
