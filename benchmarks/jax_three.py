@@ -100,7 +100,7 @@ def main() -> None:
                 for _ in range(args.repeats):
                     world.Barrier()
                     times = []
-                    for _ in range(args.iters if nbytes < 1 << 20 else max(3, args.iters // 10)):
+                    for _ in range(args.iters if nbytes < 1 << 20 else max(5, args.iters // 3)):
                         t = time.perf_counter()
                         f(x).block_until_ready()
                         times.append((time.perf_counter() - t) / per)

@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h> /* PyMemberDef, for the Work's slot offsets */
+#include <sched.h>
 #include <time.h>
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
@@ -24,6 +25,7 @@ static const char *const WORK_SLOTS[] = {
     "_engine_thread", "_t0", "_desc", "_probe", "event", "_next_warn", "_retrieved", "status", "_withdraw", "_home",
 };
 enum { N_SLOTS = sizeof WORK_SLOTS / sizeof WORK_SLOTS[0], CACHE = 64, WORK_DONE = 2 };
+#define NATIVE_WAIT_S 0.02 /* how long a native caller outside the engine waits in C for a late peer */
 
 typedef struct {
     int64_t count;
@@ -426,6 +428,15 @@ int lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in_len,
         return AC_UNSUITABLE;
     }
     int rc = ac_run(ch, prog->words, prog->len, in, in_len, out, out_len, dtype, redop, *seq, *order);
+    /* The caller's thread (XLA's) waits for the op anyway: go on waiting here, yielding the CPU, rather than
+     * hand a late peer's op to the engine at once (a hand-off costs ~100 us); the engine takes over after
+     * NATIVE_WAIT_S, or at once when it raised the alarm, and owns deadlines and failures from there. */
+    double until = rc == AC_BLOCKED ? monotonic() + NATIVE_WAIT_S : 0.0;
+    while (rc == AC_BLOCKED && monotonic() < until && !ac_gate_alarmed(&self->chan->gate) &&
+           __atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE)) {
+        sched_yield();
+        rc = ac_resume(ch);
+    }
     if (rc == AC_UNSUITABLE) {  /* nothing was published: the engine runs it */
         ac_gate_drop(&self->chan->gate);
         return rc;

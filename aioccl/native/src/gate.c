@@ -78,6 +78,13 @@ void ac_gate_alarm(ac_gate *g) {
     unlock(g);
 }
 
+int ac_gate_alarmed(ac_gate *g) {
+    lock(g);
+    int a = g->alarm;
+    unlock(g);
+    return a;
+}
+
 int ac_gate_busy(ac_gate *g) {
     lock(g);
     int b = g->busy;

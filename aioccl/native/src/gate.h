@@ -38,6 +38,8 @@ void ac_gate_drop(ac_gate *g);
 int ac_gate_admit(ac_gate *g, int64_t order);
 void ac_gate_finish(ac_gate *g);
 void ac_gate_alarm(ac_gate *g);
+/* 1 once the engine raised the alarm */
+int ac_gate_alarmed(ac_gate *g);
 /* 1 while a native caller holds the channel */
 int ac_gate_busy(ac_gate *g);
 int64_t ac_gate_next(ac_gate *g);
