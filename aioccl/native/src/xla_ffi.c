@@ -144,7 +144,11 @@ static XLA_FFI_Error *fallback(const XLA_FFI_CallFrame *cf, site *s, int pos, in
 #endif
         PyObject *text = exc ? PyObject_Str(exc) : NULL;
         const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
-        snprintf(msg, sizeof msg, "%s", t && *t ? t : exc ? Py_TYPE(exc)->tp_name : "aioccl: unknown error");
+        const char *name = exc ? Py_TYPE(exc)->tp_name : "aioccl: unknown error";
+        if (t != NULL && strstr(t, "[jax_ext error ") != NULL) /* the fallback's own report: type and all */
+            snprintf(msg, sizeof msg, "%s", t);
+        else /* raised around it (a signal's KeyboardInterrupt): name the type, as the report does */
+            snprintf(msg, sizeof msg, "%s%s%s", name, t && *t ? ": " : "", t && *t ? t : "");
         PyErr_Clear();
         Py_XDECREF(text);
         Py_XDECREF(exc);
