@@ -28,6 +28,12 @@
 
 enum { SITES_MAX = 4096, VARIANTS = 2, MAX_OPERANDS = 8, ON_IN = 0, ON_OUT = 1, ON_NONE = 2 };
 
+/* The FFI version this handler declares: the oldest one whose structures it uses (the call frame, buffers,
+ * scalar attributes, errors, metadata), which the oldest supported jax (0.10, API 0.3) speaks. XLA refuses
+ * a handler that declares a version newer than its own, and the build's jaxlib may be newer than the one
+ * that runs it (0.12's headers say 0.5; jax 0.11 runs 0.4). */
+#define FFI_MINOR (XLA_FFI_API_MINOR < 3 ? XLA_FFI_API_MINOR : 3)
+
 static const char *const KIND_NAMES[] = {
     "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all",
     "scan", "barrier", "send", "recv", "sendrecv", "ppermute",
@@ -100,7 +106,7 @@ static XLA_FFI_Error *metadata(XLA_FFI_CallFrame *cf) {
     memset(&md->api_version, 0, sizeof md->api_version);
     md->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
     md->api_version.major_version = XLA_FFI_API_MAJOR;
-    md->api_version.minor_version = XLA_FFI_API_MINOR;
+    md->api_version.minor_version = FFI_MINOR;
     md->traits = 0;
     if (md->struct_size >= offsetof(XLA_FFI_Metadata, state_type_id) + sizeof md->state_type_id)
         memset(&md->state_type_id, 0, sizeof md->state_type_id); /* stateless */
@@ -367,6 +373,8 @@ static PyMethodDef ffi_methods[] = {
 int xla_ffi_ready(PyObject *m) {
     if (PyModule_AddFunctions(m, ffi_methods) < 0)
         return -1;
-    return PyModule_AddStringConstant(m, "FFI_API", XLA_FFI_API_MAJOR == 0 ? "0." Py_STRINGIFY(XLA_FFI_API_MINOR)
-                                                                            : "?");
+    PyObject *version = PyUnicode_FromFormat("%d.%d", XLA_FFI_API_MAJOR, FFI_MINOR); /* what it declares */
+    int rc = version ? PyModule_AddObjectRef(m, "FFI_API", version) : -1;
+    Py_XDECREF(version);
+    return rc;
 }
