@@ -2,8 +2,8 @@
 
 jax_ext needs things JAX has no public API for: an *ordered* effect (so XLA
 runs our collectives in program order on every device, whatever their data
-dependencies), a lowering to the buffer-callback FFI target with a token
-threaded through (zero-copy host buffers, in order), the varying-manual-axes
+dependencies), a lowering to our own FFI targets or to the buffer-callback
+one with the tokens threaded through (zero-copy host buffers, in order), the varying-manual-axes
 ("vma") type of values inside ``shard_map``, the concrete mesh at lowering
 time and the ``jax.distributed`` key-value store. These move between JAX
 releases, so they live here, behind a pinned range: a new JAX means
