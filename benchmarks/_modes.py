@@ -55,6 +55,25 @@ def time_sync(call: Callable[[], object], iters: int) -> float:
     return warm_median(samples, iters)
 
 
+def torch_rows(sizes: Sequence[int], rank: int, want: float, iters: int) -> None:
+    """Time ``dist.all_reduce`` of a float32 tensor per size in an initialized process group (checked first
+    against ``want``), print the slowest rank's line on rank 0, and destroy the group."""
+    import torch
+    import torch.distributed as dist
+
+    med = []
+    for size in sizes:
+        t = torch.full((size // 4,), float(rank + 1))
+        dist.all_reduce(t)
+        assert bool((t == want).all())
+        med.append(time_sync(lambda t=t: dist.all_reduce(t), iters))
+    worst = torch.tensor(med, dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        print(result_line(sizes, worst.tolist()), flush=True)
+    dist.destroy_process_group()
+
+
 def result_line(sizes: Sequence[int], worst_s: Sequence[float]) -> str:
     """What rank 0 prints: microseconds per size."""
     return "RESULT " + json.dumps({str(s): float(v) * 1e6 for s, v in zip(sizes, worst_s, strict=True)})

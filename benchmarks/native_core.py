@@ -37,17 +37,7 @@ def rank_main(mode: str, iters: int) -> None:
 
         torch.set_num_threads(1)
         dist.init_process_group(backend="aioccl")
-        med = []
-        for size in SIZES:
-            t = torch.full((size // 4,), float(rank + 1))
-            dist.all_reduce(t)
-            assert bool((t == want).all())
-            med.append(_modes.time_sync(lambda t=t: dist.all_reduce(t), iters))
-        worst = torch.tensor(med, dtype=torch.float64)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        if rank == 0:
-            print(_modes.result_line(SIZES, worst.tolist()), flush=True)
-        dist.destroy_process_group()
+        _modes.torch_rows(SIZES, rank, want, iters)
         return
     if way.endswith("sync"):
         comm = aioccl.init_sync()

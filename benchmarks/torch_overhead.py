@@ -38,17 +38,7 @@ def rank_main(mode: str, iters: int, port: int) -> None:
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
-        med = []
-        for size in SIZES:
-            x = torch.full((size // 4,), float(rank + 1))
-            dist.all_reduce(x)
-            assert bool((x == want).all())
-            med.append(_modes.time_sync(lambda x=x: dist.all_reduce(x), iters))
-        worst = torch.tensor(med, dtype=torch.float64)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        if rank == 0:
-            print(_modes.result_line(SIZES, worst.tolist()))
-        dist.destroy_process_group()
+        _modes.torch_rows(SIZES, rank, want, iters)
         return
 
     import asyncio

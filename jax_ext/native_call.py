@@ -20,6 +20,7 @@ is kept for ``jax_ext.error_cause``).
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import threading
@@ -42,6 +43,7 @@ _lock = threading.Lock()
 _sites: dict[Any, int] = {}
 _errors: OrderedDict[int, BaseException] = OrderedDict()  # the last errors reported to XLA, by number
 _ERRORS_KEPT = 64
+_numbers = itertools.count(1)
 _ERROR_TAG = re.compile(r"\[jax_ext error (\d+)\]")
 _registered = False
 
@@ -56,7 +58,7 @@ def why_not() -> str | None:
     return None
 
 
-def _register() -> bool:
+def _register() -> None:
     global _registered
     with _lock:
         if not _registered:
@@ -65,7 +67,6 @@ def _register() -> bool:
             for op, capsule in core.ffi_handlers().items():
                 jax.ffi.register_ffi_target(f"aioccl_{op}", capsule, platform="cpu", api_version=1)
             _registered = True
-    return True
 
 
 Replayable = Callable[..., bool]  # replayable(rank, same, **params): the run is the one op and nothing else
@@ -221,7 +222,7 @@ def _wait_through_interrupts(work: Any) -> None:
 def report(e: BaseException) -> str:
     """The text an XLA error carries for ``e`` (kept, numbered, for ``error_cause``)."""
     with _lock:
-        n = (max(_errors) + 1) if _errors else 1
+        n = next(_numbers)
         _errors[n] = e
         while len(_errors) > _ERRORS_KEPT:
             _errors.popitem(last=False)

@@ -53,7 +53,7 @@ from .op import Op, Wait
 from .pool import BufferPool
 from .shm_memory import ChannelMemory
 from .shm_order import IssueOrder
-from .shm_verdict import Verdicts
+from .shm_verdict import Verdicts, timeout_maker
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -175,7 +175,7 @@ class ShmChannel(IssueOrder, ChannelMemory):
         except StopIteration:
             self._release(op)
             self.stats["ops"] += 1
-            late = None if self.verdicts.clean(op.order) else self.verdicts.finished(op.order, self._timeout_maker(op))
+            late = None if self.verdicts.clean(op.order) else self.verdicts.finished(op.order, timeout_maker(op))
             if late is None:
                 op.work._set_result(op.result())
             else:  # another rank gave it up first: raise what it raised, never a result it does not share
@@ -279,7 +279,7 @@ class ShmChannel(IssueOrder, ChannelMemory):
         if now >= op.deadline:
             ranks, s = wait
             err = self.verdicts.give_up(op.order, lambda: self.reached(wait), self.missing(ranks, s), op.timeout,
-                                        self._timeout_maker(op, s))
+                                        timeout_maker(op, s))
             if err is not None:
                 raise err
             op.deadline = now + op.timeout  # the step came meanwhile, or a rank found the op complete: go on
@@ -291,7 +291,7 @@ class ShmChannel(IssueOrder, ChannelMemory):
         if told is not None:
             raise passed_on(told, self.rank, self.missing(*wait))
         if self.verdicts.timed_out(op.order):  # given up by a rank whose notice is still on its way
-            err = self.verdicts.finished(op.order, self._timeout_maker(op))
+            err = self.verdicts.finished(op.order, timeout_maker(op))
             if err is not None:
                 raise err
         me = self.ctl[self.rank]
@@ -307,19 +307,6 @@ class ShmChannel(IssueOrder, ChannelMemory):
             self._timer.cancel()
         self._timer = self.loop.call_later(min(RECHECK_S, max(0.0, op.deadline - now)), self._on_timer)
         return False
-
-    @staticmethod
-    def _timeout_maker(op: Op[np.ndarray], step: int | None = None) -> Any:
-        where = f"shared memory, algorithm {op.sched.algo}" + (f", step {step}" if step is not None else "")
-
-        def make(missing: list[int], timeout: float, by: int) -> CollectiveTimeout:
-            """This rank's timeout (``by`` -1), or the one rank ``by`` gave the op up with (its verdict)."""
-            if by < 0:
-                return CollectiveTimeout(op.name, op.seq, missing, timeout, where)
-            told = f"reported by rank {by}: rank {by} timed out waiting for ranks {missing} ({where})"
-            return CollectiveTimeout(op.name, op.seq, missing, timeout, told)
-
-        return make
 
     def _unpark(self) -> None:
         self._parked = False

@@ -29,12 +29,30 @@ from __future__ import annotations
 
 import fcntl
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CollectiveTimeout
 from ..transport.shm import GAVE_UP, VERDICT_AT, VERDICT_LEN, VERDICTS
 from ..transport.shm_ring import fence
 
+if TYPE_CHECKING:
+    from .op import Op
+
 OK, TIMEOUT = 1, 2
+
+
+def timeout_maker(op: Op[Any], step: int | None = None) -> Callable[[list[int], float, int], CollectiveTimeout]:
+    """``make(missing, timeout, by)`` for an op of a channel: this rank's timeout (``by`` -1), or the one
+    rank ``by`` gave the op up with (its verdict)."""
+    where = f"shared memory, algorithm {op.sched.algo}" + (f", step {step}" if step is not None else "")
+
+    def make(missing: list[int], timeout: float, by: int) -> CollectiveTimeout:
+        if by < 0:
+            return CollectiveTimeout(op.name, op.seq, missing, timeout, where)
+        told = f"reported by rank {by}: rank {by} timed out waiting for ranks {missing} ({where})"
+        return CollectiveTimeout(op.name, op.seq, missing, timeout, told)
+
+    return make
 
 
 class Verdicts:
