@@ -42,6 +42,7 @@ FP_OFFSET = 256
 PUBLISH, SYNC, CONSUME = 1, 2, 4
 ERR_TIMEOUT, ERR_MISMATCH, ERR_ABORT = 1, 2, 3
 THREADS = 512
+UNROLL = 4  # 16-byte units per thread in flight: enough loads outstanding to keep HBM busy
 
 DTYPES = tuple(C_TYPES)
 
@@ -57,6 +58,21 @@ __device__ __forceinline__ void aioccl_st_release(u32* p, u32 v) {
 __device__ __forceinline__ u64 aioccl_now_ns() {
     u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
 }
+// 16 bytes of T: the unit a thread moves; read or written element by element where the buffer is misaligned
+template <typename T> union aioccl_vec { static constexpr int N = 16 / sizeof(T); uint4 q; T e[N]; };
+template <typename T> __device__ __forceinline__ bool aioccl_aligned(const T* p) { return ((u64)p & 15u) == 0; }
+template <typename T> __device__ __forceinline__ aioccl_vec<T> aioccl_load(const T* p, long long u, bool al) {
+    aioccl_vec<T> v;
+    if (al) { v.q = ((const uint4*)p)[u]; return v; }
+#pragma unroll
+    for (int w = 0; w < aioccl_vec<T>::N; w++) v.e[w] = p[u * aioccl_vec<T>::N + w];
+    return v;
+}
+template <typename T> __device__ __forceinline__ void aioccl_store(T* p, long long u, const aioccl_vec<T>& v, bool al) {
+    if (al) { ((uint4*)p)[u] = v.q; return; }
+#pragma unroll
+    for (int w = 0; w < aioccl_vec<T>::N; w++) p[u * aioccl_vec<T>::N + w] = v.e[w];
+}
 __device__ __forceinline__ void aioccl_fail(volatile u32* err, u32 code, u32 peer, u32 epoch, u32 kind) {
     if (err[0] == 0) { err[1] = peer; err[2] = epoch; err[3] = kind; __threadfence_system(); err[0] = code; }
     __threadfence_system();
@@ -64,12 +80,19 @@ __device__ __forceinline__ void aioccl_fail(volatile u32* err, u32 code, u32 pee
 """
 
 # The body, shared by every (operator, dtype): T, NAME, COMBINE(x, y) and SCALE(c, d) are defined before it.
+# Data moves in 16-byte units (``aioccl_vec``), UNROLL units per thread in flight; a thread's units are the same
+# in the publish and the consume loops on every rank (they depend on n and the grid only, never on a buffer's
+# alignment), because in the spin form block b consumes exactly what block b of every peer published. A
+# misaligned user buffer is read or written element by element within its unit; the last n % VEC elements of a
+# piece go one per thread.
 _BODY = r"""
 extern "C" __global__ void __launch_bounds__(512) NAME(
         const u64* bases, const T* in, T* out, volatile u32* err,
         long long count, long long a, long long n, long long half_bytes, long long timeout_ns,
         u64 fp, double divisor, int rank, int nranks, int pub_blocks, int out_blocks, int nred,
         int src_root, int slot_block, int phase, u32 epoch_host, int kind) {
+    typedef aioccl_vec<T> V;
+    const int W = V::N;
     __shared__ int give_up;
     const int b = blockIdx.x, tid = threadIdx.x;
     u32* own_flags = (u32*)bases[rank];
@@ -77,11 +100,23 @@ extern "C" __global__ void __launch_bounds__(512) NAME(
     const long long half = HEADER + (long long)(e & 1u) * half_bytes;
     const long long step = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)b * blockDim.x + tid;
+    const long long units = n / W, rest = units * W;
     if (tid == 0) give_up = 0;
     if (phase & 1) {
         T* mine = (T*)(bases[rank] + half);
-        for (int j = 0; j < pub_blocks; j++)
-            for (long long i = first; i < n; i += step) mine[j * n + i] = in[j * count + a + i];
+        for (int j = 0; j < pub_blocks; j++) {
+            const T* src = in + j * count + a;
+            T* dst = mine + j * n;
+            const bool al = aioccl_aligned(src) && aioccl_aligned(dst);
+            for (long long u0 = first; u0 < units; u0 += UNROLL * step) {
+                V v[UNROLL];
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++) if (u0 + k * step < units) v[k] = aioccl_load(src, u0 + k * step, al);
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++) if (u0 + k * step < units) aioccl_store(dst, u0 + k * step, v[k], al);
+            }
+            for (long long i = rest + first; i < n; i += step) dst[i] = src[i];
+        }
         if (tid == 0) ((volatile u64*)(bases[rank] + FPOFF))[e & 1u] = fp;
     }
     if (phase & 2) {
@@ -109,16 +144,52 @@ extern "C" __global__ void __launch_bounds__(512) NAME(
         __syncthreads();
         if (give_up) return;
         if (nred > 0) {
-            for (long long i = first; i < n; i += step) {
+            T* dst = out + a;
+            const bool al = aioccl_aligned(dst) && aioccl_aligned((const T*)(bases[0] + half) + slot_block * n);
+            for (long long u0 = first; u0 < units; u0 += UNROLL * step) {
+                V acc[UNROLL];
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++)
+                    if (u0 + k * step < units) acc[k] = aioccl_load((const T*)(bases[0] + half) + slot_block * n, u0 + k * step, al);
+                for (int r = 1; r < nred; r++) {
+                    const T* src = (const T*)(bases[r] + half) + slot_block * n;
+                    V x[UNROLL];
+#pragma unroll
+                    for (int k = 0; k < UNROLL; k++) if (u0 + k * step < units) x[k] = aioccl_load(src, u0 + k * step, al);
+#pragma unroll
+                    for (int k = 0; k < UNROLL; k++)
+#pragma unroll
+                        for (int w = 0; w < W; w++) acc[k].e[w] = COMBINE(acc[k].e[w], x[k].e[w]);
+                }
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++) {
+                    if (u0 + k * step >= units) continue;
+                    if (divisor != 0.0) {
+#pragma unroll
+                        for (int w = 0; w < W; w++) acc[k].e[w] = SCALE(acc[k].e[w], divisor);
+                    }
+                    aioccl_store(dst, u0 + k * step, acc[k], al);
+                }
+            }
+            for (long long i = rest + first; i < n; i += step) {
                 T acc = ((const T*)(bases[0] + half))[slot_block * n + i];
                 for (int r = 1; r < nred; r++) acc = COMBINE(acc, ((const T*)(bases[r] + half))[slot_block * n + i]);
                 if (divisor != 0.0) acc = SCALE(acc, divisor);
-                out[a + i] = acc;
+                dst[i] = acc;
             }
         } else {
-            for (int k = 0; k < out_blocks; k++) {
-                const T* src = (const T*)(bases[out_blocks > 1 ? k : src_root] + half) + slot_block * n;
-                for (long long i = first; i < n; i += step) out[k * count + a + i] = src[i];
+            for (int k2 = 0; k2 < out_blocks; k2++) {
+                const T* src = (const T*)(bases[out_blocks > 1 ? k2 : src_root] + half) + slot_block * n;
+                T* dst = out + k2 * count + a;
+                const bool al = aioccl_aligned(src) && aioccl_aligned(dst);
+                for (long long u0 = first; u0 < units; u0 += UNROLL * step) {
+                    V v[UNROLL];
+#pragma unroll
+                    for (int k = 0; k < UNROLL; k++) if (u0 + k * step < units) v[k] = aioccl_load(src, u0 + k * step, al);
+#pragma unroll
+                    for (int k = 0; k < UNROLL; k++) if (u0 + k * step < units) aioccl_store(dst, u0 + k * step, v[k], al);
+                }
+                for (long long i = rest + first; i < n; i += step) dst[i] = src[i];
             }
         }
     }
@@ -126,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(512) NAME(
 """
 
 
-_PLACEHOLDER = re.compile(r"\b(NAME|COMBINE|SCALE|HEADER|FPOFF|TIMEOUT|MISMATCH|T)\b")
+_PLACEHOLDER = re.compile(r"\b(NAME|COMBINE|SCALE|HEADER|FPOFF|TIMEOUT|MISMATCH|UNROLL|T)\b")
 
 
 def kernel_name(op: ReduceOp | None, dt: np.dtype) -> str:
@@ -142,7 +213,7 @@ def dtype_source(dt: np.dtype) -> str:
         comb, scale = function_names(op, dt)
         subs = {"NAME": kernel_name(op, dt), "COMBINE": comb, "SCALE": scale,
                 "HEADER": str(HEADER_BYTES), "FPOFF": str(FP_OFFSET), "TIMEOUT": str(ERR_TIMEOUT),
-                "MISMATCH": str(ERR_MISMATCH), "T": ctype}
+                "MISMATCH": str(ERR_MISMATCH), "UNROLL": str(UNROLL), "T": ctype}
         body = _PLACEHOLDER.sub(lambda m, s=subs: s[m.group(1)], _BODY)  # type: ignore[misc]
         parts.append(device_functions(op, dt) + body)
     return "\n".join(parts)
