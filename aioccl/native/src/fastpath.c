@@ -9,7 +9,6 @@
  * comes back as (x, op, code, seq, order) for the engine to carry on with (aioccl/engine/shm_native.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h> /* PyMemberDef, for the Work's slot offsets */
 #include <sched.h>
 #include <time.h>
 #define NO_IMPORT_ARRAY
@@ -19,12 +18,9 @@
 
 #include "fastpath.h"
 #include "reduce.h"
+#include "work.h"
 
-static const char *const WORK_SLOTS[] = {
-    "op", "seq", "_lock", "_state", "_result", "_exc", "_callbacks", "_event", "_cancellable", "_on_cancel",
-    "_engine_thread", "_t0", "_desc", "_probe", "event", "_next_warn", "_retrieved", "status", "_withdraw", "_home",
-};
-enum { N_SLOTS = sizeof WORK_SLOTS / sizeof WORK_SLOTS[0], CACHE = 64, WORK_DONE = 2 };
+enum { CACHE = 64 };
 #define NATIVE_WAIT_S 0.02 /* how long a native caller outside the engine waits in C for a late peer */
 
 typedef struct {
@@ -36,11 +32,11 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     Channel *chan;
-    PyObject *shm, *comm, *work_type, *done_lock, *home, *engine_thread, *lock, *group_var, *record, *ring;
+    PyObject *shm, *comm, *lock, *group_var, *record, *ring;
     PyObject *ops[OP_LAST + 1];
     PyObject *name;
     PyObject *pending; /* (x, op, code, seq, order) of the op last handed to the engine, until claimed */
-    Py_ssize_t off[N_SLOTS];
+    WorkMaker wm; /* its Works */
     unsigned long thread_id;
     int bf16_num, enabled;
     Py_ssize_t max_bytes;
@@ -48,7 +44,7 @@ typedef struct {
     cached cache[CACHE];
 } Lane;
 
-static PyObject *s_member_lost, *s_closed, *s_queue, *s_pumping, *s_broken, *s_acquire,
+static PyObject *s_queue, *s_pumping, *s_broken, *s_acquire,
     *s_release, *s_sum, *s_prod, *s_min, *s_max, *s_avg;
 
 static void Lane_clear_cache(Lane *self) {
@@ -59,8 +55,7 @@ static void Lane_clear_cache(Lane *self) {
 }
 
 /* the lane and its communicator hold each other: the cycle collector must see the lane's references */
-#define LANE_REFS(self) {&(self)->shm, &(self)->comm, &(self)->work_type, &(self)->done_lock, &(self)->home, \
-    &(self)->engine_thread, &(self)->lock, &(self)->group_var, &(self)->record, &(self)->ring, &(self)->name, \
+#define LANE_REFS(self) {&(self)->shm, &(self)->comm, &(self)->lock, &(self)->group_var, &(self)->record, &(self)->ring, &(self)->name, \
     &(self)->pending, (PyObject **)&(self)->chan}
 
 static int Lane_traverse(Lane *self, visitproc visit, void *arg) {
@@ -71,7 +66,7 @@ static int Lane_traverse(Lane *self, visitproc visit, void *arg) {
         Py_VISIT(self->ops[k]);
     for (int k = 0; k < CACHE; k++)
         Py_VISIT(self->cache[k].prog);
-    return 0;
+    return work_maker_traverse(&self->wm, visit, arg);
 }
 
 static int Lane_clear(Lane *self) {
@@ -81,6 +76,7 @@ static int Lane_clear(Lane *self) {
         Py_CLEAR(*refs[k]);
     for (int k = 0; k <= OP_LAST; k++)
         Py_CLEAR(self->ops[k]);
+    work_maker_clear(&self->wm);
     self->enabled = 0;
     return 0;
 }
@@ -111,22 +107,11 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
         PyErr_SetString(PyExc_ValueError, "Lane: ops must hold the 5 ReduceOp members in code order");
         return -1;
     }
-    PyObject *dict = ((PyTypeObject *)work_type)->tp_dict;
-    for (int k = 0; k < N_SLOTS; k++) {  /* the Work's slots, set in place for a Work born done */
-        PyObject *d = PyDict_GetItemString(dict, WORK_SLOTS[k]);
-        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-            PyErr_Format(PyExc_TypeError, "Lane: Work has no slot %s", WORK_SLOTS[k]);
-            return -1;
-        }
-        self->off[k] = ((PyMemberDescrObject *)d)->d_member->offset;
-    }
+    if (work_maker_init(&self->wm, work_type, done_lock, home, thread_id) < 0)
+        return -1;
     Py_XSETREF(self->chan, chan == Py_None ? NULL : (Channel *)Py_NewRef(chan));
     Py_XSETREF(self->shm, Py_NewRef(shm));
     Py_XSETREF(self->comm, Py_NewRef(comm));
-    Py_XSETREF(self->work_type, Py_NewRef(work_type));
-    Py_XSETREF(self->done_lock, Py_NewRef(done_lock));
-    Py_XSETREF(self->home, Py_NewRef(home));
-    Py_XSETREF(self->engine_thread, PyLong_FromUnsignedLong(thread_id));
     Py_XSETREF(self->lock, Py_NewRef(lock));
     Py_XSETREF(self->group_var, Py_NewRef(group_var));
     Py_XSETREF(self->record, Py_NewRef(record));
@@ -142,7 +127,7 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
         ac_gate_init(&self->chan->gate, order);  /* a new channel: every op so far was off it */
     self->enabled = 1;
     Lane_clear_cache(self);
-    return self->engine_thread == NULL || self->name == NULL ? -1 : 0;
+    return self->name == NULL ? -1 : 0;
 }
 
 /* -- the counters: every op of the communicator takes its numbers here -------------------------- */
@@ -238,50 +223,14 @@ static int lock_call(PyObject *lock, PyObject *method, PyObject *arg) {
     return yes;
 }
 
-static double monotonic(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void set_slot(PyObject *w, Py_ssize_t off, PyObject *v) {
-    PyObject **at = (PyObject **)((char *)w + off);
-    Py_XSETREF(*at, v);
-}
-
-/* a Work born done, as Work(name, seq) then _start_done(x) would leave it */
-static PyObject *done_work(Lane *self, long long seq, PyObject *x, PyObject *desc, double t0) {
-    PyTypeObject *t = (PyTypeObject *)self->work_type;
-    PyObject *w = t->tp_alloc(t, 0);
-    if (w == NULL)
-        return NULL;
-    PyObject *vals[N_SLOTS] = {
-        Py_NewRef(self->name), PyLong_FromLongLong(seq), Py_NewRef(self->done_lock), PyLong_FromLong(WORK_DONE),
-        Py_NewRef(x), Py_NewRef(Py_None), PyList_New(0), Py_NewRef(Py_None), Py_NewRef(Py_False),
-        Py_NewRef(Py_None), Py_NewRef(self->engine_thread), PyFloat_FromDouble(t0), Py_NewRef(desc),
-        Py_NewRef(Py_None), Py_NewRef(Py_None), PyFloat_FromDouble(0.0), Py_NewRef(Py_False), Py_NewRef(Py_None),
-        Py_NewRef(Py_False), Py_NewRef(self->home),
-    };
-    int ok = 1;
-    for (int k = 0; k < N_SLOTS; k++) {
-        ok &= vals[k] != NULL;
-        set_slot(w, self->off[k], vals[k]);
-    }
-    if (!ok) {
-        Py_DECREF(w);
-        return NULL;
-    }
-    return w;
-}
-
 static PyObject *record_done(Lane *self, PyArrayObject *x, PyObject *give, long long seq, Py_ssize_t count,
                              int redop, double t0) {
     PyObject *desc = Py_BuildValue("(nOOO)", count, (PyObject *)PyArray_DESCR(x), self->ops[redop], Py_None);
     if (desc == NULL)
         return NULL;
-    PyObject *result = done_work(self, seq, give, desc, t0);
+    PyObject *result = work_born_done(&self->wm, self->name, seq, give, desc, t0);
     if (result != NULL) {
-        PyObject *entry = Py_BuildValue("(OLOOd)", self->name, seq, desc, Py_None, monotonic() - t0);
+        PyObject *entry = Py_BuildValue("(OLOOd)", self->name, seq, desc, Py_None, work_monotonic() - t0);
         PyObject *r = entry ? PyObject_CallOneArg(self->record, entry) : NULL;
         Py_XDECREF(entry);
         if (r == NULL)
@@ -292,23 +241,11 @@ static PyObject *record_done(Lane *self, PyArrayObject *x, PyObject *give, long 
     return result;
 }
 
-/* 1: the communicator takes an op now (open, no rank lost, no group open); 0: the general way; -1: error */
-static int open_for_ops(Lane *self) {
-    if ((self->chan != NULL && !attr_is(self->comm, s_member_lost, Py_None)) || !attr_is(self->comm, s_closed, Py_None))
-        return 0;
-    PyObject *group = NULL;
-    if (PyContextVar_Get(self->group_var, Py_None, &group) < 0)
-        return -1;
-    int in_group = group != Py_None;
-    Py_DECREF(group);
-    return !in_group;
-}
-
 static PyObject *alone(Lane *self, PyArrayObject *x, PyObject *give, Py_ssize_t count, int redop) {
-    int open = open_for_ops(self);
+    int open = work_comm_open(self->comm, self->group_var, self->chan == NULL);
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
-    return record_done(self, x, give, __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED), count, redop, monotonic());
+    return record_done(self, x, give, __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED), count, redop, work_monotonic());
 }
 
 static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -334,7 +271,7 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     if (!ch->size || ch->active || (uint64_t)prog->words[8] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes ||
         (uint64_t)prog->words[9] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes)
         Py_RETURN_NONE;
-    int open = open_for_ops(self);
+    int open = work_comm_open(self->comm, self->group_var, self->chan == NULL);
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
     int borrowed = 0;
@@ -359,7 +296,7 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
         goto out;
     }
     long long seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
-    double t0 = monotonic();
+    double t0 = work_monotonic();
     void *data = PyArray_DATA(x);
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -431,8 +368,8 @@ int lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in_len,
     /* The caller's thread (XLA's) waits for the op anyway: go on waiting here, yielding the CPU, rather than
      * hand a late peer's op to the engine at once (a hand-off costs ~100 us); the engine takes over after
      * NATIVE_WAIT_S, or at once when it raised the alarm, and owns deadlines and failures from there. */
-    double until = rc == AC_BLOCKED ? monotonic() + NATIVE_WAIT_S : 0.0;
-    while (rc == AC_BLOCKED && monotonic() < until && !ac_gate_alarmed(&self->chan->gate) &&
+    double until = rc == AC_BLOCKED ? work_monotonic() + NATIVE_WAIT_S : 0.0;
+    while (rc == AC_BLOCKED && work_monotonic() < until && !ac_gate_alarmed(&self->chan->gate) &&
            __atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE)) {
         sched_yield();
         rc = ac_resume(ch);
@@ -522,7 +459,7 @@ PyTypeObject LaneType = {
 
 int fastpath_ready(PyObject *m) {
     struct { PyObject **at; const char *s; } names[] = {
-        {&s_member_lost, "_member_lost"}, {&s_closed, "_closed"}, {&s_queue, "queue"}, {&s_pumping, "_pumping"},
+        {&s_queue, "queue"}, {&s_pumping, "_pumping"},
         {&s_broken, "broken"}, {&s_acquire, "acquire"},
         {&s_release, "release"}, {&s_sum, "sum"}, {&s_prod, "prod"}, {&s_min, "min"}, {&s_max, "max"},
         {&s_avg, "avg"},

@@ -16,6 +16,7 @@
 
 #include "channel.h"
 #include "fastpath.h"
+#include "gpu_lane.h"
 #include "reduce.h"
 #ifdef AIOCCL_XLA_FFI
 #include "xla_ffi.h"
@@ -461,6 +462,8 @@ static PyObject *mod_scale(PyObject *Py_UNUSED(m), PyObject *args) {
 static PyMethodDef module_methods[] = {
     {"combine", mod_combine, METH_VARARGS, "combine(op, dtype, dst, a, b): dst = a op b (tests)"},
     {"scale", mod_scale, METH_VARARGS, "scale(dtype, buf, divisor): buf /= divisor (tests)"},
+    {"load_cuda", (PyCFunction)(void (*)(void))gpu_load_cuda, METH_FASTCALL,
+     "load_cuda([path]): the CUDA driver's calls for GpuLane, from libcuda.so.1 or a stand-in library"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -482,7 +485,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         return NULL;
     }
 #endif
-    if (fastpath_ready(m) < 0) {
+    if (fastpath_ready(m) < 0 || gpu_lane_ready(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

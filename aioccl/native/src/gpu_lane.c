@@ -1,0 +1,637 @@
+/* The GPU lane: comm.all_reduce(cupy_array) and the other collectives of the CUDA-IPC device path, from
+ * the call to the launches on the op's stream, in C (aioccl/gpu/device_path.py owns it).
+ *
+ * Python builds an op's launches once per call site (buffers, count, dtype, op, stream) as a GpuPlan:
+ * each launch's function, grid and arguments, packed. The lane runs a plan: it takes the op's epochs,
+ * launches each piece (spin form: one kernel; stream form: publish, a flag write, a wait per peer,
+ * consume), records the op's CUDA event, and keeps the op in a bounded ring (its event, deadline and
+ * buffers) that the engine's watch reads (`oldest`), and its epochs in a ring that names a kernel's
+ * failure (`recent`). `run` is the whole op for a call seen before: argument checks, sequence number,
+ * plan, launches, a Work born done with its event, the flight recorder; None sends the caller the
+ * general way (a new call, another device's context, a capturing stream, a failure to report).
+ *
+ * The driver calls are made with the GIL released, under the lane's mutex: ops on one communicator
+ * get their epochs and reach their streams in one order, whatever thread issues them. */
+#include "gpu_lane.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#include "cuda_driver.h"
+#include "work.h"
+
+enum { MAX_ARGS = 32, TRACKED = 1024, RECENT = 4096, MAX_PEERS = 64, MAX_ENTRIES = 512 };
+
+/* -- GpuPlan: an op's launches, packed once --------------------------------------------------------- */
+typedef struct {
+    cu_handle fn;
+    unsigned grid, threads;
+    int nargs, epoch_at;
+    unsigned long long slots[MAX_ARGS]; /* one argument per 8-byte slot: a 4-byte one is its first half */
+    void *params[MAX_ARGS];             /* what cuLaunchKernel reads: the slots' addresses */
+} launch;
+
+typedef struct {
+    PyObject_HEAD
+    int npieces, stream_form;
+    launch *l; /* per piece: the launch (spin), or publish then consume (stream) */
+} GpuPlan;
+
+static int parse_launch(PyObject *spec, launch *out) {
+    PyObject *fn;
+    Py_buffer args;
+    if (!PyArg_ParseTuple(spec, "OIIy*i", &fn, &out->grid, &out->threads, &args, &out->epoch_at))
+        return -1;
+    int ok = args.len % 8 == 0 && args.len / 8 <= MAX_ARGS && out->grid > 0 && out->threads > 0;
+    out->nargs = (int)(args.len / 8);
+    ok = ok && out->epoch_at >= 0 && out->epoch_at < out->nargs;
+    if (ok) {
+        memcpy(out->slots, args.buf, (size_t)args.len);
+        for (int k = 0; k < out->nargs; k++)
+            out->params[k] = &out->slots[k];
+        out->fn = PyLong_AsVoidPtr(fn);
+        ok = !PyErr_Occurred() && out->fn != NULL;
+    }
+    PyBuffer_Release(&args);
+    if (!ok && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "GpuPlan: a launch is (function, grid, threads, 8-byte argument slots "
+                                          "(at most 32), the epoch's slot)");
+    return ok ? 0 : -1;
+}
+
+/* GpuPlan(pieces): pieces a tuple of (launch,) (spin form) or (publish, consume) (stream form) */
+static PyObject *GpuPlan_new(PyTypeObject *type, PyObject *args, PyObject *Py_UNUSED(kwds)) {
+    PyObject *pieces;
+    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &pieces))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(pieces);
+    if (n < 1 || n > 1 << 20) {
+        PyErr_SetString(PyExc_ValueError, "GpuPlan: at least one piece");
+        return NULL;
+    }
+    PyObject *first = PyTuple_GET_ITEM(pieces, 0);
+    Py_ssize_t per = PyTuple_Check(first) ? PyTuple_GET_SIZE(first) : 0;
+    if (per != 1 && per != 2) {
+        PyErr_SetString(PyExc_ValueError, "GpuPlan: a piece is (launch,) or (publish, consume)");
+        return NULL;
+    }
+    GpuPlan *self = (GpuPlan *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->npieces = (int)n;
+    self->stream_form = per == 2;
+    self->l = PyMem_Calloc((size_t)(n * per), sizeof(launch));
+    if (self->l == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *piece = PyTuple_GET_ITEM(pieces, k);
+        if (!PyTuple_Check(piece) || PyTuple_GET_SIZE(piece) != per) {
+            PyErr_SetString(PyExc_ValueError, "GpuPlan: every piece has the same form");
+            Py_DECREF(self);
+            return NULL;
+        }
+        for (Py_ssize_t j = 0; j < per; j++)
+            if (parse_launch(PyTuple_GET_ITEM(piece, j), &self->l[k * per + j]) < 0) {
+                Py_DECREF(self);
+                return NULL;
+            }
+    }
+    return (PyObject *)self;
+}
+
+static void GpuPlan_dealloc(GpuPlan *self) {
+    PyMem_Free(self->l);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *GpuPlan_get_pieces(GpuPlan *self, void *Py_UNUSED(c)) { return PyLong_FromLong(self->npieces); }
+
+static PyGetSetDef GpuPlan_getset[] = {
+    {"pieces", (getter)GpuPlan_get_pieces, NULL, "how many pieces (epochs) the op takes", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject GpuPlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioccl.native._core.GpuPlan",
+    .tp_basicsize = sizeof(GpuPlan),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "GpuPlan(pieces): one op's kernel launches, arguments packed (gpu_lane.c)",
+    .tp_new = GpuPlan_new,
+    .tp_dealloc = (destructor)GpuPlan_dealloc,
+    .tp_getset = GpuPlan_getset,
+};
+
+/* -- GpuLane ------------------------------------------------------------------------------------------ */
+typedef struct {
+    PyObject *event, *keep; /* the op's CUDA event (reused once no one else holds it) and buffers */
+    cu_handle handle;
+    long long seq;
+    double deadline, timeout;
+    unsigned epoch; /* its last piece's */
+    int kind, state;
+} tracked;
+enum { SLOT_RESERVED, SLOT_LAUNCHED, SLOT_FAILED };
+
+typedef struct {
+    unsigned epoch;
+    int kind;
+    long long seq;
+    double timeout;
+} recent_op;
+
+typedef struct {
+    PyObject_HEAD
+    WorkMaker wm;
+    PyObject *record, *comm, *group_var, *array_type, *current_stream, *event_factory, *entries, *s_data, *s_ptr;
+    volatile unsigned *err;
+    int form, rank, nranks, enabled;
+    unsigned long long own_flag, flags[MAX_PEERS];
+    cu_handle ctx, last_stream, order_ev;
+    long long seq; /* atomic */
+    unsigned epoch;
+    pthread_mutex_t mu;
+    int head, count; /* tracked ops: ring[(head - count) % TRACKED] is the oldest */
+    tracked ring[TRACKED];
+    recent_op recent[RECENT];
+} GpuLane;
+
+#define GPU_LANE_REFS(s) {&(s)->record, &(s)->comm, &(s)->group_var, &(s)->array_type, &(s)->current_stream, \
+    &(s)->event_factory, &(s)->entries, &(s)->s_data, &(s)->s_ptr}
+
+static int GpuLane_traverse(GpuLane *self, visitproc visit, void *arg) {
+    PyObject **refs[] = GPU_LANE_REFS(self);
+    for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
+        Py_VISIT(*refs[k]);
+    for (int k = 0; k < TRACKED; k++) {
+        Py_VISIT(self->ring[k].event);
+        Py_VISIT(self->ring[k].keep);
+    }
+    return work_maker_traverse(&self->wm, visit, arg);
+}
+
+static int GpuLane_clear(GpuLane *self) {
+    PyObject **refs[] = GPU_LANE_REFS(self);
+    for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
+        Py_CLEAR(*refs[k]);
+    for (int k = 0; k < TRACKED; k++) {
+        Py_CLEAR(self->ring[k].event);
+        Py_CLEAR(self->ring[k].keep);
+    }
+    self->count = 0;
+    self->enabled = 0;
+    work_maker_clear(&self->wm);
+    return 0;
+}
+
+static void GpuLane_dealloc(GpuLane *self) {
+    PyObject_GC_UnTrack(self);
+    GpuLane_clear(self);
+    pthread_mutex_destroy(&self->mu);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *GpuLane_new(PyTypeObject *type, PyObject *Py_UNUSED(a), PyObject *Py_UNUSED(k)) {
+    GpuLane *self = (GpuLane *)type->tp_alloc(type, 0);
+    if (self != NULL)
+        pthread_mutex_init(&self->mu, NULL);
+    return (PyObject *)self;
+}
+
+/* GpuLane(work_type, done_lock, home, thread_id, record, comm, group_var, array_type, current_stream,
+ *         event_factory, err_ptr, form, rank, flags, context, seq, epoch)
+ * form: 0 spin, 1 stream; flags: every rank's flag word as mapped here (rank's own included) */
+static int GpuLane_init(GpuLane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
+    PyObject *work_type, *done_lock, *home, *record, *comm, *group_var, *array_type, *cur, *factory, *flags, *err,
+        *ctx;
+    unsigned long thread_id;
+    int form, rank;
+    long long seq;
+    unsigned epoch;
+    if (!PyArg_ParseTuple(args, "OOOkOOOOOOOiiO!OLI", &work_type, &done_lock, &home, &thread_id, &record, &comm,
+                          &group_var, &array_type, &cur, &factory, &err, &form, &rank, &PyTuple_Type, &flags, &ctx,
+                          &seq, &epoch))
+        return -1;
+    if (cuda == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "GpuLane: the CUDA driver is not loaded (load_cuda)");
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(flags);
+    if (n < 1 || n > MAX_PEERS || rank < 0 || rank >= n || (form != 0 && form != 1)) {
+        PyErr_Format(PyExc_ValueError, "GpuLane: 1 to %d ranks, a rank among them, form 0 or 1", MAX_PEERS);
+        return -1;
+    }
+    for (Py_ssize_t r = 0; r < n; r++)
+        self->flags[r] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(flags, r));
+    self->err = (volatile unsigned *)PyLong_AsVoidPtr(err);
+    self->ctx = PyLong_AsVoidPtr(ctx);
+    if (PyErr_Occurred())
+        return -1;
+    if (self->err == NULL) {
+        PyErr_SetString(PyExc_ValueError, "GpuLane: no error word");
+        return -1;
+    }
+    if (work_maker_init(&self->wm, work_type, done_lock, home, thread_id) < 0)
+        return -1;
+    PyObject *entries = PyDict_New(), *s_data = PyUnicode_InternFromString("data"),
+             *s_ptr = PyUnicode_InternFromString("ptr");
+    if (entries == NULL || s_data == NULL || s_ptr == NULL) {
+        Py_XDECREF(entries);
+        Py_XDECREF(s_data);
+        Py_XDECREF(s_ptr);
+        return -1;
+    }
+    Py_XSETREF(self->entries, entries);
+    Py_XSETREF(self->s_data, s_data);
+    Py_XSETREF(self->s_ptr, s_ptr);
+    Py_XSETREF(self->record, Py_NewRef(record));
+    Py_XSETREF(self->comm, Py_NewRef(comm));
+    Py_XSETREF(self->group_var, Py_NewRef(group_var));
+    Py_XSETREF(self->array_type, Py_NewRef(array_type));
+    Py_XSETREF(self->current_stream, Py_NewRef(cur));
+    Py_XSETREF(self->event_factory, Py_NewRef(factory));
+    self->form = form;
+    self->rank = rank;
+    self->nranks = (int)n;
+    self->own_flag = self->flags[rank];
+    self->seq = seq;
+    self->epoch = epoch;
+    self->enabled = 0; /* the owner switches it on once no op queued before it is still waiting */
+    return 0;
+}
+
+/* -- running a plan ------------------------------------------------------------------------------------ */
+typedef struct {
+    cu_result rc;
+    const char *call;
+} driver_error;
+
+/* Under the mutex, without the GIL: the op's pieces on `stream`, then its event (ev non-NULL). */
+static driver_error launch_locked(GpuLane *s, GpuPlan *p, cu_handle stream, cu_handle ev, long long seq, int kind,
+                                  double timeout) {
+    driver_error de = {CU_SUCCESS, NULL};
+#define CALL(name, expr) do { if ((de.rc = (expr)) != CU_SUCCESS) { de.call = name; return de; } } while (0)
+    if (ev != NULL && s->last_stream != NULL && s->last_stream != stream) {
+        /* a communicator's ops run one after the other on the GPU whatever streams they are issued on */
+        if (s->order_ev == NULL)
+            CALL("cuEventCreate", cuda->event_create(&s->order_ev, CU_EVENT_DISABLE_TIMING));
+        CALL("cuEventRecord", cuda->event_record(s->order_ev, s->last_stream));
+        CALL("cuStreamWaitEvent", cuda->stream_wait_event(stream, s->order_ev, 0));
+    }
+    s->last_stream = stream;
+    for (int k = 0; k < p->npieces; k++) {
+        unsigned e = ++s->epoch;
+        recent_op *r = &s->recent[e % RECENT];
+        r->epoch = e;
+        r->kind = kind;
+        r->seq = seq;
+        r->timeout = timeout;
+        if (!p->stream_form) { /* the kernel derives its epoch from its own flag (a CUDA graph replays it) */
+            launch *l = &p->l[k];
+            CALL("cuLaunchKernel", cuda->launch(l->fn, l->grid, 1, 1, l->threads, 1, 1, 0, stream, l->params, NULL));
+            continue;
+        }
+        launch *pub = &p->l[2 * k], *con = &p->l[2 * k + 1];
+        pub->slots[pub->epoch_at] = e;
+        con->slots[con->epoch_at] = e;
+        CALL("cuLaunchKernel", cuda->launch(pub->fn, pub->grid, 1, 1, pub->threads, 1, 1, 0, stream, pub->params, NULL));
+        CALL("cuStreamWriteValue32", cuda->write32(stream, s->own_flag, e, 0));
+        for (int peer = 0; peer < s->nranks; peer++)
+            if (peer != s->rank)
+                CALL("cuStreamWaitValue32", cuda->wait32(stream, s->flags[peer], e, CU_WAIT_GEQ));
+        CALL("cuLaunchKernel", cuda->launch(con->fn, con->grid, 1, 1, con->threads, 1, 1, 0, stream, con->params, NULL));
+    }
+    if (ev != NULL)
+        CALL("cuEventRecord", cuda->event_record(ev, stream));
+#undef CALL
+    return de;
+}
+
+static void set_driver_error(driver_error de) {
+    char buf[32];
+    PyErr_Format(PyExc_RuntimeError, "%s failed: %s", de.call, cuda_error_name(de.rc, buf, sizeof buf));
+}
+
+/* forget the oldest ops whose events completed (their buffers with them); how many remain */
+static int drop_done(GpuLane *s) {
+    while (s->count > 0) {
+        tracked *t = &s->ring[(s->head - s->count + TRACKED) % TRACKED];
+        if (t->state == SLOT_RESERVED || (t->state == SLOT_LAUNCHED && cuda->event_query(t->handle) == CU_NOT_READY))
+            break;
+        Py_CLEAR(t->keep); /* (any other answer: the event will never say more; the op is over for the ring) */
+        s->count--;
+    }
+    return s->count;
+}
+
+/* The slot the next op is tracked in, with an event for it, taken (the oldest op is waited for when every
+ * slot is in use). With the GIL: two threads never take one slot. */
+static tracked *reserve(GpuLane *s, PyObject *keep) {
+    if (s->count >= TRACKED / 2)
+        drop_done(s);
+    if (s->count == TRACKED) { /* the budget: the oldest must end first (its deadline bounds the wait) */
+        tracked *old = &s->ring[(s->head - s->count + TRACKED) % TRACKED];
+        cu_handle h = old->handle;
+        Py_BEGIN_ALLOW_THREADS
+        cuda->event_sync(h);
+        Py_END_ALLOW_THREADS
+        drop_done(s);
+        if (s->count == TRACKED) { /* (only an op still being launched by another thread: forget it) */
+            Py_CLEAR(old->keep);
+            s->count--;
+        }
+    }
+    tracked *t = &s->ring[s->head];
+    if (t->event == NULL || Py_REFCNT(t->event) > 1) { /* someone holds the old event: a new one */
+        PyObject *ev = PyObject_CallNoArgs(s->event_factory);
+        PyObject *ptr = ev ? PyObject_GetAttr(ev, s->s_ptr) : NULL;
+        cu_handle h = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
+        Py_XDECREF(ptr);
+        if (h == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "the event factory made an event without a handle");
+            Py_XDECREF(ev);
+            return NULL;
+        }
+        Py_XSETREF(t->event, ev);
+        t->handle = h;
+    }
+    t->state = SLOT_RESERVED;
+    Py_XSETREF(t->keep, Py_NewRef(keep));
+    s->head = (s->head + 1) % TRACKED;
+    s->count++;
+    return t;
+}
+
+/* The op on the GPU: its event (a new reference), or Py_None when not tracked (a CUDA graph's capture). */
+static PyObject *enqueue(GpuLane *s, GpuPlan *p, cu_handle stream, long long seq, int kind, double timeout,
+                         PyObject *keep, int track) {
+    tracked *t = NULL;
+    if (track && (t = reserve(s, keep)) == NULL)
+        return NULL;
+    cu_handle ev = t ? t->handle : NULL;
+    driver_error de;
+    unsigned epoch;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&s->mu);
+    de = launch_locked(s, p, stream, ev, seq, kind, timeout);
+    epoch = s->epoch;
+    pthread_mutex_unlock(&s->mu);
+    Py_END_ALLOW_THREADS
+    if (t != NULL) {
+        t->state = de.rc == CU_SUCCESS ? SLOT_LAUNCHED : SLOT_FAILED;
+        t->seq = seq;
+        t->kind = kind;
+        t->timeout = timeout;
+        t->deadline = work_monotonic() + timeout + 1.0;
+        t->epoch = epoch;
+    }
+    if (de.rc != CU_SUCCESS) {
+        set_driver_error(de);
+        return NULL;
+    }
+    return t ? Py_NewRef(t->event) : Py_NewRef(Py_None);
+}
+
+/* enqueue(plan, stream, seq, kind, timeout, keep, track): the general way's launch (device_path.py) */
+static PyObject *GpuLane_enqueue(GpuLane *self, PyObject *args) {
+    PyObject *plan, *stream, *keep;
+    long long seq;
+    int kind, track;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "O!OLidOp", &GpuPlanType, &plan, &stream, &seq, &kind, &timeout, &keep, &track))
+        return NULL;
+    cu_handle h = PyLong_AsVoidPtr(stream);
+    if (PyErr_Occurred())
+        return NULL;
+    return enqueue(self, (GpuPlan *)plan, h, seq, kind, timeout, keep, track);
+}
+
+/* -- the fast path: a call seen before ---------------------------------------------------------------- */
+static PyObject *attr2(PyObject *o, PyObject *a, PyObject *b) {
+    PyObject *mid = PyObject_GetAttr(o, a);
+    PyObject *v = mid ? PyObject_GetAttr(mid, b) : NULL;
+    Py_XDECREF(mid);
+    return v;
+}
+
+/* (code, input address, output address or 0, size, dtype number, op, root, stream): what a plan is kept by */
+static PyObject *make_key(GpuLane *s, PyObject *code, PyObject *x, PyObject *out, PyObject *op, PyObject *root,
+                          PyObject *stream) {
+    PyObject *in_ptr = attr2(x, s->s_data, s->s_ptr);
+    PyObject *out_ptr = out == Py_None ? PyLong_FromLong(0) : attr2(out, s->s_data, s->s_ptr);
+    PyObject *size = PyObject_GetAttrString(x, "size");
+    PyObject *dt = PyObject_GetAttrString(x, "dtype");
+    PyObject *num = dt ? PyObject_GetAttrString(dt, "num") : NULL;
+    PyObject *key = NULL;
+    if (in_ptr && out_ptr && size && num)
+        key = PyTuple_Pack(8, code, in_ptr, out_ptr, size, num, op, root, stream);
+    Py_XDECREF(in_ptr);
+    Py_XDECREF(out_ptr);
+    Py_XDECREF(size);
+    Py_XDECREF(dt);
+    Py_XDECREF(num);
+    return key;
+}
+
+/* key(code, x, out, op, root, stream): the key `run` finds this call's plan by */
+static PyObject *GpuLane_key(GpuLane *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "key(code, x, out, op, root, stream)");
+        return NULL;
+    }
+    return make_key(self, args[0], args[1], args[2], args[3], args[4], args[5]);
+}
+
+/* learn(key, (plan, name, desc, kind, timeout)): `run` takes this call from now on */
+static PyObject *GpuLane_learn(GpuLane *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *e = nargs == 2 ? args[1] : NULL;
+    if (e == NULL || !PyTuple_Check(args[0]) || !PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 5 ||
+        !PyObject_TypeCheck(PyTuple_GET_ITEM(e, 0), &GpuPlanType) || !PyLong_Check(PyTuple_GET_ITEM(e, 3)) ||
+        !PyFloat_Check(PyTuple_GET_ITEM(e, 4))) {
+        PyErr_SetString(PyExc_TypeError, "learn(key, (plan, name, desc, kind: int, timeout: float))");
+        return NULL;
+    }
+    if (PyDict_GET_SIZE(self->entries) >= MAX_ENTRIES)
+        PyDict_Clear(self->entries);
+    if (PyDict_SetItem(self->entries, args[0], e) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* run(code, x, out, op, root): the op of a call learnt before, from the call to the done Work; None: the
+ * general way (the call is new, the caller's device or stream is not the plan's, the lane is off) */
+static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!self->enabled || nargs != 5 || Py_TYPE(args[1]) != (PyTypeObject *)self->array_type ||
+        (args[2] != Py_None && Py_TYPE(args[2]) != (PyTypeObject *)self->array_type) || self->err[0] != 0)
+        Py_RETURN_NONE;
+    double t0 = work_monotonic();
+    cu_handle ctx = NULL;
+    if (cuda->ctx_current(&ctx) != CU_SUCCESS || ctx != self->ctx) /* another device's, or none yet */
+        Py_RETURN_NONE;
+    int open = work_comm_open(self->comm, self->group_var, 0);
+    if (open <= 0)
+        return open < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *stream = PyObject_CallNoArgs(self->current_stream);
+    if (stream == NULL)
+        return NULL;
+    PyObject *key = make_key(self, args[0], args[1], args[2], args[3], args[4], stream);
+    PyObject *entry = key ? PyDict_GetItemWithError(self->entries, key) : NULL;
+    Py_XDECREF(key);
+    cu_handle h = PyLong_AsVoidPtr(stream);
+    Py_DECREF(stream);
+    if (entry == NULL || PyErr_Occurred())
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    int capturing = 0;
+    if (cuda->stream_is_capturing(h, &capturing) != CU_SUCCESS || capturing) /* a graph: the general way */
+        Py_RETURN_NONE;
+    Py_INCREF(entry); /* (a learn() from another thread may replace it while the GIL is released) */
+    PyObject *plan = PyTuple_GET_ITEM(entry, 0), *name = PyTuple_GET_ITEM(entry, 1), *desc = PyTuple_GET_ITEM(entry, 2);
+    int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
+    double timeout = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(entry, 4));
+    PyObject *result = args[2] == Py_None ? args[1] : args[2];
+    long long seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
+    PyObject *keep = PyTuple_Pack(2, args[1], args[2]);
+    PyObject *ev = keep ? enqueue(self, (GpuPlan *)plan, h, seq, kind, timeout, keep, 1) : NULL;
+    Py_XDECREF(keep);
+    PyObject *w = ev ? work_born_done(&self->wm, name, seq, result, desc, t0) : NULL;
+    if (w != NULL) {
+        work_set(&self->wm, w, WORK_SLOT_EVENT, Py_NewRef(ev));
+        PyObject *rec = Py_BuildValue("(OLOOd)", name, seq, desc, Py_None, work_monotonic() - t0);
+        PyObject *r = rec ? PyObject_CallOneArg(self->record, rec) : NULL;
+        Py_XDECREF(rec);
+        if (r == NULL)
+            Py_CLEAR(w);
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(ev);
+    Py_DECREF(entry);
+    return w;
+}
+
+/* -- the watch's view ------------------------------------------------------------------------------------ */
+/* oldest(): (seq, kind, epoch, deadline, timeout) of the oldest op still on the GPU, or None */
+static PyObject *GpuLane_oldest(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
+    if (drop_done(self) == 0)
+        Py_RETURN_NONE;
+    tracked *t = &self->ring[(self->head - self->count + TRACKED) % TRACKED];
+    if (t->state == SLOT_RESERVED) /* being launched by another thread: not late yet */
+        Py_RETURN_NONE;
+    return Py_BuildValue("(LiIdd)", t->seq, t->kind, t->epoch, t->deadline, t->timeout);
+}
+
+/* recent(epoch): (seq, kind, timeout) of the op that ran piece `epoch`, or None when it is too old */
+static PyObject *GpuLane_recent(GpuLane *self, PyObject *arg) {
+    unsigned long e = PyLong_AsUnsignedLongMask(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    recent_op r;
+    pthread_mutex_lock(&self->mu);
+    r = self->recent[e % RECENT];
+    pthread_mutex_unlock(&self->mu);
+    if (r.epoch != (unsigned)e || r.epoch == 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(Lid)", r.seq, r.kind, r.timeout);
+}
+
+static PyObject *GpuLane_take(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromLongLong(__atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED));
+}
+
+static PyObject *GpuLane_forget(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
+    PyDict_Clear(self->entries);
+    Py_RETURN_NONE;
+}
+
+static PyObject *GpuLane_get_enabled(GpuLane *self, void *Py_UNUSED(c)) { return PyBool_FromLong(self->enabled); }
+static int GpuLane_set_enabled(GpuLane *self, PyObject *v, void *Py_UNUSED(c)) {
+    int on = v ? PyObject_IsTrue(v) : 0;
+    if (on < 0)
+        return -1;
+    self->enabled = on && self->entries != NULL;
+    return 0;
+}
+static PyObject *GpuLane_get_epoch(GpuLane *self, void *Py_UNUSED(c)) {
+    pthread_mutex_lock(&self->mu);
+    unsigned e = self->epoch;
+    pthread_mutex_unlock(&self->mu);
+    return PyLong_FromUnsignedLong(e);
+}
+static PyObject *GpuLane_get_seq(GpuLane *self, void *Py_UNUSED(c)) {
+    return PyLong_FromLongLong(__atomic_load_n(&self->seq, __ATOMIC_RELAXED));
+}
+static PyObject *GpuLane_get_tracked(GpuLane *self, void *Py_UNUSED(c)) { return PyLong_FromLong(self->count); }
+static PyObject *GpuLane_get_learnt(GpuLane *self, void *Py_UNUSED(c)) {
+    return PyLong_FromSsize_t(self->entries ? PyDict_GET_SIZE(self->entries) : 0);
+}
+
+static PyMethodDef GpuLane_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))GpuLane_run, METH_FASTCALL,
+     "run(code, x, out, op, root): the done Work of a call learnt before, or None: the general way"},
+    {"enqueue", (PyCFunction)GpuLane_enqueue, METH_VARARGS,
+     "enqueue(plan, stream, seq, kind, timeout, keep, track): launch; the op's event (None untracked)"},
+    {"key", (PyCFunction)(void (*)(void))GpuLane_key, METH_FASTCALL, "key(code, x, out, op, root, stream)"},
+    {"learn", (PyCFunction)(void (*)(void))GpuLane_learn, METH_FASTCALL,
+     "learn(key, (plan, name, desc, kind, timeout))"},
+    {"oldest", (PyCFunction)GpuLane_oldest, METH_NOARGS,
+     "(seq, kind, epoch, deadline, timeout) of the oldest op not done on the GPU, or None"},
+    {"recent", (PyCFunction)GpuLane_recent, METH_O, "recent(epoch): (seq, kind, timeout), or None"},
+    {"take", (PyCFunction)GpuLane_take, METH_NOARGS, "the next sequence number"},
+    {"forget", (PyCFunction)GpuLane_forget, METH_NOARGS, "forget every call learnt"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef GpuLane_getset[] = {
+    {"enabled", (getter)GpuLane_get_enabled, (setter)GpuLane_set_enabled, "whether run() takes ops", NULL},
+    {"epoch", (getter)GpuLane_get_epoch, NULL, "pieces launched so far (the device's count, graphs aside)", NULL},
+    {"seq", (getter)GpuLane_get_seq, NULL, "the sequence number the next op takes", NULL},
+    {"tracked", (getter)GpuLane_get_tracked, NULL, "ops in the ring (not yet seen done)", NULL},
+    {"learnt", (getter)GpuLane_get_learnt, NULL, "calls run() knows", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject GpuLaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioccl.native._core.GpuLane",
+    .tp_basicsize = sizeof(GpuLane),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The GPU lane: a device-path collective from the call to its launches (gpu_lane.c)",
+    .tp_new = GpuLane_new,
+    .tp_init = (initproc)GpuLane_init,
+    .tp_dealloc = (destructor)GpuLane_dealloc,
+    .tp_traverse = (traverseproc)GpuLane_traverse,
+    .tp_clear = (inquiry)GpuLane_clear,
+    .tp_methods = GpuLane_methods,
+    .tp_getset = GpuLane_getset,
+};
+
+PyObject *gpu_load_cuda(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    const char *path = NULL;
+    if (nargs > 1 || (nargs == 1 && args[0] != Py_None && !PyUnicode_Check(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "load_cuda([path])");
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None && (path = PyUnicode_AsUTF8(args[0])) == NULL)
+        return NULL;
+    char why[512];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cuda_load(path, why, sizeof why);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_SetString(PyExc_OSError, why);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+int gpu_lane_ready(PyObject *m) {
+    if (PyType_Ready(&GpuPlanType) < 0 || PyType_Ready(&GpuLaneType) < 0)
+        return -1;
+    if (PyModule_AddObjectRef(m, "GpuPlan", (PyObject *)&GpuPlanType) < 0 ||
+        PyModule_AddObjectRef(m, "GpuLane", (PyObject *)&GpuLaneType) < 0)
+        return -1;
+    return 0;
+}

@@ -1,0 +1,112 @@
+/* A Work born done, made in C (work.h). */
+#include "work.h"
+
+#include <structmember.h> /* PyMemberDescrObject: the slots' offsets */
+#include <time.h>
+
+static const char *const SLOTS[WORK_N_SLOTS] = {
+    "op", "seq", "_lock", "_state", "_result", "_exc", "_callbacks", "_event", "_cancellable", "_on_cancel",
+    "_engine_thread", "_t0", "_desc", "_probe", "event", "_next_warn", "_retrieved", "status", "_withdraw", "_home",
+};
+enum { WORK_DONE = 2 };
+
+int work_maker_init(WorkMaker *m, PyObject *type, PyObject *done_lock, PyObject *home, unsigned long thread_id) {
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "the Work type must be a class");
+        return -1;
+    }
+    PyObject *dict = ((PyTypeObject *)type)->tp_dict;
+    for (int k = 0; k < WORK_N_SLOTS; k++) {
+        PyObject *d = PyDict_GetItemString(dict, SLOTS[k]);
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+            PyErr_Format(PyExc_TypeError, "Work has no slot %s", SLOTS[k]);
+            return -1;
+        }
+        m->off[k] = ((PyMemberDescrObject *)d)->d_member->offset;
+    }
+    PyObject *thread = PyLong_FromUnsignedLong(thread_id);
+    if (thread == NULL)
+        return -1;
+    Py_XSETREF(m->type, Py_NewRef(type));
+    Py_XSETREF(m->done_lock, Py_NewRef(done_lock));
+    Py_XSETREF(m->home, Py_NewRef(home));
+    Py_XSETREF(m->engine_thread, thread);
+    return 0;
+}
+
+int work_maker_traverse(WorkMaker *m, visitproc visit, void *arg) {
+    Py_VISIT(m->type);
+    Py_VISIT(m->done_lock);
+    Py_VISIT(m->home);
+    Py_VISIT(m->engine_thread);
+    return 0;
+}
+
+void work_maker_clear(WorkMaker *m) {
+    Py_CLEAR(m->type);
+    Py_CLEAR(m->done_lock);
+    Py_CLEAR(m->home);
+    Py_CLEAR(m->engine_thread);
+}
+
+void work_set(const WorkMaker *m, PyObject *w, int slot, PyObject *v) {
+    PyObject **at = (PyObject **)((char *)w + m->off[slot]);
+    Py_XSETREF(*at, v);
+}
+
+PyObject *work_born_done(const WorkMaker *m, PyObject *name, long long seq, PyObject *result, PyObject *desc,
+                         double t0) {
+    if (m->type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the Work maker is not set up");
+        return NULL;
+    }
+    PyTypeObject *t = (PyTypeObject *)m->type;
+    PyObject *w = t->tp_alloc(t, 0);
+    if (w == NULL)
+        return NULL;
+    PyObject *vals[WORK_N_SLOTS] = {
+        Py_NewRef(name), PyLong_FromLongLong(seq), Py_NewRef(m->done_lock), PyLong_FromLong(WORK_DONE),
+        Py_NewRef(result), Py_NewRef(Py_None), PyList_New(0), Py_NewRef(Py_None), Py_NewRef(Py_False),
+        Py_NewRef(Py_None), Py_NewRef(m->engine_thread), PyFloat_FromDouble(t0), Py_NewRef(desc),
+        Py_NewRef(Py_None), Py_NewRef(Py_None), PyFloat_FromDouble(0.0), Py_NewRef(Py_False), Py_NewRef(Py_None),
+        Py_NewRef(Py_False), Py_NewRef(m->home),
+    };
+    int ok = 1;
+    for (int k = 0; k < WORK_N_SLOTS; k++) {
+        ok &= vals[k] != NULL;
+        work_set(m, w, k, vals[k]);
+    }
+    if (!ok) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    return w;
+}
+
+double work_monotonic(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int attr_is_none(PyObject *obj, const char *name) {
+    PyObject *v = PyObject_GetAttrString(obj, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int none = v == Py_None;
+    Py_DECREF(v);
+    return none;
+}
+
+int work_comm_open(PyObject *comm, PyObject *group_var, int lost_ok) {
+    if ((!lost_ok && !attr_is_none(comm, "_member_lost")) || !attr_is_none(comm, "_closed"))
+        return 0;
+    PyObject *group = NULL;
+    if (PyContextVar_Get(group_var, Py_None, &group) < 0)
+        return -1;
+    int in_group = group != Py_None;
+    Py_DECREF(group);
+    return !in_group;
+}

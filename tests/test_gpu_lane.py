@@ -1,0 +1,267 @@
+"""The GPU lane (aioccl/native/src/gpu_lane.c) against a stand-in CUDA driver that records every call.
+
+No GPU here: ``tests/native/standin_cuda.c`` is built into a library that answers the driver calls the
+lane makes and records them, so each test checks exactly what would reach the GPU, in what order, with
+which kernel arguments and epochs: both forms, the event and the bounded ring, the checks that send a call
+the general way, driver errors, cross-stream ordering, and several threads issuing at once."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aioccl import native
+from aioccl.group import current_group
+from aioccl.work import BORN_DONE_LOCK, Work
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCH, WRITE, WAIT, RECORD, STREAM_WAIT, SYNC, CREATE = range(1, 8)
+NOT_READY = 600
+pytestmark = pytest.mark.skipif(native.core is None, reason=f"native core: {native.why_not}")
+
+
+class Rec(ctypes.Structure):
+    _fields_ = [("call", ctypes.c_int), ("handle", ctypes.c_void_p), ("stream", ctypes.c_void_p),
+                ("addr", ctypes.c_ulonglong), ("value", ctypes.c_uint), ("grid", ctypes.c_uint),
+                ("threads", ctypes.c_uint), ("args", ctypes.c_ulonglong * 24)]
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: Any) -> Any:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler on this machine")
+    so = tmp_path_factory.mktemp("standin") / "libstandin_cuda.so"
+    build = subprocess.run([cc, "-std=gnu17", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-O1",
+                            str(ROOT / "tests" / "native" / "standin_cuda.c"), "-o", str(so)],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    native.core.load_cuda(str(so))
+    lib = ctypes.CDLL(str(so))
+    lib.standin_log.restype = ctypes.POINTER(Rec)
+    lib.standin_context.argtypes = [ctypes.c_void_p]
+    lib.standin_nargs(21)  # what launch_spec's kernels take
+    return lib
+
+
+def calls(lib: Any) -> list[Rec]:
+    n = lib.standin_count()
+    log = lib.standin_log()
+    out = [Rec.from_buffer_copy(log[k]) for k in range(n)]
+    lib.standin_reset()
+    return out
+
+
+class Mem:
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+class FakeArray:
+    """What the lane reads of a cupy array: ``data.ptr``, ``size``, ``dtype``."""
+
+    def __init__(self, ptr: int, size: int, dtype: Any = np.float32) -> None:
+        self.data, self.size, self.dtype = Mem(ptr), size, np.dtype(dtype)
+
+
+class Event:
+    made = 0
+
+    def __init__(self) -> None:
+        Event.made += 1
+        self.ptr = Event.made  # small integers: the stand-in's event table
+
+
+ERR = (ctypes.c_uint32 * 8)()
+FLAGS = (0x1000, 0x2000, 0x3000)  # ranks 0, 1, 2's flag words as mapped here
+STREAM = 0x51
+
+
+def make_lane(driver: Any, form: int, rank: int = 1, seq: int = 7) -> tuple[Any, Any, list[Any]]:
+    ERR[0] = 0
+    comm = SimpleNamespace(_member_lost=None, _closed=None)
+    recorded: list[Any] = []
+    lane = native.core.GpuLane(Work, BORN_DONE_LOCK, None, threading.get_ident(), recorded.append, comm,
+                               current_group, FakeArray, lambda: STREAM, Event, ctypes.addressof(ERR), form, rank,
+                               FLAGS, 0x5EED, seq, 100)
+    driver.standin_context(0x5EED)
+    driver.standin_capturing(0)
+    driver.standin_complete_all()
+    calls(driver)
+    return lane, comm, recorded
+
+
+def launch_spec(fn: int, nargs: int = 21, epoch_at: int = 19, grid: int = 4) -> tuple[Any, ...]:
+    args = np.arange(100, 100 + nargs, dtype=np.uint64)  # argument k holds 100 + k
+    args[epoch_at] = 0
+    return (fn, grid, 512, args.tobytes(), epoch_at)
+
+
+def test_a_stream_form_op_is_publish_flag_waits_consume_then_its_event(driver):
+    lane, _, _ = make_lane(driver, form=1)
+    plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)), (launch_spec(0xA), launch_spec(0xB))))
+    ev = lane.enqueue(plan, STREAM, 7, 1, 5.0, ("x",), True)
+    log = calls(driver)
+    want = []
+    for e in (101, 102):
+        want += [(LAUNCH, 0xA, e), (WRITE, FLAGS[1], e), (WAIT, FLAGS[0], e), (WAIT, FLAGS[2], e), (LAUNCH, 0xB, e)]
+    got = [(r.call, r.handle if r.call == LAUNCH else r.addr, r.args[19] if r.call == LAUNCH else r.value)
+           for r in log[:-1]]
+    assert got == want
+    assert all(r.stream == STREAM for r in log)
+    assert [a for a in log[0].args[:19]] == list(range(100, 119)) and log[0].args[20] == 120
+    assert (log[-1].call, log[-1].handle, log[-1].stream) == (RECORD, ev.ptr, STREAM)
+    assert lane.epoch == 102 and lane.tracked == 1
+    assert lane.recent(101) == (7, 1, 5.0) and lane.recent(102) == (7, 1, 5.0) and lane.recent(99) is None
+
+
+def test_a_spin_form_op_is_one_launch_per_piece_its_epoch_left_to_the_kernel(driver):
+    lane, _, _ = make_lane(driver, form=0)
+    plan = native.core.GpuPlan(((launch_spec(0xC),), (launch_spec(0xC),), (launch_spec(0xC),)))
+    lane.enqueue(plan, STREAM, 7, 1, 5.0, None, True)
+    log = calls(driver)
+    assert [r.call for r in log] == [LAUNCH, LAUNCH, LAUNCH, RECORD]
+    assert all(r.args[19] == 0 and r.grid == 4 and r.threads == 512 for r in log[:3])
+    assert lane.epoch == 103
+
+
+def test_an_untracked_op_records_no_event_and_a_new_stream_waits_for_the_last(driver):
+    lane, _, _ = make_lane(driver, form=0)
+    plan = native.core.GpuPlan(((launch_spec(0xC),),))
+    assert lane.enqueue(plan, STREAM, 7, 1, 5.0, None, False) is None  # (a CUDA graph's capture)
+    assert [r.call for r in calls(driver)] == [LAUNCH]
+    lane.enqueue(plan, 0x52, 8, 1, 5.0, None, True)  # another stream: ordered after the last one's work
+    log = calls(driver)
+    assert [(r.call, r.stream) for r in log] == [(CREATE, None), (RECORD, STREAM), (STREAM_WAIT, 0x52),
+                                                 (LAUNCH, 0x52), (RECORD, 0x52)]
+    assert log[1].handle == log[2].handle == log[0].handle
+
+
+def learn(lane: Any, x: FakeArray, plan: Any, out: Any = None, code: int = 1, op: Any = "sum") -> None:
+    lane.learn(lane.key(code, x, out, op, 0, STREAM), (plan, "all_reduce", (x.size, x.dtype, op, None), code, 5.0))
+    lane.enabled = True
+
+
+def test_run_takes_a_learnt_call_only_and_gives_a_done_work_with_its_event(driver):
+    lane, comm, recorded = make_lane(driver, form=1)
+    plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)),))
+    x = FakeArray(0xBEEF00, 16)
+    assert lane.run(1, x, None, "sum", 0) is None  # nothing learnt: the general way
+    learn(lane, x, plan)
+    assert lane.run(1, FakeArray(0xBEEF40, 16), None, "sum", 0) is None  # another buffer
+    assert lane.run(1, x, None, "max", 0) is None  # another op
+    assert lane.run(1, np.zeros(16, np.float32), None, "sum", 0) is None  # not the GPU array type
+    assert calls(driver) == []
+    w = lane.run(1, x, None, "sum", 0)
+    assert isinstance(w, Work) and w.done() and w.result() is x and w.seq == 7 and w.op == "all_reduce"
+    assert w.event is not None and calls(driver)[-1].handle == w.event.ptr
+    assert recorded[-1][:2] == ("all_reduce", 7) and recorded[-1][3] is None
+    assert lane.run(1, x, None, "sum", 0).seq == 8 and lane.seq == 9
+
+
+@pytest.mark.parametrize("why", ["disabled", "context", "capturing", "error word", "closed", "member lost", "group"])
+def test_run_sends_the_call_the_general_way_when(driver, why):
+    lane, comm, _ = make_lane(driver, form=0)
+    x = FakeArray(0xBEEF00, 16)
+    learn(lane, x, native.core.GpuPlan(((launch_spec(0xC),),)))
+    token = None
+    if why == "disabled":
+        lane.enabled = False
+    elif why == "context":
+        driver.standin_context(0x0DD)  # another device current on this thread
+    elif why == "capturing":
+        driver.standin_capturing(1)
+    elif why == "error word":
+        ERR[0] = 1  # a kernel gave up: the general way raises the failure
+    elif why == "closed":
+        comm._closed = "closed"
+    elif why == "member lost":
+        comm._member_lost = RuntimeError("lost")
+    else:
+        token = current_group.set([])
+    try:
+        assert lane.run(1, x, None, "sum", 0) is None
+    finally:
+        if token is not None:
+            current_group.reset(token)
+    assert [r.call for r in calls(driver)] == [] and lane.seq == 7
+
+
+def test_a_driver_error_is_raised_naming_the_call_and_its_error(driver):
+    lane, _, _ = make_lane(driver, form=1)
+    plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)),))
+    driver.standin_fail(2, 700)  # the flag write fails
+    with pytest.raises(RuntimeError, match="cuStreamWriteValue32 failed: CUDA_ERROR_ILLEGAL_ADDRESS"):
+        lane.enqueue(plan, STREAM, 7, 1, 5.0, None, True)
+    driver.standin_fail(1, 999)
+    with pytest.raises(RuntimeError, match="cuLaunchKernel failed: CUresult 999"):
+        lane.enqueue(plan, STREAM, 8, 1, 5.0, None, True)
+    calls(driver)
+    assert lane.oldest() is None  # the failed ops are not waited for
+
+
+def test_the_ring_is_bounded_the_oldest_waited_for_and_free_events_reused(driver):
+    lane, _, _ = make_lane(driver, form=0)
+    plan = native.core.GpuPlan(((launch_spec(0xC),),))
+    made = Event.made
+    first = lane.enqueue(plan, STREAM, 0, 1, 5.0, None, True)
+    assert lane.oldest()[:3] == (0, 1, 101)
+    for k in range(1, 1024):
+        lane.enqueue(plan, STREAM, k, 1, 5.0, None, True)
+    assert lane.tracked == 1024 and Event.made == made + 1024
+    calls(driver)
+    lane.enqueue(plan, STREAM, 1024, 1, 5.0, None, True)  # full: waits for the oldest first
+    log = calls(driver)
+    assert log[0].call == SYNC and log[0].handle == first.ptr
+    assert Event.made == made + 1025  # the first op's event is still held here (first): a new one
+    driver.standin_complete_all()
+    assert lane.oldest() is None and lane.tracked == 0
+    del first
+    ev = None
+    for k in range(1025, 1025 + 1024):  # around the ring again: every event free now, reused
+        ev = lane.enqueue(plan, STREAM, k, 1, 5.0, None, True)
+        del ev
+    assert Event.made == made + 1025
+
+
+def test_ops_from_several_threads_get_distinct_epochs_and_events(driver):
+    lane, _, _ = make_lane(driver, form=1)
+    plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)),))
+    events: list[Any] = []
+
+    def issue() -> None:
+        for k in range(200):
+            events.append(lane.enqueue(plan, STREAM, k, 1, 5.0, None, True))
+
+    threads = [threading.Thread(target=issue) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log = calls(driver)
+    pubs = [r.args[19] for r in log if r.call == LAUNCH and r.handle == 0xA]
+    assert sorted(pubs) == list(range(101, 901)) and pubs == sorted(pubs)  # issue order is epoch order
+    for k in range(0, len(log), 6):  # every op's five calls and its event, never interleaved
+        e = log[k].args[19]
+        assert [r.call for r in log[k:k + 6]] == [LAUNCH, WRITE, WAIT, WAIT, LAUNCH, RECORD]
+        assert {log[k + 1].value, log[k + 2].value, log[k + 3].value, log[k + 4].args[19]} == {e}
+    assert len({id(e) for e in events}) == 800
+
+
+def test_bad_plans_are_refused():
+    with pytest.raises(ValueError, match="at least one piece"):
+        native.core.GpuPlan(())
+    with pytest.raises(ValueError, match="8-byte argument slots"):
+        native.core.GpuPlan((((1, 4, 512, b"\0" * 12, 0),),))
+    with pytest.raises(ValueError, match="the epoch's slot"):
+        native.core.GpuPlan((((1, 4, 512, b"\0" * 16, 5),),))
+    with pytest.raises(ValueError, match="same form"):
+        native.core.GpuPlan((((1, 4, 512, b"\0" * 16, 0),), ((1, 4, 512, b"\0" * 16, 0), (1, 4, 512, b"\0" * 16, 0))))
