@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .algorithms.table import BY_NAME
 from .buffers import Buf, adapt, address, check_same, fresh, identical, need_writable, overlaps
 from .dtypes import ReduceOp, check_op_dtype, dtype_code
 from .errors import InvalidArgument
 from .fast_lane import CAPTURE
 from .work import Work
+
+_CODES = {name: BY_NAME[name].code for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter")}
 
 
 def _lane_tensor(lane: Any, x: Any, op: ReduceOp | str) -> Any:
@@ -46,6 +49,8 @@ class CollectiveOps:
         def _root(self, root: int) -> int: ...
 
         _lane: Any
+        _gpu_lane: Any  # the GPU lane, once the device path runs ops (gpu/lane.py)
+        _gpu: Any
 
         def _carry_on(self, x: Any, op: ReduceOp | str, handed: tuple[Any, ...],
                       timeout: float | None = None) -> Work[Any]: ...
@@ -96,6 +101,9 @@ class CollectiveOps:
             w = lane.all_reduce(x, op) if x.__class__ is np.ndarray else _lane_tensor(lane, x, op)
             if w is not None:
                 return w if w.__class__ is Work else self._carry_on(x, op, w, timeout)
+        if self._gpu_lane is not None and stream is None and timeout is None:  # GPU buffers: the native lane
+            return self._gpu.through_lane(_CODES["all_reduce"], x, out, op, 0,  # type: ignore[no-any-return]
+                                          lambda: self._elementwise("all_reduce", x, op, out, None, None))
         return self._elementwise("all_reduce", x, op, out, timeout, stream)
 
     def scan(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
@@ -118,6 +126,12 @@ class CollectiveOps:
     def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Copy root's ``x`` into every rank's ``x``, or into ``out`` where given (a new array for JAX)."""
+        if self._gpu_lane is not None and stream is None and timeout is None:
+            return self._gpu.through_lane(_CODES["broadcast"], x, out, None, root,  # type: ignore[no-any-return]
+                                          lambda: self._broadcast(x, root, out, None, None))
+        return self._broadcast(x, root, out, timeout, stream)
+
+    def _broadcast(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
         root = self._root(root)
         xb = adapt(x, "x")
         if out is not None:
@@ -153,6 +167,12 @@ class CollectiveOps:
     def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Concatenate every rank's ``x`` along axis 0 (0-d inputs give shape ``(n,)``)."""
+        if self._gpu_lane is not None and stream is None and timeout is None and out is not None:
+            return self._gpu.through_lane(_CODES["all_gather"], x, out, None, 0,  # type: ignore[no-any-return]
+                                          lambda: self._all_gather(x, out, None, None))
+        return self._all_gather(x, out, timeout, stream)
+
+    def _all_gather(self, x: Any, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
         xb = adapt(x, "x")
         shape = xb.array.shape
         oshape = (self.world_size * shape[0], *shape[1:]) if shape else (self.world_size,)
@@ -164,6 +184,12 @@ class CollectiveOps:
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
                        timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce ``x`` (n blocks along axis 0) and keep block ``rank``; by default in x's own block."""
+        if self._gpu_lane is not None and stream is None and timeout is None and out is not None:
+            return self._gpu.through_lane(_CODES["reduce_scatter"], x, out, op, 0,  # type: ignore[no-any-return]
+                                          lambda: self._reduce_scatter(x, op, out, None, None))
+        return self._reduce_scatter(x, op, out, timeout, stream)
+
+    def _reduce_scatter(self, x: Any, op: ReduceOp | str, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
         check_op_dtype(rop, xb.array.dtype)

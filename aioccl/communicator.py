@@ -106,6 +106,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
             self._member_lost = PeerLost(gone, f"{box.lost[gone].detail}; it was rank {view.ranks.index(gone)} of "
                                                f"communicator {view.ctx:x}, so its ops fail until comm.shrink()")
         self._gpu: Any = None  # GpuRunner, made by the first op on GPU buffers
+        self._gpu_lane: Any = None  # its native lane, once the device path runs ops (gpu/lane.py)
         engine.watchdog.watch(self)
 
     # -- creation ------------------------------------------------------------

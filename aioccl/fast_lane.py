@@ -39,6 +39,7 @@ CAPTURE = _Capture()
 class FastLane:
     if TYPE_CHECKING:
         _lane: Any
+        _gpu_lane: Any
         _shm: ShmChannel | None
         _plans: dict[tuple[Any, ...], tuple[Schedule, Any]]
 
@@ -54,6 +55,8 @@ class FastLane:
         for the callers that read only the lane (an XLA custom call, on XLA's thread, without the GIL)."""
         if self._lane is not None:
             self._lane.enabled = False
+        if self._gpu_lane is not None:
+            self._gpu_lane.enabled = False
 
     def _carry_on(self, x: Any, op: ReduceOp | str, handed: tuple[Any, ...],
                   timeout: float | None = None) -> Work[Any]:

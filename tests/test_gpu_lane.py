@@ -164,7 +164,7 @@ def test_run_takes_a_learnt_call_only_and_gives_a_done_work_with_its_event(drive
     assert isinstance(w, Work) and w.done() and w.result() is x and w.seq == 7 and w.op == "all_reduce"
     assert w.event is not None and calls(driver)[-1].handle == w.event.ptr
     assert recorded[-1][:2] == ("all_reduce", 7) and recorded[-1][3] is None
-    assert lane.run(1, x, None, "sum", 0).seq == 8 and lane.seq == 9
+    assert lane.run(1, x, None, "sum", 0).seq == 8 and lane.seq == 9 and lane.ran == 2
 
 
 @pytest.mark.parametrize("why", ["disabled", "context", "capturing", "error word", "closed", "member lost", "group"])

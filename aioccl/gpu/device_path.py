@@ -44,6 +44,7 @@ from ..dtypes import ReduceOp
 from ..engine.notices import describe_call
 from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted, InvalidArgument
 from ..kernels import gpu_piece as K
+from . import lane as native_lane
 from . import plans, streamops
 from .ipc import IpcTable
 from .launch import Launch
@@ -85,7 +86,10 @@ class DevicePath:
         # every spin-form launch has this many blocks (the epoch's parity must agree in all of them), and the
         # ranks' blocks together stay well inside what one H100 holds at once (132 SMs x 3 such blocks)
         self.spin_grid = max(4, min(K.FLAG_WORDS, SPIN_GRID_RANKS // nranks))
-        self.epoch = 0  # this rank's count of pieces, as the device counts them (without graph replays)
+        self._epoch = 0  # this rank's count of pieces, as the device counts them (without graph replays)
+        self.lane: Any = None  # the native GPU lane (gpu/lane.py), which then launches every op
+        self.last: tuple[int, Any, int, float] | None = None  # the lane's last op: (seq, plan, stream, timeout)
+        self._plans: dict[tuple[Any, ...], Any] = {}
         self._lock = threading.Lock()
         self._modules: dict[str, Any] = {}
         self._functions: dict[str, Any] = {}
@@ -97,6 +101,22 @@ class DevicePath:
         self._side_stream: Any = None
         self._write, self._wait = streamops.load(cp)
         self.failure: AiocclError | None = None
+
+    @property
+    def epoch(self) -> int:
+        return int(self.lane.epoch) if self.lane is not None else self._epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch = value
+
+    @property
+    def err_ptr(self) -> int:
+        return self._err_ptr
+
+    def flag_ptr(self, rank: int) -> int:
+        """Rank ``rank``'s flag word (the start of its scratch) as mapped in this process."""
+        return self._table.ptr(rank)
 
     # -- enqueue (the caller's thread) -------------------------------------------------------------
     def kernel(self, dt: np.dtype, op: ReduceOp | None) -> Any:
@@ -149,10 +169,18 @@ class DevicePath:
                 raise InvalidArgument(f"{g.name}: capturing a CUDA graph needs the spin form (MPS, or one "
                                       f"process per GPU); these ranks share a GPU without it ({self.why})")
             with cp.cuda.Device(self.dev):
-                launches = self._launches(g)
+                launches, plan = self._launches(g)
+                if plan is not None and self.lane is not None:  # launched by the native lane (gpu/lane.py)
+                    ev = self.lane.enqueue(plan, stream.ptr, g.seq, g.fp[0], g.timeout, (g.inp.array, g.out.array),
+                                           not capturing)
+                    if ev is not None:
+                        g.work.event = ev
+                    self.last = None if capturing else (g.seq, plan, stream.ptr, g.timeout)
+                    g.work._set_result(g.result())
+                    return
                 self._order_after_last(stream, capturing)
                 for launch, consume in launches:
-                    e = self.epoch = self.epoch + 1
+                    e = self._epoch = self._epoch + 1
                     if consume is None:  # spin: the whole piece in one launch
                         launch(stream)
                     else:
@@ -168,15 +196,16 @@ class DevicePath:
                                          g.timeout, (g.inp.array, g.out.array)))
         g.work._set_result(g.result())
 
-    def _launches(self, g: GpuOp) -> list[tuple[Launch, Launch | None]]:
-        """(launch, the stream form's consume launch) per piece of ``g``, kept per call: the same call on the
-        same buffers (a training loop) builds nothing."""
+    def _launches(self, g: GpuOp) -> tuple[list[tuple[Launch, Launch | None]], Any]:
+        """(launch, the stream form's consume launch) per piece of ``g``, and their native plan when the lane
+        can run them (else None), kept per call: the same call on the same buffers (a training loop) builds
+        nothing."""
         dt = g.out.array.dtype
         in_ptr, out_ptr = g.inp.array.data.data.ptr, g.out.array.data.data.ptr
         key = (g.fp, g.op, in_ptr, out_ptr, g.timeout)
         got = self._launch_cache.get(key)
         if got is not None:
-            return got
+            return got, self._plans.get(key)
         kern = self.kernel(dt, g.op)
         fp, kind = fingerprint(*g.fp), g.fp[0]
         got = []
@@ -193,8 +222,10 @@ class DevicePath:
                             Launch(kern, grid, K.THREADS, args(K.CONSUME), EPOCH_ARG)))
         if len(self._launch_cache) >= 512:
             self._launch_cache.clear()
+            self._plans.clear()
         self._launch_cache[key] = got
-        return got
+        plan = self._plans[key] = native_lane.plan(got) if self.lane is not None else None
+        return got, plan
 
     def _stream_piece(self, publish: Launch, consume: Launch, stream: Any, e: int) -> None:
         """Publish; this rank's flag word 0 := e (after the publish, fenced); wait for every peer's; consume."""
@@ -221,6 +252,17 @@ class DevicePath:
             self._tracked.popleft()
         return self._tracked[0] if self._tracked else None
 
+    def _oldest(self) -> _Tracked | None:
+        """The oldest op still queued on the GPU, the lane's or this path's own."""
+        if self.lane is None:
+            with self._lock:
+                return self._drop_done()
+        got = self.lane.oldest()
+        if got is None:
+            return None
+        seq, kind, epoch, deadline, timeout = got
+        return _Tracked(None, seq, name_of(kind, "GPU op"), deadline, epoch, timeout, None)
+
     def _track(self, t: _Tracked) -> None:
         self._drop_done()
         if len(self._tracked) >= TRACKED:  # the budget: wait for the oldest (its deadline bounds the wait)
@@ -236,8 +278,7 @@ class DevicePath:
         if self.err[0]:
             exc = self._from_error_word()
         else:
-            with self._lock:
-                t = self._drop_done()
+            t = self._oldest()
             if t is not None and time.monotonic() > t.deadline:
                 exc = CollectiveTimeout(t.name, t.seq, self._behind(t.epoch), t.timeout,
                                         "not done on the GPU (stream waits on the peers' flags)", self._comm_id)
@@ -251,6 +292,8 @@ class DevicePath:
             if self.failure is not None:
                 return
             self.failure = exc
+        if self.lane is not None:
+            self.lane.enabled = False
         (_log.warning if isinstance(exc, CommAborted) else _log.error)("%s", exc)
         if self.err[0] == 0:
             self.err[0] = K.ERR_ABORT
@@ -289,6 +332,8 @@ class DevicePath:
     def _from_error_word(self) -> AiocclError:
         code, peer, epoch, kind = (int(v) for v in self.err)
         name, seq, timeout = self._recent.get(epoch, (name_of(kind, "GPU op"), -1, 0.0))
+        if self.lane is not None and (got := self.lane.recent(epoch)) is not None:
+            name, seq, timeout = name_of(got[1], "GPU op"), got[0], got[2]
         where = f"device op #{epoch}"
         if code == K.ERR_TIMEOUT:
             return CollectiveTimeout(name, seq, [peer], timeout,
@@ -314,9 +359,8 @@ class DevicePath:
         past the deadline and frees the stream's waits (stream), so neither loop nor synchronisation can
         hang on a peer that is gone."""
         while self.failure is None:
-            with self._lock:
-                if self._drop_done() is None:
-                    break
+            if self._oldest() is None:
+                break
             self.poll()
             time.sleep(0.001)
         rt = self.cp.cuda.runtime

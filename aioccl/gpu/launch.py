@@ -36,7 +36,7 @@ class Launch:
     """``kern`` on ``grid`` x ``threads`` with ``args`` (numpy scalars); ``epoch_at``: the argument that
     ``__call__`` may set."""
 
-    __slots__ = ("_kern", "_fn", "grid", "threads", "_args", "_values", "_params", "_epoch")
+    __slots__ = ("_kern", "_fn", "grid", "threads", "_args", "_values", "_params", "_epoch", "epoch_at")
 
     def __init__(self, kern: Any, grid: int, threads: int, args: tuple[Any, ...], epoch_at: int) -> None:
         self._kern, self.grid, self.threads, self._args = kern, grid, threads, args
@@ -45,6 +45,17 @@ class Launch:
         self._values: list[Any] = [_CTYPES[np.dtype(type(a))](a) for a in args]
         self._params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(v) for v in self._values])
         self._epoch: Any = self._values[epoch_at]
+        self.epoch_at = epoch_at
+
+    @property
+    def fn(self) -> int | None:
+        """The kernel's driver function (None: the test stand-in's kernel, called the cupy way)."""
+        return self._fn
+
+    @property
+    def values(self) -> list[Any]:
+        """The arguments as ctypes values, in order (``gpu/lane.py`` packs them for the native lane)."""
+        return self._values
 
     def __call__(self, stream: Any, epoch: int | None = None) -> None:
         if epoch is not None:

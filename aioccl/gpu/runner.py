@@ -44,6 +44,7 @@ from ..envvars import env_int
 from ..errors import AiocclError, CollectiveTimeout, CommAborted
 from ..work import Work
 from . import device_setup, plans
+from . import lane as native_lane
 from .device_path import DevicePath
 from .events import wait_event
 from .host_phase import host_op
@@ -117,6 +118,9 @@ class GpuRunner:
             dp = self._ipc
             if isinstance(dp, DevicePath) and self._deferred == 0:
                 dp.enqueue(g)
+                if dp.lane is not None and not dp.lane.enabled and dp.failure is None:
+                    dp.lane.enabled = True  # every op queued before the setup is on the GPU: calls may skip ahead
+                    self._comm._gpu_lane = dp.lane
                 return g.work, None
             if dp is None or self._deferred:
                 with self._lock:
@@ -125,6 +129,21 @@ class GpuRunner:
                 return self._ticketed(g, lambda: self._run(g, dev))
         self._stage_input(g, dev)
         return self._ticketed(g, lambda: self._run(g, dev))
+
+    def through_lane(self, code: int, x: Any, out: Any, op: Any, root: int,
+                     general: Callable[[], Work[Any]]) -> Work[Any]:
+        """A call while the device path's lane is up: done by the lane when it knows the call; else the
+        general way, after which the lane learns it (gpu/lane.py)."""
+        dp = self._ipc
+        if not isinstance(dp, DevicePath) or dp.lane is None:
+            return general()
+        w: Work[Any] | None = dp.lane.run(code, x, out, op, root)
+        if w is not None:
+            return w
+        w = general()
+        if x.__class__ is self._cp.ndarray:
+            native_lane.learn(dp.lane, code, x, out, op, root, w, dp.last)
+        return w
 
     def _start_setup(self, dev: int, timeout: float) -> None:
         with self._lock:
@@ -143,6 +162,8 @@ class GpuRunner:
                 self._ipc = False
                 _log.warning("GPU ops use staging through host memory: %s", dp)
             else:
+                with self._lock:  # from here on the lane numbers the GPU ops
+                    dp.lane = native_lane.make(dp, self._comm, self._ops)
                 self._ipc = dp
                 self._comm._engine.spawn(self._watch(dp))
         except BaseException as e:
@@ -175,8 +196,12 @@ class GpuRunner:
         with self._cp.cuda.Device(dev):
             s = resolve(self._cp, stream)
         with self._lock:
-            seq = self._ops
-            self._ops += 1
+            dp = self._ipc
+            if isinstance(dp, DevicePath) and dp.lane is not None:
+                seq = dp.lane.take()
+            else:
+                seq = self._ops
+                self._ops += 1
         return GpuOp(name, seq, count, root, inp, out, op, dev, s, timeout, Work(name, seq), result), dev
 
     def _ticketed(self, g: GpuOp, start: Callable[[], Any]) -> tuple[Work[Any], Callable[[], Any]]:
@@ -373,6 +398,7 @@ class GpuRunner:
     def release(self) -> None:
         """Let the device path's queued ops end and free it (after the last op; errors are logged)."""
         dp, self._ipc = self._ipc, False
+        self._comm._gpu_lane = None
         if isinstance(dp, DevicePath):
             dp.release()
         self._pinned.close()

@@ -46,7 +46,7 @@ UNROLL = 4  # 16-byte units per thread in flight: enough loads outstanding to ke
 
 DTYPES = tuple(C_TYPES)
 
-PRELUDE = HALF_CONVERT + BF16_CONVERT + r"""
+PRELUDE = HALF_CONVERT + BF16_CONVERT + f"#define UNROLL {UNROLL}\n" + r"""
 typedef unsigned int u32;
 typedef unsigned long long u64;
 __device__ __forceinline__ u32 aioccl_ld_acquire(const u32* p) {
@@ -72,6 +72,17 @@ template <typename T> __device__ __forceinline__ void aioccl_store(T* p, long lo
     if (al) { ((uint4*)p)[u] = v.q; return; }
 #pragma unroll
     for (int w = 0; w < aioccl_vec<T>::N; w++) p[u * aioccl_vec<T>::N + w] = v.e[w];
+}
+// this thread's units of a copy: u = first, first + step, ..., UNROLL of them loaded before any is stored
+template <typename T> __device__ __forceinline__ void aioccl_copy(const T* src, T* dst, long long units,
+                                                                  long long first, long long step, bool al) {
+    for (long long u0 = first; u0 < units; u0 += UNROLL * step) {
+        aioccl_vec<T> v[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) if (u0 + k * step < units) v[k] = aioccl_load(src, u0 + k * step, al);
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) if (u0 + k * step < units) aioccl_store(dst, u0 + k * step, v[k], al);
+    }
 }
 __device__ __forceinline__ void aioccl_fail(volatile u32* err, u32 code, u32 peer, u32 epoch, u32 kind) {
     if (err[0] == 0) { err[1] = peer; err[2] = epoch; err[3] = kind; __threadfence_system(); err[0] = code; }
@@ -108,13 +119,7 @@ extern "C" __global__ void __launch_bounds__(512) NAME(
             const T* src = in + j * count + a;
             T* dst = mine + j * n;
             const bool al = aioccl_aligned(src) && aioccl_aligned(dst);
-            for (long long u0 = first; u0 < units; u0 += UNROLL * step) {
-                V v[UNROLL];
-#pragma unroll
-                for (int k = 0; k < UNROLL; k++) if (u0 + k * step < units) v[k] = aioccl_load(src, u0 + k * step, al);
-#pragma unroll
-                for (int k = 0; k < UNROLL; k++) if (u0 + k * step < units) aioccl_store(dst, u0 + k * step, v[k], al);
-            }
+            aioccl_copy(src, dst, units, first, step, al);
             for (long long i = rest + first; i < n; i += step) dst[i] = src[i];
         }
         if (tid == 0) ((volatile u64*)(bases[rank] + FPOFF))[e & 1u] = fp;
@@ -148,14 +153,16 @@ extern "C" __global__ void __launch_bounds__(512) NAME(
             const bool al = aioccl_aligned(dst) && aioccl_aligned((const T*)(bases[0] + half) + slot_block * n);
             for (long long u0 = first; u0 < units; u0 += UNROLL * step) {
                 V acc[UNROLL];
+                const T* src0 = (const T*)(bases[0] + half) + slot_block * n;
 #pragma unroll
                 for (int k = 0; k < UNROLL; k++)
-                    if (u0 + k * step < units) acc[k] = aioccl_load((const T*)(bases[0] + half) + slot_block * n, u0 + k * step, al);
+                    if (u0 + k * step < units) acc[k] = aioccl_load(src0, u0 + k * step, al);
                 for (int r = 1; r < nred; r++) {
                     const T* src = (const T*)(bases[r] + half) + slot_block * n;
                     V x[UNROLL];
 #pragma unroll
-                    for (int k = 0; k < UNROLL; k++) if (u0 + k * step < units) x[k] = aioccl_load(src, u0 + k * step, al);
+                    for (int k = 0; k < UNROLL; k++)
+                        if (u0 + k * step < units) x[k] = aioccl_load(src, u0 + k * step, al);
 #pragma unroll
                     for (int k = 0; k < UNROLL; k++)
 #pragma unroll
@@ -182,13 +189,7 @@ extern "C" __global__ void __launch_bounds__(512) NAME(
                 const T* src = (const T*)(bases[out_blocks > 1 ? k2 : src_root] + half) + slot_block * n;
                 T* dst = out + k2 * count + a;
                 const bool al = aioccl_aligned(src) && aioccl_aligned(dst);
-                for (long long u0 = first; u0 < units; u0 += UNROLL * step) {
-                    V v[UNROLL];
-#pragma unroll
-                    for (int k = 0; k < UNROLL; k++) if (u0 + k * step < units) v[k] = aioccl_load(src, u0 + k * step, al);
-#pragma unroll
-                    for (int k = 0; k < UNROLL; k++) if (u0 + k * step < units) aioccl_store(dst, u0 + k * step, v[k], al);
-                }
+                aioccl_copy(src, dst, units, first, step, al);
                 for (long long i = rest + first; i < n; i += step) dst[i] = src[i];
             }
         }
@@ -197,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(512) NAME(
 """
 
 
-_PLACEHOLDER = re.compile(r"\b(NAME|COMBINE|SCALE|HEADER|FPOFF|TIMEOUT|MISMATCH|UNROLL|T)\b")
+_PLACEHOLDER = re.compile(r"\b(NAME|COMBINE|SCALE|HEADER|FPOFF|TIMEOUT|MISMATCH|T)\b")
 
 
 def kernel_name(op: ReduceOp | None, dt: np.dtype) -> str:
@@ -213,7 +214,7 @@ def dtype_source(dt: np.dtype) -> str:
         comb, scale = function_names(op, dt)
         subs = {"NAME": kernel_name(op, dt), "COMBINE": comb, "SCALE": scale,
                 "HEADER": str(HEADER_BYTES), "FPOFF": str(FP_OFFSET), "TIMEOUT": str(ERR_TIMEOUT),
-                "MISMATCH": str(ERR_MISMATCH), "UNROLL": str(UNROLL), "T": ctype}
+                "MISMATCH": str(ERR_MISMATCH), "T": ctype}
         body = _PLACEHOLDER.sub(lambda m, s=subs: s[m.group(1)], _BODY)  # type: ignore[misc]
         parts.append(device_functions(op, dt) + body)
     return "\n".join(parts)

@@ -151,6 +151,7 @@ typedef struct {
     unsigned long long own_flag, flags[MAX_PEERS];
     cu_handle ctx, last_stream, order_ev;
     long long seq; /* atomic */
+    long long ran; /* ops run() did */
     unsigned epoch;
     pthread_mutex_t mu;
     int head, count; /* tracked ops: ring[(head - count) % TRACKED] is the oldest */
@@ -498,6 +499,7 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     Py_XDECREF(keep);
     PyObject *w = ev ? work_born_done(&self->wm, name, seq, result, desc, t0) : NULL;
     if (w != NULL) {
+        self->ran++;
         work_set(&self->wm, w, WORK_SLOT_EVENT, Py_NewRef(ev));
         PyObject *rec = Py_BuildValue("(OLOOd)", name, seq, desc, Py_None, work_monotonic() - t0);
         PyObject *r = rec ? PyObject_CallOneArg(self->record, rec) : NULL;
@@ -562,6 +564,7 @@ static PyObject *GpuLane_get_epoch(GpuLane *self, void *Py_UNUSED(c)) {
 static PyObject *GpuLane_get_seq(GpuLane *self, void *Py_UNUSED(c)) {
     return PyLong_FromLongLong(__atomic_load_n(&self->seq, __ATOMIC_RELAXED));
 }
+static PyObject *GpuLane_get_ran(GpuLane *self, void *Py_UNUSED(c)) { return PyLong_FromLongLong(self->ran); }
 static PyObject *GpuLane_get_tracked(GpuLane *self, void *Py_UNUSED(c)) { return PyLong_FromLong(self->count); }
 static PyObject *GpuLane_get_learnt(GpuLane *self, void *Py_UNUSED(c)) {
     return PyLong_FromSsize_t(self->entries ? PyDict_GET_SIZE(self->entries) : 0);
@@ -587,6 +590,7 @@ static PyGetSetDef GpuLane_getset[] = {
     {"enabled", (getter)GpuLane_get_enabled, (setter)GpuLane_set_enabled, "whether run() takes ops", NULL},
     {"epoch", (getter)GpuLane_get_epoch, NULL, "pieces launched so far (the device's count, graphs aside)", NULL},
     {"seq", (getter)GpuLane_get_seq, NULL, "the sequence number the next op takes", NULL},
+    {"ran", (getter)GpuLane_get_ran, NULL, "ops run() did, from the call to the done Work", NULL},
     {"tracked", (getter)GpuLane_get_tracked, NULL, "ops in the ring (not yet seen done)", NULL},
     {"learnt", (getter)GpuLane_get_learnt, NULL, "calls run() knows", NULL},
     {NULL, NULL, NULL, NULL, NULL},

@@ -1,0 +1,104 @@
+"""The device path's ops in native code: the GPU lane (``aioccl/native/src/gpu_lane.c``) and what feeds it.
+
+Python builds an op's launches once per call (``DevicePath._launches``); here they become a native
+``GpuPlan`` (each launch's function, grid and arguments packed into 8-byte slots). Every op of a device
+path with a lane is then launched by the lane, on either road:
+
+* the general way (``DevicePath.enqueue``): argument checks, the op record, the plan; the lane launches
+  it, records its event and tracks it;
+* a call seen before (``Communicator``'s collectives, first thing): ``lane.run`` finds the call's plan by
+  its buffers, count, dtype, op, root and the current stream, and does the whole op in C: sequence
+  number, launches, event, a Work born done, the flight recorder. No Python runs between the call and
+  ``cuLaunchKernel``. ``learn`` teaches it a call right after the general way ran it, and only when the
+  Work it returned is what ``run`` would return.
+
+Without the native core (``AIOCCL_NATIVE=0``), without the CUDA driver (the test stand-in cupy) or
+for a kernel with no driver function, the device path launches from Python as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import log, native
+from ..group import current_group
+from ..work import BORN_DONE_LOCK, Work
+from .launch import Launch
+from .streams import current_ptr
+
+_log = log.get("GPU")
+_driver: list[str] = []  # "" once libcuda is loaded, else why it could not be
+
+
+def _load_driver() -> str:
+    """Why the lane cannot run ("" when it can): the native core and the CUDA driver, loaded once."""
+    core = native.core
+    if core is None:
+        return f"native core {native.why_not}"
+    if not _driver:
+        try:
+            core.load_cuda()
+            _driver.append("")
+        except OSError as e:
+            _driver.append(str(e))
+    return _driver[0]
+
+
+def make(dp: Any, comm: Any, seq: int) -> Any:
+    """A lane for device path ``dp`` of communicator ``comm`` (whose next GPU op takes ``seq``), or None
+    with the reason logged; it starts switched off (``enable``)."""
+    why = _load_driver()
+    cp, core = dp.cp, native.core
+    drv: Any = getattr(cp.cuda, "driver", None)
+    if not why and (drv is None or not hasattr(drv, "ctxGetCurrent")):
+        why = "this cupy has no driver context call"
+    if not why and dp.nranks > 64:
+        why = f"{dp.nranks} ranks (the lane takes up to 64)"
+    if why:
+        _log.info("GPU ops launch from Python: %s", why)
+        return None
+    with cp.cuda.Device(dp.dev):
+        ctx = int(drv.ctxGetCurrent())
+    placement = comm._engine.placement
+    flags = tuple(dp.flag_ptr(r) for r in range(dp.nranks))
+    assert core is not None
+    return core.GpuLane(
+        Work, BORN_DONE_LOCK, placement, placement.thread_id, comm._recorder._ring.append, comm, current_group,
+        cp.ndarray, current_ptr(cp), lambda: cp.cuda.Event(disable_timing=True), dp.err_ptr,
+        0 if dp.form == "spin" else 1, dp.rank, flags, ctx, seq, dp.epoch)
+
+
+def _slots(launch: Launch) -> bytes:
+    """The launch's arguments, one per 8-byte slot (a 4-byte value in the slot's first half: little-endian)."""
+    out = bytearray()
+    for v in launch.values:
+        b = bytes(v)
+        out += b + b"\0" * (8 - len(b))
+    return bytes(out)
+
+
+def plan(launches: list[tuple[Launch, Launch | None]]) -> Any:
+    """The native plan of an op's launches (see ``DevicePath._launches``), or None when a kernel has no driver
+    function (the test stand-in's): then the op launches from Python."""
+    core = native.core
+    assert core is not None
+    pieces = []
+    for launch, consume in launches:
+        if launch.fn is None or (consume is not None and consume.fn is None):
+            return None
+        pieces.append(tuple((x.fn, x.grid, x.threads, _slots(x), x.epoch_at)
+                            for x in (launch, consume) if x is not None))
+    return core.GpuPlan(tuple(pieces))
+
+
+def learn(lane: Any, code: int, x: Any, out: Any, op: Any, root: int, work: Any, last: Any) -> None:
+    """Teach ``lane`` the call ``(code, x, out, op, root)`` that the general way has just run as ``work``,
+    when ``last`` (the device path's last launch: seq, plan, stream, timeout) is this op's on the current
+    stream and the Work is what ``run`` would give (its result ``out``, else ``x``)."""
+    if last is None or last[0] != work.seq or work._exc is not None or not work.done():
+        return
+    if work._result is not (x if out is None else out):
+        return
+    _, plan_, stream, timeout = last
+    if plan_ is not None:
+        lane.learn(lane.key(code, x, out, op, root, stream), (plan_, work.op, work._desc, code, float(timeout)))
