@@ -23,7 +23,7 @@ from aioccl.group import current_group
 from aioccl.work import BORN_DONE_LOCK, Work
 
 ROOT = Path(__file__).resolve().parent.parent
-LAUNCH, WRITE, WAIT, RECORD, STREAM_WAIT, SYNC, CREATE = range(1, 8)
+LAUNCH, WRITE, WAIT, RECORD, STREAM_WAIT, SYNC = range(1, 7)
 NOT_READY = 600
 pytestmark = pytest.mark.skipif(native.core is None, reason=f"native core: {native.why_not}")
 
@@ -66,10 +66,11 @@ class Mem:
 
 
 class FakeArray:
-    """What the lane reads of a cupy array: ``data.ptr``, ``size``, ``dtype``."""
+    """What the lane reads of a cupy array: ``data.ptr``, ``strides``, ``size``, ``dtype``."""
 
-    def __init__(self, ptr: int, size: int, dtype: Any = np.float32) -> None:
+    def __init__(self, ptr: int, size: int, dtype: Any = np.float32, strides: tuple[int, ...] | None = None) -> None:
         self.data, self.size, self.dtype = Mem(ptr), size, np.dtype(dtype)
+        self.strides = (self.dtype.itemsize,) if strides is None else strides
 
 
 class Event:
@@ -138,11 +139,14 @@ def test_an_untracked_op_records_no_event_and_a_new_stream_waits_for_the_last(dr
     plan = native.core.GpuPlan(((launch_spec(0xC),),))
     assert lane.enqueue(plan, STREAM, 7, 1, 5.0, None, False) is None  # (a CUDA graph's capture)
     assert [r.call for r in calls(driver)] == [LAUNCH]
-    lane.enqueue(plan, 0x52, 8, 1, 5.0, None, True)  # another stream: ordered after the last one's work
+    first = lane.enqueue(plan, STREAM, 8, 1, 5.0, None, True)
+    assert [r.call for r in calls(driver)] == [LAUNCH, RECORD]
+    lane.enqueue(plan, 0x52, 9, 1, 5.0, None, True)  # another stream: ordered after the last op's event
     log = calls(driver)
-    assert [(r.call, r.stream) for r in log] == [(CREATE, None), (RECORD, STREAM), (STREAM_WAIT, 0x52),
-                                                 (LAUNCH, 0x52), (RECORD, 0x52)]
-    assert log[1].handle == log[2].handle == log[0].handle
+    assert [(r.call, r.stream) for r in log] == [(STREAM_WAIT, 0x52), (LAUNCH, 0x52), (RECORD, 0x52)]
+    assert log[0].handle == first.ptr  # (never the last stream itself: its owner may have destroyed it)
+    lane.enqueue(plan, 0x52, 10, 1, 5.0, None, True)
+    assert [r.call for r in calls(driver)] == [LAUNCH, RECORD]  # the same stream: in order already
 
 
 def learn(lane: Any, x: FakeArray, plan: Any, out: Any = None, code: int = 1, op: Any = "sum") -> None:
@@ -158,6 +162,10 @@ def test_run_takes_a_learnt_call_only_and_gives_a_done_work_with_its_event(drive
     learn(lane, x, plan)
     assert lane.run(1, FakeArray(0xBEEF40, 16), None, "sum", 0) is None  # another buffer
     assert lane.run(1, x, None, "max", 0) is None  # another op
+    assert lane.run(1, FakeArray(0xBEEF00, 16, strides=(8,)), None, "sum", 0) is None  # a strided view of it
+    assert lane.run(1, FakeArray(0xBEEF00, 16, np.int32), None, "sum", 0) is None  # another dtype
+    learn(lane, x, plan, out=FakeArray(0xCAFE00, 16))
+    assert lane.run(1, x, FakeArray(0xCAFE00, 8), "sum", 0) is None  # a smaller output at the same address
     assert lane.run(1, np.zeros(16, np.float32), None, "sum", 0) is None  # not the GPU array type
     assert calls(driver) == []
     w = lane.run(1, x, None, "sum", 0)

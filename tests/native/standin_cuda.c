@@ -6,7 +6,7 @@
 enum { LOG = 8192, ARGS = 24, NOT_READY = 600 };
 
 typedef struct {
-    int call; /* 1 launch, 2 write32, 3 wait32, 4 event record, 5 stream wait event, 6 event sync, 7 event create */
+    int call; /* 1 launch, 2 write32, 3 wait32, 4 event record, 5 stream wait event, 6 event sync */
     void *handle, *stream;
     unsigned long long addr;
     unsigned value, grid, threads;
@@ -59,13 +59,6 @@ int cuStreamWriteValue32_v2(void *stream, unsigned long long addr, unsigned valu
 int cuStreamWaitValue32_v2(void *stream, unsigned long long addr, unsigned value, unsigned flags) {
     record *r = next(3);
     r->stream = stream, r->addr = addr, r->value = value, r->grid = flags;
-    return 0;
-}
-
-int cuEventCreate(void **ev, unsigned flags) {
-    (void)flags;
-    *ev = (void *)4000;
-    next(7)->handle = *ev;
     return 0;
 }
 

@@ -28,7 +28,6 @@ int cuda_load(const char *path, char *why, size_t why_len) {
         {(void **)&table.launch, "cuLaunchKernel", NULL},
         {(void **)&table.write32, "cuStreamWriteValue32", "cuStreamWriteValue32_v2"},
         {(void **)&table.wait32, "cuStreamWaitValue32", "cuStreamWaitValue32_v2"},
-        {(void **)&table.event_create, "cuEventCreate", NULL},
         {(void **)&table.event_record, "cuEventRecord", NULL},
         {(void **)&table.event_query, "cuEventQuery", NULL},
         {(void **)&table.event_sync, "cuEventSynchronize", NULL},

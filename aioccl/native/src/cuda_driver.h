@@ -8,14 +8,13 @@
 
 typedef int cu_result;
 typedef void *cu_handle; /* CUcontext, CUstream, CUfunction, CUevent */
-enum { CU_SUCCESS = 0, CU_NOT_READY = 600, CU_EVENT_DISABLE_TIMING = 2, CU_WAIT_GEQ = 0 };
+enum { CU_SUCCESS = 0, CU_NOT_READY = 600, CU_WAIT_GEQ = 0 };
 
 typedef struct {
     cu_result (*launch)(cu_handle f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shmem, cu_handle stream, void **params, void **extra);
     cu_result (*write32)(cu_handle stream, unsigned long long addr, unsigned value, unsigned flags);
     cu_result (*wait32)(cu_handle stream, unsigned long long addr, unsigned value, unsigned flags);
-    cu_result (*event_create)(cu_handle *ev, unsigned flags);
     cu_result (*event_record)(cu_handle ev, cu_handle stream);
     cu_result (*event_query)(cu_handle ev);
     cu_result (*event_sync)(cu_handle ev);

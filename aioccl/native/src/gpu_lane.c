@@ -149,7 +149,7 @@ typedef struct {
     volatile unsigned *err;
     int form, rank, nranks, enabled;
     unsigned long long own_flag, flags[MAX_PEERS];
-    cu_handle ctx, last_stream, order_ev;
+    cu_handle ctx, last_stream, last_ev; /* the last tracked op's stream (compared, never used) and event */
     long long seq; /* atomic */
     long long ran; /* ops run() did */
     unsigned epoch;
@@ -274,14 +274,10 @@ static driver_error launch_locked(GpuLane *s, GpuPlan *p, cu_handle stream, cu_h
                                   double timeout) {
     driver_error de = {CU_SUCCESS, NULL};
 #define CALL(name, expr) do { if ((de.rc = (expr)) != CU_SUCCESS) { de.call = name; return de; } } while (0)
-    if (ev != NULL && s->last_stream != NULL && s->last_stream != stream) {
-        /* a communicator's ops run one after the other on the GPU whatever streams they are issued on */
-        if (s->order_ev == NULL)
-            CALL("cuEventCreate", cuda->event_create(&s->order_ev, CU_EVENT_DISABLE_TIMING));
-        CALL("cuEventRecord", cuda->event_record(s->order_ev, s->last_stream));
-        CALL("cuStreamWaitEvent", cuda->stream_wait_event(stream, s->order_ev, 0));
-    }
-    s->last_stream = stream;
+    /* a communicator's ops run one after the other on the GPU whatever streams they are issued on: this one
+     * waits for the last one's event (never for its stream, which its owner may have destroyed since) */
+    if (ev != NULL && s->last_ev != NULL && s->last_stream != stream)
+        CALL("cuStreamWaitEvent", cuda->stream_wait_event(stream, s->last_ev, 0));
     for (int k = 0; k < p->npieces; k++) {
         unsigned e = ++s->epoch;
         recent_op *r = &s->recent[e % RECENT];
@@ -304,8 +300,11 @@ static driver_error launch_locked(GpuLane *s, GpuPlan *p, cu_handle stream, cu_h
                 CALL("cuStreamWaitValue32", cuda->wait32(stream, s->flags[peer], e, CU_WAIT_GEQ));
         CALL("cuLaunchKernel", cuda->launch(con->fn, con->grid, 1, 1, con->threads, 1, 1, 0, stream, con->params, NULL));
     }
-    if (ev != NULL)
+    if (ev != NULL) {
         CALL("cuEventRecord", cuda->event_record(ev, stream));
+        s->last_ev = ev; /* (the ring holds its event until the ring comes round to it again) */
+        s->last_stream = stream;
+    }
 #undef CALL
     return de;
 }
@@ -418,22 +417,31 @@ static PyObject *attr2(PyObject *o, PyObject *a, PyObject *b) {
     return v;
 }
 
-/* (code, input address, output address or 0, size, dtype number, op, root, stream): what a plan is kept by */
+/* address, strides, size and dtype number of a GPU array: the buffer a plan was made for, exactly (a view
+ * of the same memory with other strides, or another array at a reused address, is another buffer) */
+static int describe(GpuLane *s, PyObject *a, PyObject **out) {
+    out[0] = attr2(a, s->s_data, s->s_ptr);
+    out[1] = PyObject_GetAttrString(a, "strides");
+    out[2] = PyObject_GetAttrString(a, "size");
+    PyObject *dt = PyObject_GetAttrString(a, "dtype");
+    out[3] = dt ? PyObject_GetAttrString(dt, "num") : NULL;
+    Py_XDECREF(dt);
+    return out[0] && out[1] && out[2] && out[3] ? 0 : -1;
+}
+
+/* (code, x's description, out's or Nones, op, root, stream): what a plan is kept by */
 static PyObject *make_key(GpuLane *s, PyObject *code, PyObject *x, PyObject *out, PyObject *op, PyObject *root,
                           PyObject *stream) {
-    PyObject *in_ptr = attr2(x, s->s_data, s->s_ptr);
-    PyObject *out_ptr = out == Py_None ? PyLong_FromLong(0) : attr2(out, s->s_data, s->s_ptr);
-    PyObject *size = PyObject_GetAttrString(x, "size");
-    PyObject *dt = PyObject_GetAttrString(x, "dtype");
-    PyObject *num = dt ? PyObject_GetAttrString(dt, "num") : NULL;
-    PyObject *key = NULL;
-    if (in_ptr && out_ptr && size && num)
-        key = PyTuple_Pack(8, code, in_ptr, out_ptr, size, num, op, root, stream);
-    Py_XDECREF(in_ptr);
-    Py_XDECREF(out_ptr);
-    Py_XDECREF(size);
-    Py_XDECREF(dt);
-    Py_XDECREF(num);
+    PyObject *d[8] = {NULL};
+    int ok = describe(s, x, d) == 0;
+    if (ok && out != Py_None)
+        ok = describe(s, out, d + 4) == 0;
+    else
+        for (int k = 4; k < 8; k++)
+            d[k] = Py_NewRef(Py_None);
+    PyObject *key = ok ? PyTuple_Pack(12, code, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], op, root, stream) : NULL;
+    for (int k = 0; k < 8; k++)
+        Py_XDECREF(d[k]);
     return key;
 }
 
