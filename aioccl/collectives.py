@@ -101,9 +101,11 @@ class CollectiveOps:
             w = lane.all_reduce(x, op) if x.__class__ is np.ndarray else _lane_tensor(lane, x, op)
             if w is not None:
                 return w if w.__class__ is Work else self._carry_on(x, op, w, timeout)
-        if self._gpu_lane is not None and stream is None and timeout is None:  # GPU buffers: the native lane
-            return self._gpu.through_lane(_CODES["all_reduce"], x, out, op, 0,  # type: ignore[no-any-return]
-                                          lambda: self._elementwise("all_reduce", x, op, out, None, None))
+        gl = self._gpu_lane
+        if gl is not None and stream is None and timeout is None:  # GPU buffers: the native lane
+            w = gl.run(_CODES["all_reduce"], x, out, op, 0)  # a call seen before: in C
+            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
+                _CODES["all_reduce"], x, out, op, 0, lambda: self._elementwise("all_reduce", x, op, out, None, None))
         return self._elementwise("all_reduce", x, op, out, timeout, stream)
 
     def scan(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
@@ -126,9 +128,11 @@ class CollectiveOps:
     def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Copy root's ``x`` into every rank's ``x``, or into ``out`` where given (a new array for JAX)."""
-        if self._gpu_lane is not None and stream is None and timeout is None:
-            return self._gpu.through_lane(_CODES["broadcast"], x, out, None, root,  # type: ignore[no-any-return]
-                                          lambda: self._broadcast(x, root, out, None, None))
+        gl = self._gpu_lane
+        if gl is not None and stream is None and timeout is None:
+            w = gl.run(_CODES["broadcast"], x, out, None, root)  # a call seen before: in C
+            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
+                _CODES["broadcast"], x, out, None, root, lambda: self._broadcast(x, root, out, None, None))
         return self._broadcast(x, root, out, timeout, stream)
 
     def _broadcast(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
@@ -167,9 +171,11 @@ class CollectiveOps:
     def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Concatenate every rank's ``x`` along axis 0 (0-d inputs give shape ``(n,)``)."""
-        if self._gpu_lane is not None and stream is None and timeout is None and out is not None:
-            return self._gpu.through_lane(_CODES["all_gather"], x, out, None, 0,  # type: ignore[no-any-return]
-                                          lambda: self._all_gather(x, out, None, None))
+        gl = self._gpu_lane
+        if gl is not None and stream is None and timeout is None and out is not None:
+            w = gl.run(_CODES["all_gather"], x, out, None, 0)  # a call seen before: in C
+            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
+                _CODES["all_gather"], x, out, None, 0, lambda: self._all_gather(x, out, None, None))
         return self._all_gather(x, out, timeout, stream)
 
     def _all_gather(self, x: Any, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
@@ -184,9 +190,11 @@ class CollectiveOps:
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
                        timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce ``x`` (n blocks along axis 0) and keep block ``rank``; by default in x's own block."""
-        if self._gpu_lane is not None and stream is None and timeout is None and out is not None:
-            return self._gpu.through_lane(_CODES["reduce_scatter"], x, out, op, 0,  # type: ignore[no-any-return]
-                                          lambda: self._reduce_scatter(x, op, out, None, None))
+        gl = self._gpu_lane
+        if gl is not None and stream is None and timeout is None and out is not None:
+            w = gl.run(_CODES["reduce_scatter"], x, out, op, 0)  # a call seen before: in C
+            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
+                _CODES["reduce_scatter"], x, out, op, 0, lambda: self._reduce_scatter(x, op, out, None, None))
         return self._reduce_scatter(x, op, out, timeout, stream)
 
     def _reduce_scatter(self, x: Any, op: ReduceOp | str, out: Any, timeout: float | None, stream: Any) -> Work[Any]:

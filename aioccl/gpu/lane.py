@@ -24,7 +24,6 @@ from .. import log, native
 from ..group import current_group
 from ..work import BORN_DONE_LOCK, Work
 from .launch import Launch
-from .streams import current_ptr
 
 _log = log.get("GPU")
 _driver: list[str] = []  # "" once libcuda is loaded, else why it could not be
@@ -64,7 +63,7 @@ def make(dp: Any, comm: Any, seq: int) -> Any:
     assert core is not None
     return core.GpuLane(
         Work, BORN_DONE_LOCK, placement, placement.thread_id, comm._recorder._ring.append, comm, current_group,
-        cp.ndarray, current_ptr(cp), lambda: cp.cuda.Event(disable_timing=True), dp.err_ptr,
+        cp.ndarray, cp.cuda.get_current_stream, lambda: cp.cuda.Event(disable_timing=True), dp.err_ptr,
         0 if dp.form == "spin" else 1, dp.rank, flags, ctx, seq, dp.epoch)
 
 

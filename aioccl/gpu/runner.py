@@ -130,18 +130,12 @@ class GpuRunner:
         self._stage_input(g, dev)
         return self._ticketed(g, lambda: self._run(g, dev))
 
-    def through_lane(self, code: int, x: Any, out: Any, op: Any, root: int,
-                     general: Callable[[], Work[Any]]) -> Work[Any]:
-        """A call while the device path's lane is up: done by the lane when it knows the call; else the
-        general way, after which the lane learns it (gpu/lane.py)."""
-        dp = self._ipc
-        if not isinstance(dp, DevicePath) or dp.lane is None:
-            return general()
-        w: Work[Any] | None = dp.lane.run(code, x, out, op, root)
-        if w is not None:
-            return w
+    def learning(self, code: int, x: Any, out: Any, op: Any, root: int, general: Callable[[], Work[Any]]) -> Work[Any]:
+        """A call the device path's lane does not know yet: the general way, after which the lane learns it
+        (gpu/lane.py), so the next such call runs in C."""
         w = general()
-        if x.__class__ is self._cp.ndarray:
+        dp = self._ipc
+        if isinstance(dp, DevicePath) and dp.lane is not None and x.__class__ is self._cp.ndarray:
             native_lane.learn(dp.lane, code, x, out, op, root, w, dp.last)
         return w
 

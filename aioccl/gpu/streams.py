@@ -35,8 +35,3 @@ def resolve(cp: Any, stream: Any) -> Any:
         warnings.simplefilter("ignore", DeprecationWarning)
         return cp.cuda.ExternalStream(ptr)
 
-
-def current_ptr(cp: Any) -> Any:
-    """A function returning the current stream's handle (what the GPU lane orders an op on)."""
-    get = cp.cuda.get_current_stream
-    return lambda: get().ptr

@@ -68,9 +68,10 @@ def rounds(comm: aioccl.Communicator, chk: Checker, iters: int, tag: str) -> int
     return calls
 
 
-def host_time(comm: aioccl.Communicator) -> float:
-    """Microseconds of host time per 8-byte all_reduce (max: repeated in place, it stays finite), 400 enqueued
-    back to back, the median of 5 sets."""
+def host_time(comm: aioccl.Communicator) -> tuple[float, float, float]:
+    """Host microseconds per in-place 8-byte all_reduce (max: repeated in place, it stays finite): (400 calls
+    enqueued back to back, per call; one call with the GPU idle; inside the call, as the flight recorder
+    timed it), medians of 5 sets and of 300 single calls."""
     x = cp.asarray(np.ones(2, np.float32))
     s = cp.cuda.get_current_stream()
     for _ in range(50):
@@ -84,7 +85,16 @@ def host_time(comm: aioccl.Communicator) -> float:
             comm.all_reduce(x, "max")
         sets.append((time.perf_counter() - t0) / 400 * 1e6)
         s.synchronize()
-    return float(np.median(sets))
+    single = []
+    comm.barrier().wait()
+    for _ in range(300):
+        s.synchronize()
+        t0 = time.perf_counter()
+        comm.all_reduce(x, "max")
+        single.append((time.perf_counter() - t0) * 1e6)
+    s.synchronize()
+    inside = [took * 1e6 for op, _, _, exc, took in list(comm._recorder._ring)[-200:] if op == "all_reduce"]
+    return float(np.median(sets)), float(np.median(single)), float(np.median(inside))
 
 
 def main() -> None:
@@ -112,9 +122,9 @@ def main() -> None:
     chk.finish(f"rank {comm.rank} lane")
     path = comm._gpu.path if comm._gpu is not None else "?"
     print(f"LANE_OK rank={comm.rank} checks={chk.count} ran={lane_ran(comm)}/{calls} path={path}", flush=True)
-    us = host_time(comm)
-    print(f"LANE_HOST rank={comm.rank} {us:.1f} us/op native={'on' if comm._gpu_lane is not None else 'off'}",
-          flush=True)
+    back_to_back, single, inside = host_time(comm)
+    print(f"LANE_HOST rank={comm.rank} back to back {back_to_back:.1f} us/op, one call on an idle GPU {single:.1f} "
+          f"us, inside the call {inside:.1f} us; native={'on' if comm._gpu_lane is not None else 'off'}", flush=True)
     comm.close()
 
 

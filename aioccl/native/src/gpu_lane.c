@@ -483,7 +483,9 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     int open = work_comm_open(self->comm, self->group_var, 0);
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *stream = PyObject_CallNoArgs(self->current_stream);
+    PyObject *stream = PyObject_CallNoArgs(self->current_stream); /* cupy's Stream, or its handle */
+    if (stream != NULL && !PyLong_Check(stream))
+        Py_SETREF(stream, PyObject_GetAttr(stream, self->s_ptr));
     if (stream == NULL)
         return NULL;
     PyObject *key = make_key(self, args[0], args[1], args[2], args[3], args[4], stream);
