@@ -329,7 +329,7 @@ static int drop_done(GpuLane *s) {
 /* The slot the next op is tracked in, with an event for it, taken (the oldest op is waited for when every
  * slot is in use). With the GIL: two threads never take one slot. */
 static tracked *reserve(GpuLane *s, PyObject *keep) {
-    if (s->count >= TRACKED / 2)
+    if (s->count >= TRACKED / 2 && s->head % 32 == 0) /* a look every 32 ops keeps the ring half empty */
         drop_done(s);
     if (s->count == TRACKED) { /* the budget: the oldest must end first (its deadline bounds the wait) */
         tracked *old = &s->ring[(s->head - s->count + TRACKED) % TRACKED];
@@ -495,8 +495,8 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     Py_DECREF(stream);
     if (entry == NULL || PyErr_Occurred())
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-    int capturing = 0;
-    if (cuda->stream_is_capturing(h, &capturing) != CU_SUCCESS || capturing) /* a graph: the general way */
+    int capturing = 0; /* (the legacy default stream, handle 0, cannot capture) */
+    if (h != NULL && (cuda->stream_is_capturing(h, &capturing) != CU_SUCCESS || capturing)) /* a graph */
         Py_RETURN_NONE;
     Py_INCREF(entry); /* (a learn() from another thread may replace it while the GIL is released) */
     PyObject *plan = PyTuple_GET_ITEM(entry, 0), *name = PyTuple_GET_ITEM(entry, 1), *desc = PyTuple_GET_ITEM(entry, 2);
