@@ -48,12 +48,16 @@ def poison(count: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.full((count,), POISON).to(dtype).to(DEVICE)
 
 
-def both(fn, name: str, gloo: dist.ProcessGroup, expected=None) -> None:
+def both(fn, name: str, gloo: dist.ProcessGroup, expected=None, gloo_cpu: bool = False) -> None:
     """Run ``fn(group)`` on aioccl and on Gloo; it returns tensors to compare pairwise. ``expected()``: the
-    values to compare with where this torch's Gloo lacks the op altogether (torch 2.11's all_to_all)."""
+    values to compare with where this torch's Gloo lacks the op altogether (torch 2.11's all_to_all).
+    ``gloo_cpu``: Gloo gets CPU tensors whatever DEVICE is (where Gloo crashes on CUDA tensors instead of
+    refusing them)."""
     global DEVICE
     mine = fn(None)
     try:
+        if gloo_cpu and DEVICE != "cpu":
+            raise RuntimeError("Gloo is given CPU tensors for this op: does not support CUDA here")
         theirs = fn(gloo)
     except RuntimeError as e:
         if DEVICE == "cpu" and (expected is None or "does not support" not in str(e)):
@@ -182,7 +186,8 @@ def conformance() -> None:
                 warnings.simplefilter("ignore", FutureWarning)
                 dist.all_gather_coalesced(lists, [values(r * 10 + i, 3, dt) for i in range(n)], group=g)
             return [t for outs in lists for t in outs]
-        both(gather_coalesced, f"all_gather_coalesced {dt}", gloo)
+        # torch 2.11's Gloo crashes (SIGSEGV) in all_gather_coalesced on CUDA tensors: it gets CPU ones
+        both(gather_coalesced, f"all_gather_coalesced {dt}", gloo, gloo_cpu=True)
         outs = [poison(k + 2, dt) for k in range(n)]  # uneven pieces (Gloo refuses them): against the values
         dist.all_to_all(outs, [values(r * 10 + k, r + 2, dt) for k in range(n)])
         for k in range(n):
@@ -268,8 +273,12 @@ def p2p(r: int, n: int, gloo: dist.ProcessGroup) -> None:
 def any_source(r: int, n: int, gloo: dist.ProcessGroup) -> None:
     """``dist.recv`` without ``src`` (receive from any source) returns the sender, as on Gloo: rank 0 takes
     one message from every other rank, in whatever order they come, with both backends."""
+    global DEVICE
     got: dict[str, dict[int, torch.Tensor]] = {}
+    device = DEVICE
     for name, g in (("aioccl", None), ("gloo", gloo)):
+        # torch 2.11's Gloo aborts the process on a CUDA tensor's send here: Gloo gets CPU tensors
+        DEVICE = device if g is None else "cpu"
         got[name] = {}
         for _ in range(n - 1 if r == 0 else 0):
             t = poison(6, torch.int64)
@@ -278,6 +287,7 @@ def any_source(r: int, n: int, gloo: dist.ProcessGroup) -> None:
         if r:
             dist.send(values(r, 6, torch.int64), 0, group=g, tag=4)
         dist.barrier(group=g)
+    DEVICE = device
     if r == 0:
         check("recv any source: senders", torch.tensor(sorted(got["aioccl"])), torch.tensor(sorted(got["gloo"])))
         for src, t in got["gloo"].items():
