@@ -6,6 +6,8 @@
 # 1. the probe (what aioccl-info prints);
 # 2. tests/workers/gpu_ops.py: every op x every dtype on cupy buffers, exact data, both paths
 #    (CUDA IPC, and the staged path with AIOCCL_GPU_IPC=0), small scratch so ops run in many pieces;
+#    2b. tests/workers/gpu_lane.py: the same calls repeated, run from the call to the launch by the native
+#    GPU lane, exact, and its host time per op;
 #    then the device path's deadline (gpu_timeout.py) and CUDA graphs (gpu_graph.py: refused without MPS);
 # 3. JAX on GPU: tests/workers/jax_process.py with JAX_PLATFORMS=cuda; 3b. torch CUDA tensors through c10d;
 # 4. aioccl-perf all_reduce on GPU buffers, 8 B .. 64 MiB, JSON in $OUT (or ./gpu-check-out);
@@ -34,6 +36,10 @@ for ipc in 1 0; do
   AIOCCL_GPU_IPC=$ipc AIOCCL_GPU_SCRATCH=65536 AIOCCL_GPU_STAGE_PIECE=65536 \
     "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/gpu_ops.py 100000 | grep -E "GPU_OK|FAIL"
 done
+
+echo "== 2b. the native GPU lane: each op repeated on the same buffers, exact every time, run by the lane"
+GPU_LANE_EXPECT=1 "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/gpu_lane.py 10 \
+  | tee "$OUTDIR/gpu_lane.txt" | grep -E "LANE_|FAIL|failures"
 
 "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/gpu_timeout.py | grep -E "TIMEOUT_OK|Error"
 AIOCCL_GPU_SCRATCH=8192 "$PY" -m aioccl.run --nproc-per-node "$NPROC" tests/workers/gpu_graph.py | grep -E "GRAPH_|Error"

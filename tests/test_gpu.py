@@ -293,3 +293,16 @@ def test_abort_frees_a_gpu_op_waiting_for_a_peer_that_never_comes(sync):
                   env={"PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}", "AIOCCL_GPU_SYNC": sync})
     out = proc.stdout + proc.stderr
     assert "ABORT_OK rank=0 synchronised" in out and "ABORT_OK rank=1" in out, out[-3000:]
+
+
+def test_the_gpu_lane_worker_with_fakecupy_repeated_calls_stay_exact():
+    """tests/workers/gpu_lane.py (what scripts/gpu-check.sh runs on a GPU, where the native lane takes the
+    repeated calls) on the stand-in: every repeated op exact through the general way, from two streams and
+    a second thread. Here there is no CUDA driver, so the lane is not made and says why."""
+    proc = launch(2, "gpu_lane.py", "3", timeout=240,
+                  env={"PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}", "AIOCCL_DEBUG": "INFO", "AIOCCL_DEBUG_SUBSYS": "GPU"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for r in range(2):
+        assert f"LANE_OK rank={r} checks=45 ran=0/45 path=ipc/" in out, out[-3000:]
+    assert "GPU ops launch from Python: " in out, out[-3000:]

@@ -34,22 +34,45 @@ class Rec(ctypes.Structure):
                 ("threads", ctypes.c_uint), ("args", ctypes.c_ulonglong * 24)]
 
 
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: Any) -> Any:
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler on this machine")
-    so = tmp_path_factory.mktemp("standin") / "libstandin_cuda.so"
+def build_standin(cc: str, so: Path) -> None:
     build = subprocess.run([cc, "-std=gnu17", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-O1",
                             str(ROOT / "tests" / "native" / "standin_cuda.c"), "-o", str(so)],
                            capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stderr
+
+
+def open_standin(so: Path) -> Any:
+    """The stand-in driver, loaded as the lane's CUDA driver, and its test side."""
     native.core.load_cuda(str(so))
     lib = ctypes.CDLL(str(so))
     lib.standin_log.restype = ctypes.POINTER(Rec)
     lib.standin_context.argtypes = [ctypes.c_void_p]
     lib.standin_nargs(21)  # what launch_spec's kernels take
     return lib
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: Any) -> Any:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler on this machine")
+    so = tmp_path_factory.mktemp("standin") / "libstandin_cuda.so"
+    build_standin(cc, so)
+    return open_standin(so)
+
+
+def run_all(driver: Any) -> int:
+    """Every test here that takes the stand-in, each parameter too (tests/native/sanitized_module.py runs
+    them in the module built with the sanitizers); how many ran."""
+    ran = 0
+    for name, fn in list(globals().items()):
+        if not name.startswith("test_") or "driver" not in fn.__code__.co_varnames[:fn.__code__.co_argcount]:
+            continue
+        marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
+        for value in (marks[0].args[1] if marks else [None]):
+            fn(driver, value) if marks else fn(driver)
+            ran += 1
+    return ran
 
 
 def calls(lib: Any) -> list[Rec]:

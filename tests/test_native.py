@@ -120,9 +120,10 @@ def test_the_core_under_address_and_undefined_behaviour_sanitizers(tmp_path):
 
 
 def test_the_module_under_the_sanitizers_through_real_collectives(tmp_path):
-    """The extension itself (the CPython glue too: Program, Channel, Lane, the XLA FFI handlers) built with
-    -fsanitize=address,undefined and loaded into Python under AddressSanitizer, through every collective on
-    1 to 3 ranks, the fast lane, a mismatch, and jitted jax_ext ops run by its custom calls."""
+    """The extension itself (the CPython glue too: Program, Channel, Lane, the XLA FFI handlers, the GPU lane)
+    built with -fsanitize=address,undefined and loaded into Python under AddressSanitizer, through every
+    collective on 1 to 3 ranks, the fast lane, a mismatch, jitted jax_ext ops run by its custom calls, and the
+    GPU lane's tests against the stand-in CUDA driver."""
     cc = shutil.which("gcc")
     asan = subprocess.run([cc or "gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
     ubsan = subprocess.run([cc or "gcc", "-print-file-name=libubsan.so"], capture_output=True, text=True).stdout.strip()
@@ -142,7 +143,12 @@ def test_the_module_under_the_sanitizers_through_real_collectives(tmp_path):
     assert build.returncode == 0, build.stderr
     env = {**os.environ, "LD_PRELOAD": f"{asan} {ubsan}", "ASAN_OPTIONS": "detect_leaks=0",
            "PYTHONMALLOC": "malloc", "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    run = subprocess.run([sys.executable, str(ROOT / "tests" / "native" / "sanitized_module.py"), str(so)],
+    from test_gpu_lane import build_standin
+
+    standin = tmp_path / "libstandin_cuda.so"
+    build_standin(cc, standin)
+    script = ROOT / "tests" / "native" / "sanitized_module.py"
+    run = subprocess.run([sys.executable, str(script), str(so), str(standin)],
                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert run.returncode == 0 and "sanitized module ok" in run.stdout, run.stdout[-2000:] + run.stderr[-3000:]
     assert "runtime error" not in run.stderr and "AddressSanitizer" not in run.stderr, run.stderr[-3000:]

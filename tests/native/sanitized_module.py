@@ -1,6 +1,7 @@
 """Run by tests/test_native.py under AddressSanitizer (LD_PRELOAD) with the module built with
--fsanitize=address,undefined: the CPython glue (Program, Channel, Lane) through real collectives, and
-jax_ext's XLA custom calls (xla_ffi.c) on two devices of this process and on a communicator of one rank."""
+-fsanitize=address,undefined: the CPython glue (Program, Channel, Lane) through real collectives,
+jax_ext's XLA custom calls (xla_ffi.c) on two devices of this process and on a communicator of one rank,
+and the GPU lane (gpu_lane.c) against the stand-in CUDA driver (argv[2]) through tests/test_gpu_lane.py."""
 
 import asyncio
 import importlib.util
@@ -62,4 +63,10 @@ if hasattr(core, "ffi_handlers"):  # jax_ext's custom calls through this module:
         assert (np.asarray(one(jnp.arange(4.0))) == np.arange(4.0)).all()
     assert core.ffi_stats()["native"] > 0, core.ffi_stats()
     jax_ext.shutdown()
+if len(sys.argv) > 2:  # the GPU lane (gpu_lane.c, cuda_driver.c) against the stand-in driver built there
+    from pathlib import Path
+
+    import test_gpu_lane
+
+    assert test_gpu_lane.run_all(test_gpu_lane.open_standin(Path(sys.argv[2]))) >= 10
 print("sanitized module ok", flush=True)

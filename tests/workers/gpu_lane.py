@@ -6,7 +6,8 @@ Each op (all_reduce in place and into ``out``, broadcast, all_gather, reduce_sca
 on the same buffers with new exact data each time, read back and checked in full; then the same from a
 second stream and a second thread. Prints ``LANE_OK rank=<r> checks=<n> ran=<ops the lane did>/<ops>``,
 then the host time per op (``LANE_HOST``: 2,000 in-place 8-byte all_reduce calls enqueued back to back),
-whether the lane is on or not (AIOCCL_NATIVE=0: the Python path, for A/B). ``scripts/gpu-check.sh`` runs it.
+whether the lane is on or not (AIOCCL_NATIVE=0: the Python path, for A/B). ``scripts/gpu-check.sh`` runs it
+with ``GPU_LANE_EXPECT=1``: then at least half the calls must have been run by the lane.
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ def main() -> None:
     if errors:
         raise errors[0]
     calls += 15
+    if os.environ.get("GPU_LANE_EXPECT") == "1":  # scripts/gpu-check.sh: a real GPU, the native core built
+        chk.true(f"the GPU lane ran ops (it ran {lane_ran(comm)} of {calls})", lane_ran(comm) >= calls // 2)
     chk.finish(f"rank {comm.rank} lane")
     path = comm._gpu.path if comm._gpu is not None else "?"
     print(f"LANE_OK rank={comm.rank} checks={chk.count} ran={lane_ran(comm)}/{calls} path={path}", flush=True)
