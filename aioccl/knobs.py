@@ -70,6 +70,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_GPU_IPC", "1", "gpu", "0: same-host GPU ops stage through host memory"),
     Knob("AIOCCL_GPU_SCRATCH", "67108864", "gpu", "bytes of CUDA-IPC scratch per rank (two halves)"),
     Knob("AIOCCL_GPU_SYNC", "auto", "gpu", "spin or stream: how same-host GPU kernels wait for each other"),
+    Knob("AIOCCL_CUDA_DRIVER", "libcuda.so.1", "gpu", "the CUDA driver library the native GPU lane calls"),
     Knob("AIOCCL_GPU_STAGE_PIECE", "4194304", "gpu", "bytes per piece of staged GPU ops"),
     Knob("AIOCCL_DEBUG", "unset", "debug", "WARN, INFO or TRACE: log to stderr"),
     Knob("AIOCCL_DEBUG_SUBSYS", "all", "debug", "subsystems to log, or ^NET to exclude"),

@@ -18,6 +18,7 @@ for a kernel with no driver function, the device path launches from Python as be
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .. import log, native
@@ -36,7 +37,7 @@ def _load_driver() -> str:
         return f"native core {native.why_not}"
     if not _driver:
         try:
-            core.load_cuda()
+            core.load_cuda(os.environ.get("AIOCCL_CUDA_DRIVER") or None)
             _driver.append("")
         except OSError as e:
             _driver.append(str(e))

@@ -12,6 +12,7 @@ function (the test stand-in's) is called the cupy way instead.
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ _driver: Any = None
 def _launch_kernel() -> Any:
     global _driver
     if _driver is None:
-        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+        fn = ctypes.CDLL(os.environ.get("AIOCCL_CUDA_DRIVER") or "libcuda.so.1").cuLaunchKernel
         fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         fn.restype = ctypes.c_int
         _driver = fn

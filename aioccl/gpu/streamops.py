@@ -12,6 +12,7 @@ and ``streamWriteValue32`` itself, which then win).
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,7 @@ def load(cp: Any) -> tuple[Op, Op]:
     wait = getattr(drv, "streamWaitValue32", None)
     if write is not None and wait is not None:
         return (lambda s, p, v: write(s, p, v, 0)), (lambda s, p, v: wait(s, p, v, WAIT_GEQ))
-    lib = ctypes.CDLL("libcuda.so.1")
+    lib = ctypes.CDLL(os.environ.get("AIOCCL_CUDA_DRIVER") or "libcuda.so.1")
     fns = []
     for name in ("cuStreamWriteValue32", "cuStreamWaitValue32"):
         fn = getattr(lib, name + "_v2", None) or getattr(lib, name)

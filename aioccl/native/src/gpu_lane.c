@@ -279,12 +279,14 @@ static driver_error launch_locked(GpuLane *s, GpuPlan *p, cu_handle stream, cu_h
     if (ev != NULL && s->last_ev != NULL && s->last_stream != stream)
         CALL("cuStreamWaitEvent", cuda->stream_wait_event(stream, s->last_ev, 0));
     for (int k = 0; k < p->npieces; k++) {
-        unsigned e = ++s->epoch;
-        recent_op *r = &s->recent[e % RECENT];
-        r->epoch = e;
+        unsigned e = s->epoch + 1;
+        __atomic_store_n(&s->epoch, e, __ATOMIC_RELEASE);
+        recent_op *r = &s->recent[e % RECENT]; /* its epoch last: a reader checks it before and after */
+        __atomic_store_n(&r->epoch, 0u, __ATOMIC_RELEASE);
         r->kind = kind;
         r->seq = seq;
         r->timeout = timeout;
+        __atomic_store_n(&r->epoch, e, __ATOMIC_RELEASE);
         if (!p->stream_form) { /* the kernel derives its epoch from its own flag (a CUDA graph replays it) */
             launch *l = &p->l[k];
             CALL("cuLaunchKernel", cuda->launch(l->fn, l->grid, 1, 1, l->threads, 1, 1, 0, stream, l->params, NULL));
@@ -539,11 +541,13 @@ static PyObject *GpuLane_recent(GpuLane *self, PyObject *arg) {
     unsigned long e = PyLong_AsUnsignedLongMask(arg);
     if (PyErr_Occurred())
         return NULL;
-    recent_op r;
-    pthread_mutex_lock(&self->mu);
-    r = self->recent[e % RECENT];
-    pthread_mutex_unlock(&self->mu);
-    if (r.epoch != (unsigned)e || r.epoch == 0)
+    /* without the mutex: a thread holding the GIL never waits for one that may be waiting for the GIL */
+    recent_op *at = &self->recent[e % RECENT], r;
+    r.epoch = __atomic_load_n(&at->epoch, __ATOMIC_ACQUIRE);
+    r.kind = at->kind;
+    r.seq = at->seq;
+    r.timeout = at->timeout;
+    if (r.epoch != (unsigned)e || r.epoch == 0 || __atomic_load_n(&at->epoch, __ATOMIC_ACQUIRE) != r.epoch)
         Py_RETURN_NONE;
     return Py_BuildValue("(Lid)", r.seq, r.kind, r.timeout);
 }
@@ -566,10 +570,7 @@ static int GpuLane_set_enabled(GpuLane *self, PyObject *v, void *Py_UNUSED(c)) {
     return 0;
 }
 static PyObject *GpuLane_get_epoch(GpuLane *self, void *Py_UNUSED(c)) {
-    pthread_mutex_lock(&self->mu);
-    unsigned e = self->epoch;
-    pthread_mutex_unlock(&self->mu);
-    return PyLong_FromUnsignedLong(e);
+    return PyLong_FromUnsignedLong(__atomic_load_n(&self->epoch, __ATOMIC_ACQUIRE));
 }
 static PyObject *GpuLane_get_seq(GpuLane *self, void *Py_UNUSED(c)) {
     return PyLong_FromLongLong(__atomic_load_n(&self->seq, __ATOMIC_RELAXED));

@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from . import cuda
+from .cuda import _bridge
 
 __version__ = "0-fake"
 
@@ -152,6 +153,11 @@ class RawModule:
         return _PieceKernel(name)
 
 
+class _Function:
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
 class _PieceKernel:
     def __init__(self, name: str) -> None:
         from aioccl.dtypes import ReduceOp
@@ -160,6 +166,9 @@ class _PieceKernel:
         assert parts[:2] == ["aioccl", "piece"], name
         self.op = ReduceOp(parts[2])
         self.dt = np.dtype(ml_dtypes.bfloat16) if parts[3] == "bfloat16" else np.dtype(parts[3])
+        if _bridge.active():  # a driver function, so aioccl's native GPU lane launches it (cuda/_bridge.py)
+            self.kernel = _Function(_bridge.new_id())
+            _bridge.KERNELS[self.kernel.ptr] = self
 
     def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], **kw: Any) -> None:
         """Launched on the current stream: it runs when the stream gets there."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from . import _gpu, driver, runtime  # noqa: F401 - cupy.cuda.driver
+from . import _bridge, _gpu, driver, runtime  # noqa: F401 - cupy.cuda.driver
 
 _local = threading.local()
 
@@ -103,6 +103,8 @@ class Event:
 
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
         self._at: tuple[Any, int] | None = None
+        self.ptr = _bridge.new_id()  # its handle, for the driver bridge (cuda/_bridge.py)
+        _bridge.EVENTS[self.ptr] = self
 
     def record(self, stream: Any = None) -> None:
         s = stream if stream is not None else get_current_stream()
@@ -130,3 +132,5 @@ class MemoryPointer:
 
 __all__ = ["Device", "Event", "ExternalStream", "MemoryPointer", "Stream", "UnownedMemory", "enqueue",
            "get_current_stream", "runtime"]
+
+_bridge.load()  # FAKECUPY_DRIVER: aioccl's native GPU lane drives these streams through it

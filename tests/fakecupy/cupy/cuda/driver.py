@@ -22,3 +22,8 @@ def streamWriteValue32(stream: int, ptr: int, value: int, flags: int) -> None:  
 def streamWaitValue32(stream: int, ptr: int, value: int, flags: int) -> None:  # noqa: N802
     """GEQ, as CUDA compares: ``(int32_t)(*ptr - value) >= 0``. The stream holds there; others run on."""
     _gpu.GPU.submit(int(stream), None, until=lambda: ((_word(ptr).value - value) & 0xFFFFFFFF) < 1 << 31)
+
+
+def ctxGetCurrent() -> int:  # noqa: N802
+    """The one context there is (what tests/native/bridge_cuda.c's cuCtxGetCurrent answers too)."""
+    return 0xC0
