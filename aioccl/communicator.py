@@ -361,10 +361,17 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         """The GPU path, set up by the first op on GPU buffers (which every rank issues at the same point:
         setting up takes a collective on this communicator)."""
         if self._gpu is None:
+            from .gpu.owner import Owner
             from .gpu.runner import GpuRunner  # imports nothing from cupy until here
 
-            self._gpu = GpuRunner(self)
+            # the private group for its host side: a collective, issued now, at the same point on every rank
+            side = self.split(0)
+            self._gpu = GpuRunner(Owner(self.rank, self.world_size, self.local_world_size, f"{self._view.ctx:x}",
+                                        self._engine, side, self._recorder._ring.append, self._publish_gpu_lane))
         return self._gpu
+
+    def _publish_gpu_lane(self, lane: Any) -> None:
+        self._gpu_lane = lane
 
     def _derive(self, ranks: list[int], ctx: int, *, shrunk: bool) -> Communicator:
         """A communicator of ``ranks`` (of this one) on the same engine: a ``split`` child, or the

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -109,18 +108,17 @@ FLAGS = (0x1000, 0x2000, 0x3000)  # ranks 0, 1, 2's flag words as mapped here
 STREAM = 0x51
 
 
-def make_lane(driver: Any, form: int, rank: int = 1, seq: int = 7) -> tuple[Any, Any, list[Any]]:
+def make_lane(driver: Any, form: int, rank: int = 1, seq: int = 7) -> tuple[Any, list[Any]]:
     ERR[0] = 0
-    comm = SimpleNamespace(_member_lost=None, _closed=None)
     recorded: list[Any] = []
-    lane = native.core.GpuLane(Work, BORN_DONE_LOCK, None, threading.get_ident(), recorded.append, comm,
-                               current_group, FakeArray, lambda: STREAM, Event, ctypes.addressof(ERR), form, rank,
-                               FLAGS, 0x5EED, seq, 100)
+    lane = native.core.GpuLane(Work, BORN_DONE_LOCK, None, threading.get_ident(), recorded.append, current_group,
+                               FakeArray, lambda: STREAM, Event, ctypes.addressof(ERR), form, rank, FLAGS, 0x5EED, seq,
+                               100)
     driver.standin_context(0x5EED)
     driver.standin_capturing(0)
     driver.standin_complete_all()
     calls(driver)
-    return lane, comm, recorded
+    return lane, recorded
 
 
 def launch_spec(fn: int, nargs: int = 21, epoch_at: int = 19, grid: int = 4) -> tuple[Any, ...]:
@@ -130,7 +128,7 @@ def launch_spec(fn: int, nargs: int = 21, epoch_at: int = 19, grid: int = 4) -> 
 
 
 def test_a_stream_form_op_is_publish_flag_waits_consume_then_its_event(driver):
-    lane, _, _ = make_lane(driver, form=1)
+    lane, _ = make_lane(driver, form=1)
     plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)), (launch_spec(0xA), launch_spec(0xB))))
     ev = lane.enqueue(plan, STREAM, 7, 1, 5.0, ("x",), True)
     log = calls(driver)
@@ -148,7 +146,7 @@ def test_a_stream_form_op_is_publish_flag_waits_consume_then_its_event(driver):
 
 
 def test_a_spin_form_op_is_one_launch_per_piece_its_epoch_left_to_the_kernel(driver):
-    lane, _, _ = make_lane(driver, form=0)
+    lane, _ = make_lane(driver, form=0)
     plan = native.core.GpuPlan(((launch_spec(0xC),), (launch_spec(0xC),), (launch_spec(0xC),)))
     lane.enqueue(plan, STREAM, 7, 1, 5.0, None, True)
     log = calls(driver)
@@ -158,7 +156,7 @@ def test_a_spin_form_op_is_one_launch_per_piece_its_epoch_left_to_the_kernel(dri
 
 
 def test_an_untracked_op_records_no_event_and_a_new_stream_waits_for_the_last(driver):
-    lane, _, _ = make_lane(driver, form=0)
+    lane, _ = make_lane(driver, form=0)
     plan = native.core.GpuPlan(((launch_spec(0xC),),))
     assert lane.enqueue(plan, STREAM, 7, 1, 5.0, None, False) is None  # (a CUDA graph's capture)
     assert [r.call for r in calls(driver)] == [LAUNCH]
@@ -178,7 +176,7 @@ def learn(lane: Any, x: FakeArray, plan: Any, out: Any = None, code: int = 1, op
 
 
 def test_run_takes_a_learnt_call_only_and_gives_a_done_work_with_its_event(driver):
-    lane, comm, recorded = make_lane(driver, form=1)
+    lane, recorded = make_lane(driver, form=1)
     plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)),))
     x = FakeArray(0xBEEF00, 16)
     assert lane.run(1, x, None, "sum", 0) is None  # nothing learnt: the general way
@@ -198,9 +196,9 @@ def test_run_takes_a_learnt_call_only_and_gives_a_done_work_with_its_event(drive
     assert lane.run(1, x, None, "sum", 0).seq == 8 and lane.seq == 9 and lane.ran == 2
 
 
-@pytest.mark.parametrize("why", ["disabled", "context", "capturing", "error word", "closed", "member lost", "group"])
+@pytest.mark.parametrize("why", ["disabled", "context", "capturing", "error word", "group"])
 def test_run_sends_the_call_the_general_way_when(driver, why):
-    lane, comm, _ = make_lane(driver, form=0)
+    lane, _ = make_lane(driver, form=0)
     x = FakeArray(0xBEEF00, 16)
     learn(lane, x, native.core.GpuPlan(((launch_spec(0xC),),)))
     token = None
@@ -212,10 +210,6 @@ def test_run_sends_the_call_the_general_way_when(driver, why):
         driver.standin_capturing(1)
     elif why == "error word":
         ERR[0] = 1  # a kernel gave up: the general way raises the failure
-    elif why == "closed":
-        comm._closed = "closed"
-    elif why == "member lost":
-        comm._member_lost = RuntimeError("lost")
     else:
         token = current_group.set([])
     try:
@@ -227,7 +221,7 @@ def test_run_sends_the_call_the_general_way_when(driver, why):
 
 
 def test_a_driver_error_is_raised_naming_the_call_and_its_error(driver):
-    lane, _, _ = make_lane(driver, form=1)
+    lane, _ = make_lane(driver, form=1)
     plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)),))
     driver.standin_fail(2, 700)  # the flag write fails
     with pytest.raises(RuntimeError, match="cuStreamWriteValue32 failed: CUDA_ERROR_ILLEGAL_ADDRESS"):
@@ -240,7 +234,7 @@ def test_a_driver_error_is_raised_naming_the_call_and_its_error(driver):
 
 
 def test_the_ring_is_bounded_the_oldest_waited_for_and_free_events_reused(driver):
-    lane, _, _ = make_lane(driver, form=0)
+    lane, _ = make_lane(driver, form=0)
     plan = native.core.GpuPlan(((launch_spec(0xC),),))
     made = Event.made
     first = lane.enqueue(plan, STREAM, 0, 1, 5.0, None, True)
@@ -264,7 +258,7 @@ def test_the_ring_is_bounded_the_oldest_waited_for_and_free_events_reused(driver
 
 
 def test_ops_from_several_threads_get_distinct_epochs_and_events(driver):
-    lane, _, _ = make_lane(driver, form=1)
+    lane, _ = make_lane(driver, form=1)
     plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)),))
     events: list[Any] = []
 

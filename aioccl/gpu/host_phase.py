@@ -1,22 +1,20 @@
 """The staged path's host transfer: one GPU op's bytes moved as the same op on pinned host views.
 
-Runs on the runner's private communicator (so its sequence numbers never mix with the user's), with
-the host engine choosing the transport and the algorithm exactly as for host arrays.
+Runs on the runner's private group (``owner.Owner.side``, a split of the user's communicator, so its
+sequence numbers never mix with the user's), with the host engine choosing the transport and the
+algorithm exactly as for host arrays.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from ..dtypes import ReduceOp
 
-if TYPE_CHECKING:
-    from ..communicator import Communicator
 
-
-async def host_op(side: Communicator, name: str, rank: int, root: int, op: ReduceOp | None, hin: np.ndarray,
+async def host_op(side: Any, name: str, rank: int, root: int, op: ReduceOp | None, hin: np.ndarray,
                   hout: np.ndarray, timeout: float) -> None:
     """The staged op's host transfer on the private communicator, on pinned host views."""
     o = op or ReduceOp.SUM

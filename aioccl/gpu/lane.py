@@ -25,6 +25,7 @@ from .. import log, native
 from ..group import current_group
 from ..work import BORN_DONE_LOCK, Work
 from .launch import Launch
+from .owner import Owner
 
 _log = log.get("GPU")
 _driver: list[str] = []  # "" once libcuda is loaded, else why it could not be
@@ -44,9 +45,9 @@ def _load_driver() -> str:
     return _driver[0]
 
 
-def make(dp: Any, comm: Any, seq: int) -> Any:
-    """A lane for device path ``dp`` of communicator ``comm`` (whose next GPU op takes ``seq``), or None
-    with the reason logged; it starts switched off (``enable``)."""
+def make(dp: Any, owner: Owner, seq: int) -> Any:
+    """A lane for device path ``dp`` of the communicator ``owner`` describes (whose next GPU op takes
+    ``seq``), or None with the reason logged; it starts switched off."""
     why = _load_driver()
     cp, core = dp.cp, native.core
     drv: Any = getattr(cp.cuda, "driver", None)
@@ -59,11 +60,11 @@ def make(dp: Any, comm: Any, seq: int) -> Any:
         return None
     with cp.cuda.Device(dp.dev):
         ctx = int(drv.ctxGetCurrent())
-    placement = comm._engine.placement
+    placement = owner.engine.placement
     flags = tuple(dp.flag_ptr(r) for r in range(dp.nranks))
     assert core is not None
     return core.GpuLane(
-        Work, BORN_DONE_LOCK, placement, placement.thread_id, comm._recorder._ring.append, comm, current_group,
+        Work, BORN_DONE_LOCK, placement, placement.thread_id, owner.record, current_group,
         cp.ndarray, cp.cuda.get_current_stream, lambda: cp.cuda.Event(disable_timing=True), dp.err_ptr,
         0 if dp.form == "spin" else 1, dp.rank, flags, ctx, seq, dp.epoch)
 

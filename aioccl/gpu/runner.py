@@ -35,7 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import log
 from ..buffers import Buf
@@ -49,12 +49,10 @@ from .device_path import DevicePath
 from .events import wait_event
 from .host_phase import host_op
 from .op import GpuOp
+from .owner import Owner
 from .pinned import PinnedPool
 from .probe import load_cupy
 from .streams import resolve
-
-if TYPE_CHECKING:
-    from ..communicator import Communicator
 
 _log = log.get("GPU")
 SCRATCH_DEFAULT = 64 << 20
@@ -72,18 +70,17 @@ def settings(env: Mapping[str, str]) -> tuple[int, int]:
 class GpuRunner:
     """Created at a communicator's first op on GPU buffers; see the module docstring."""
 
-    def __init__(self, comm: Communicator) -> None:
+    def __init__(self, owner: Owner) -> None:
         self._cp = load_cupy("GPU buffers")
-        self._comm = comm
-        # a collective, issued now: every rank does it at the same point (a color: never None)
-        self._side: Work[Any] = comm.split(0)
+        self._owner = owner
+        self._side: Work[Any] = owner.side
         self._lock = threading.Lock()
         self._ops = 0  # every GPU op: its sequence number
         self._tickets = 0  # ops with a host phase (staged, p2p, IPC before the setup): their turn order
         self._turn = 0
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._skipped: set[int] = set()  # tickets whose op timed out before its turn: passed over
-        self._same_host = comm.local_world_size == comm.world_size
+        self._same_host = owner.local_world_size == owner.world_size
         self._ipc: DevicePath | None | bool = None  # None: not set up yet; False: refused by some rank
         self._setup_started = False
         self._setup_done = threading.Event()
@@ -110,7 +107,7 @@ class GpuRunner:
         if self._same_host and self._ipc is not False:
             if not self._setup_done.is_set():  # the first ops only: later ones go straight to the device
                 self._start_setup(dev, timeout)
-                sync_caller = not self._comm._engine.placement.on_loop_thread()  # its stream order needs it
+                sync_caller = not self._owner.engine.placement.on_loop_thread()  # its stream order needs it
                 if sync_caller and not self._setup_done.wait(timeout):
                     raise CollectiveTimeout(g.work.op, g.seq, [], timeout, "setting up the GPU path")
             if self._setup_error is not None:
@@ -120,7 +117,7 @@ class GpuRunner:
                 dp.enqueue(g)
                 if dp.lane is not None and not dp.lane.enabled and dp.failure is None:
                     dp.lane.enabled = True  # every op queued before the setup is on the GPU: calls may skip ahead
-                    self._comm._gpu_lane = dp.lane
+                    self._owner.publish_lane(dp.lane)
                 return g.work, None
             if dp is None or self._deferred:
                 with self._lock:
@@ -144,22 +141,22 @@ class GpuRunner:
             if self._setup_started:
                 return
             self._setup_started = True
-        self._comm._engine.launch(lambda: self._setup(dev, timeout))
+        self._owner.engine.launch(lambda: self._setup(dev, timeout))
 
     async def _setup(self, dev: int, timeout: float) -> None:
         """The device path, once, on the engine's loop; its watch runs there for the communicator's life."""
         try:
             side = await self._side
             dp = await device_setup.setup(self._cp, side, dev, self._scratch_bytes, timeout,
-                                        f"{self._comm._view.ctx:x}")
+                                        self._owner.comm_id)
             if isinstance(dp, str):
                 self._ipc = False
                 _log.warning("GPU ops use staging through host memory: %s", dp)
             else:
                 with self._lock:  # from here on the lane numbers the GPU ops
-                    dp.lane = native_lane.make(dp, self._comm, self._ops)
+                    dp.lane = native_lane.make(dp, self._owner, self._ops)
                 self._ipc = dp
-                self._comm._engine.spawn(self._watch(dp))
+                self._owner.engine.spawn(self._watch(dp))
         except BaseException as e:
             self._ipc = False
             self._setup_error = e
@@ -207,7 +204,7 @@ class GpuRunner:
 
     def _stage_input(self, g: GpuOp, dev: int) -> None:
         """Enqueue the input's device-to-host copies now, in stream order, one event per piece."""
-        rank = self._comm.rank
+        rank = self._owner.rank
         if not plans.reads_input(g.name, rank, g.root) or g.inp.array.nbytes == 0:
             g.staged_in = (self._pinned.take(max(1, g.inp.array.nbytes)), [])
             g.blocks.append(g.staged_in[0])
@@ -242,7 +239,7 @@ class GpuRunner:
             g.work._set_exception(CollectiveTimeout(
                 g.work.op, g.seq, waiting(), g.timeout,
                 f"GPU op (ticket {g.ticket}) not done after {time.monotonic() - t0:.1f}s",
-                f"{self._comm._view.ctx:x}"))
+                self._owner.comm_id))
         except Exception as e:  # noqa: BLE001 - aioccl and CUDA errors alike end on the Work
             g.work._set_exception(e)
         finally:
@@ -329,16 +326,16 @@ class GpuRunner:
                     self._cp.cuda.runtime.memcpyAsync(g.out.array.ptr, block.ptr, g.out.array.nbytes, H2D,
                                                       g.stream.ptr)
 
-        n, me = self._comm.world_size, self._comm.rank
+        n, me = self._owner.world_size, self._owner.rank
         await self._complete(g, body, lambda: [g.root] if g.root >= 0 else [r for r in range(n) if r != me])
 
     # -- staged ------------------------------------------------------------------------------------
-    async def _run_staged(self, g: GpuOp, side: Communicator, dev: int) -> None:
+    async def _run_staged(self, g: GpuOp, side: Any, dev: int) -> None:
         if g.staged_in is None:  # meant for IPC, which some rank refused: stage now
             self._stage_input(g, dev)
         assert g.staged_in is not None
         block_in, events = g.staged_in
-        rank = self._comm.rank
+        rank = self._owner.rank
         dt = g.out.array.dtype
         isz = dt.itemsize
         reads = plans.reads_input(g.name, rank, g.root)
@@ -392,7 +389,7 @@ class GpuRunner:
     def release(self) -> None:
         """Let the device path's queued ops end and free it (after the last op; errors are logged)."""
         dp, self._ipc = self._ipc, False
-        self._comm._gpu_lane = None
+        self._owner.publish_lane(None)
         if isinstance(dp, DevicePath):
             dp.release()
         self._pinned.close()

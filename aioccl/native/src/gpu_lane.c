@@ -8,7 +8,8 @@
  * buffers) that the engine's watch reads (`oldest`), and its epochs in a ring that names a kernel's
  * failure (`recent`). `run` is the whole op for a call seen before: argument checks, sequence number,
  * plan, launches, a Work born done with its event, the flight recorder; None sends the caller the
- * general way (a new call, another device's context, a capturing stream, a failure to report).
+ * general way (a new call, another device's context, a capturing stream, a failure to report, a group
+ * open, the lane switched off: its owner does that when the communicator closes, shrinks or loses a rank).
  *
  * The driver calls are made with the GIL released, under the lane's mutex: ops on one communicator
  * get their epochs and reach their streams in one order, whatever thread issues them. */
@@ -145,7 +146,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     WorkMaker wm;
-    PyObject *record, *comm, *group_var, *array_type, *current_stream, *event_factory, *entries, *s_data, *s_ptr;
+    PyObject *record, *group_var, *array_type, *current_stream, *event_factory, *entries, *s_data, *s_ptr;
     volatile unsigned *err;
     int form, rank, nranks, enabled;
     unsigned long long own_flag, flags[MAX_PEERS];
@@ -159,7 +160,7 @@ typedef struct {
     recent_op recent[RECENT];
 } GpuLane;
 
-#define GPU_LANE_REFS(s) {&(s)->record, &(s)->comm, &(s)->group_var, &(s)->array_type, &(s)->current_stream, \
+#define GPU_LANE_REFS(s) {&(s)->record, &(s)->group_var, &(s)->array_type, &(s)->current_stream, \
     &(s)->event_factory, &(s)->entries, &(s)->s_data, &(s)->s_ptr}
 
 static int GpuLane_traverse(GpuLane *self, visitproc visit, void *arg) {
@@ -201,17 +202,16 @@ static PyObject *GpuLane_new(PyTypeObject *type, PyObject *Py_UNUSED(a), PyObjec
     return (PyObject *)self;
 }
 
-/* GpuLane(work_type, done_lock, home, thread_id, record, comm, group_var, array_type, current_stream,
+/* GpuLane(work_type, done_lock, home, thread_id, record, group_var, array_type, current_stream,
  *         event_factory, err_ptr, form, rank, flags, context, seq, epoch)
  * form: 0 spin, 1 stream; flags: every rank's flag word as mapped here (rank's own included) */
 static int GpuLane_init(GpuLane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
-    PyObject *work_type, *done_lock, *home, *record, *comm, *group_var, *array_type, *cur, *factory, *flags, *err,
-        *ctx;
+    PyObject *work_type, *done_lock, *home, *record, *group_var, *array_type, *cur, *factory, *flags, *err, *ctx;
     unsigned long thread_id;
     int form, rank;
     long long seq;
     unsigned epoch;
-    if (!PyArg_ParseTuple(args, "OOOkOOOOOOOiiO!OLI", &work_type, &done_lock, &home, &thread_id, &record, &comm,
+    if (!PyArg_ParseTuple(args, "OOOkOOOOOOiiO!OLI", &work_type, &done_lock, &home, &thread_id, &record,
                           &group_var, &array_type, &cur, &factory, &err, &form, &rank, &PyTuple_Type, &flags, &ctx,
                           &seq, &epoch))
         return -1;
@@ -248,7 +248,6 @@ static int GpuLane_init(GpuLane *self, PyObject *args, PyObject *Py_UNUSED(kwds)
     Py_XSETREF(self->s_data, s_data);
     Py_XSETREF(self->s_ptr, s_ptr);
     Py_XSETREF(self->record, Py_NewRef(record));
-    Py_XSETREF(self->comm, Py_NewRef(comm));
     Py_XSETREF(self->group_var, Py_NewRef(group_var));
     Py_XSETREF(self->array_type, Py_NewRef(array_type));
     Py_XSETREF(self->current_stream, Py_NewRef(cur));
@@ -482,7 +481,8 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     cu_handle ctx = NULL;
     if (cuda->ctx_current(&ctx) != CU_SUCCESS || ctx != self->ctx) /* another device's, or none yet */
         Py_RETURN_NONE;
-    int open = work_comm_open(self->comm, self->group_var, 0);
+    int open = work_comm_open(NULL, self->group_var, 0); /* (closing, shrinking, a lost rank: the owner
+                                                             * switches the lane off) */
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *stream = PyObject_CallNoArgs(self->current_stream); /* cupy's Stream, or its handle */

@@ -101,7 +101,7 @@ static int attr_is_none(PyObject *obj, const char *name) {
 }
 
 int work_comm_open(PyObject *comm, PyObject *group_var, int lost_ok) {
-    if ((!lost_ok && !attr_is_none(comm, "_member_lost")) || !attr_is_none(comm, "_closed"))
+    if (comm != NULL && ((!lost_ok && !attr_is_none(comm, "_member_lost")) || !attr_is_none(comm, "_closed")))
         return 0;
     PyObject *group = NULL;
     if (PyContextVar_Get(group_var, Py_None, &group) < 0)

@@ -31,6 +31,7 @@ double work_monotonic(void);
 
 
 /* 1: communicator `comm` takes an op now (not closed, no rank lost unless `lost_ok`, no group open in the
- * context variable `group_var`); 0: not now, the general way says why; -1: an error is set. */
+ * context variable `group_var`; comm NULL: the group only); 0: not now, the general way says why; -1: an
+ * error is set. */
 int work_comm_open(PyObject *comm, PyObject *group_var, int lost_ok);
 #endif
