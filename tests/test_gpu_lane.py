@@ -281,6 +281,23 @@ def test_ops_from_several_threads_get_distinct_epochs_and_events(driver):
     assert len({id(e) for e in events}) == 800
 
 
+def test_a_closed_lane_launches_nothing_and_sends_calls_the_general_way(driver):
+    """close() (the device path is about to free its memory): enqueue refuses, run() says "the general
+    way", enabling it again is refused, and nothing reaches the driver."""
+    lane, _ = make_lane(driver, form=1)
+    plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)),))
+    x = FakeArray(0xBEEF00, 16)
+    learn(lane, x, plan)
+    lane.close()
+    assert not lane.enabled
+    lane.enabled = True
+    assert not lane.enabled
+    assert lane.run(1, x, None, "sum", 0) is None
+    with pytest.raises(RuntimeError, match="closed"):
+        lane.enqueue(plan, STREAM, 7, 1, 5.0, None, True)
+    assert calls(driver) == [] and lane.oldest() is None
+
+
 def test_bad_plans_are_refused():
     with pytest.raises(ValueError, match="at least one piece"):
         native.core.GpuPlan(())

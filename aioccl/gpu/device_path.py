@@ -358,6 +358,8 @@ class DevicePath:
         Each queued op ends: it completes, or its kernel gives up at the deadline (spin), or ``poll`` finds it
         past the deadline and frees the stream's waits (stream), so neither loop nor synchronisation can
         hang on a peer that is gone."""
+        if self.lane is not None:
+            self.lane.close()  # no op reaches this path's memory through the lane from here on
         while self.failure is None:
             if self._oldest() is None:
                 break

@@ -21,7 +21,7 @@
 #include "cuda_driver.h"
 #include "work.h"
 
-enum { MAX_ARGS = 32, TRACKED = 1024, RECENT = 4096, MAX_PEERS = 64, MAX_ENTRIES = 512 };
+enum { MAX_ARGS = 32, TRACKED = 1024, RECENT = 4096, MAX_PEERS = 64, MAX_ENTRIES = 512, LANE_CLOSED = -2 };
 
 /* -- GpuPlan: an op's launches, packed once --------------------------------------------------------- */
 typedef struct {
@@ -148,7 +148,8 @@ typedef struct {
     WorkMaker wm;
     PyObject *record, *group_var, *array_type, *current_stream, *event_factory, *entries, *s_data, *s_ptr;
     volatile unsigned *err;
-    int form, rank, nranks, enabled;
+    unsigned closed_err[4]; /* what err points to once closed: the path's memory may be freed */
+    int form, rank, nranks, enabled, closed;
     unsigned long long own_flag, flags[MAX_PEERS];
     cu_handle ctx, last_stream, last_ev; /* the last tracked op's stream (compared, never used) and event */
     long long seq; /* atomic */
@@ -272,6 +273,11 @@ typedef struct {
 static driver_error launch_locked(GpuLane *s, GpuPlan *p, cu_handle stream, cu_handle ev, long long seq, int kind,
                                   double timeout) {
     driver_error de = {CU_SUCCESS, NULL};
+    if (s->closed) { /* the device path is being freed: nothing may reach its memory any more */
+        de.rc = LANE_CLOSED;
+        de.call = "the GPU lane (closed)";
+        return de;
+    }
 #define CALL(name, expr) do { if ((de.rc = (expr)) != CU_SUCCESS) { de.call = name; return de; } } while (0)
     /* a communicator's ops run one after the other on the GPU whatever streams they are issued on: this one
      * waits for the last one's event (never for its stream, which its owner may have destroyed since) */
@@ -312,6 +318,10 @@ static driver_error launch_locked(GpuLane *s, GpuPlan *p, cu_handle stream, cu_h
 
 static void set_driver_error(driver_error de) {
     char buf[32];
+    if (de.rc == LANE_CLOSED) {
+        PyErr_SetString(PyExc_RuntimeError, "GPU ops on this communicator are closed (its device path is freed)");
+        return;
+    }
     PyErr_Format(PyExc_RuntimeError, "%s failed: %s", de.call, cuda_error_name(de.rc, buf, sizeof buf));
 }
 
@@ -509,6 +519,11 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     PyObject *keep = PyTuple_Pack(2, args[1], args[2]);
     PyObject *ev = keep ? enqueue(self, (GpuPlan *)plan, h, seq, kind, timeout, keep, 1) : NULL;
     Py_XDECREF(keep);
+    if (ev == NULL && self->closed) { /* closed meanwhile: the general way says so, in aioccl's words */
+        PyErr_Clear();
+        Py_DECREF(entry);
+        Py_RETURN_NONE;
+    }
     PyObject *w = ev ? work_born_done(&self->wm, name, seq, result, desc, t0) : NULL;
     if (w != NULL) {
         self->ran++;
@@ -556,6 +571,20 @@ static PyObject *GpuLane_take(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
     return PyLong_FromLongLong(__atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED));
 }
 
+/* close(): no op reaches the GPU through this lane from now on (one being launched ends first); the error
+ * word it reads becomes its own, so the device path may free its memory */
+static PyObject *GpuLane_close(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
+    self->enabled = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mu);
+    self->closed = 1;
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    self->closed_err[0] = 3; /* ERR_ABORT: run() sends every call the general way */
+    self->err = self->closed_err;
+    Py_RETURN_NONE;
+}
+
 static PyObject *GpuLane_forget(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
     PyDict_Clear(self->entries);
     Py_RETURN_NONE;
@@ -566,7 +595,7 @@ static int GpuLane_set_enabled(GpuLane *self, PyObject *v, void *Py_UNUSED(c)) {
     int on = v ? PyObject_IsTrue(v) : 0;
     if (on < 0)
         return -1;
-    self->enabled = on && self->entries != NULL;
+    self->enabled = on && self->entries != NULL && !self->closed;
     return 0;
 }
 static PyObject *GpuLane_get_epoch(GpuLane *self, void *Py_UNUSED(c)) {
@@ -594,6 +623,7 @@ static PyMethodDef GpuLane_methods[] = {
     {"recent", (PyCFunction)GpuLane_recent, METH_O, "recent(epoch): (seq, kind, timeout), or None"},
     {"take", (PyCFunction)GpuLane_take, METH_NOARGS, "the next sequence number"},
     {"forget", (PyCFunction)GpuLane_forget, METH_NOARGS, "forget every call learnt"},
+    {"close", (PyCFunction)GpuLane_close, METH_NOARGS, "no op reaches the GPU through the lane any more"},
     {NULL, NULL, 0, NULL},
 };
 
