@@ -2,12 +2,13 @@
 
     aioccl-run --nproc-per-node 2 tests/workers/gpu_lane.py [ITERS]
 
-Each op (all_reduce in place and into ``out``, broadcast, all_gather, reduce_scatter) is called ITERS times
-on the same buffers with new exact data each time, read back and checked in full; then the same from a
-second stream and a second thread. Prints ``LANE_OK rank=<r> checks=<n> ran=<ops the lane did>/<ops>``,
-then the host time per op (``LANE_HOST``: 2,000 in-place 8-byte all_reduce calls enqueued back to back),
-whether the lane is on or not (AIOCCL_NATIVE=0: the Python path, for A/B). ``scripts/gpu-check.sh`` runs it
-with ``GPU_LANE_EXPECT=1``: then at least half the calls must have been run by the lane.
+Each op (all_reduce in place and into ``out``, broadcast, all_gather, reduce_scatter, all_to_all in place) is
+called ITERS times on the same buffers with new exact data each time, read back and checked in full; then
+the same from a second stream and a second thread. Prints ``LANE_OK rank=<r> checks=<n> ran=<ops the lane
+did>/<ops>``, then the host time of an 8-byte all_reduce (``LANE_HOST``: per call back to back, one call on
+an idle GPU, inside the call), whether the lane is on or not (AIOCCL_NATIVE=0: the Python path, for A/B).
+``scripts/gpu-check.sh`` runs it with ``GPU_LANE_EXPECT=1``: then at least half the calls must have been
+run by the lane.
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ def rounds(comm: aioccl.Communicator, chk: Checker, iters: int, tag: str) -> int
         comm.reduce_scatter(big, out=blk).wait()
         chk.same(f"{tag} reduce_scatter #{it}", cp.asnumpy(blk),
                  sum(base + k * 10 + r + it for k in range(n)).astype(np.float32))
-        calls += 5
+        comm.all_to_all(big).wait()  # in place: block j of rank k is base + k * 10 + j + it
+        chk.same(f"{tag} all_to_all in place #{it}", cp.asnumpy(big),
+                 np.concatenate([base + k * 10 + r + it for k in range(n)]).astype(np.float32))
+        calls += 6
     return calls
 
 
@@ -106,11 +110,12 @@ def main() -> None:
     with cp.cuda.Stream(non_blocking=True):
         calls += rounds(comm, chk, 3, "another stream")
     errors: list[BaseException] = []
+    made: list[int] = []
 
     def other() -> None:
         try:
             with cp.cuda.Device(0):
-                rounds(comm, chk, 3, "another thread")
+                made.append(rounds(comm, chk, 3, "another thread"))
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
@@ -119,7 +124,7 @@ def main() -> None:
     t.join()
     if errors:
         raise errors[0]
-    calls += 15
+    calls += made[0]
     if os.environ.get("GPU_LANE_EXPECT") == "1":  # scripts/gpu-check.sh: a real GPU, the native core built
         chk.true(f"the GPU lane ran ops (it ran {lane_ran(comm)} of {calls})", lane_ran(comm) >= calls // 2)
     chk.finish(f"rank {comm.rank} lane")
