@@ -6,7 +6,6 @@ forms: exact results, the lane's share of the calls, a peer's mismatch, a deadli
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -14,17 +13,13 @@ import subprocess
 from typing import Any
 
 import pytest
+from test_gpu import FAKE, fakecupy_driver
 
 from aioccl import native
 
 from conftest import ROOT, launch
 
-FAKE = str(ROOT / "tests" / "fakecupy")
 pytestmark = pytest.mark.skipif(native.core is None, reason=f"native core: {native.why_not}")
-_spec = importlib.util.spec_from_file_location("fakecupy_driver", f"{FAKE}/fakecupy_driver.py")
-assert _spec is not None and _spec.loader is not None
-fakecupy_driver = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fakecupy_driver)
 
 
 @pytest.fixture(autouse=True)

@@ -190,17 +190,6 @@ static int redop_of(Lane *self, PyObject *op) {
     return 0;
 }
 
-static int attr_is(PyObject *obj, PyObject *name, PyObject *value) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    int same = v == value;
-    Py_DECREF(v);
-    return same;
-}
-
 /* nothing queued on the engine's side of the channel (the gate says whether every op issued has finished) */
 static int channel_idle(Lane *self) {
     PyObject *q = PyObject_GetAttr(self->shm, s_queue);
@@ -211,7 +200,7 @@ static int channel_idle(Lane *self) {
     Py_ssize_t n = PyObject_Size(q);
     Py_DECREF(q);
     PyErr_Clear();
-    return n == 0 && attr_is(self->shm, s_pumping, Py_False) && attr_is(self->shm, s_broken, Py_None);
+    return n == 0 && work_attr_is(self->shm, s_pumping, Py_False) && work_attr_is(self->shm, s_broken, Py_None);
 }
 
 static int lock_call(PyObject *lock, PyObject *method, PyObject *arg) {

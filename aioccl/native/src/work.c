@@ -89,19 +89,24 @@ double work_monotonic(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int attr_is_none(PyObject *obj, const char *name) {
-    PyObject *v = PyObject_GetAttrString(obj, name);
+int work_attr_is(PyObject *obj, PyObject *name, PyObject *value) {
+    PyObject *v = PyObject_GetAttr(obj, name);
     if (v == NULL) {
         PyErr_Clear();
         return 0;
     }
-    int none = v == Py_None;
+    int same = v == value;
     Py_DECREF(v);
-    return none;
+    return same;
 }
 
 int work_comm_open(PyObject *comm, PyObject *group_var, int lost_ok) {
-    if (comm != NULL && ((!lost_ok && !attr_is_none(comm, "_member_lost")) || !attr_is_none(comm, "_closed")))
+    static PyObject *s_member_lost, *s_closed; /* interned once (the GIL is held) */
+    if (s_closed == NULL && ((s_member_lost = PyUnicode_InternFromString("_member_lost")) == NULL ||
+                             (s_closed = PyUnicode_InternFromString("_closed")) == NULL))
+        return -1;
+    if (comm != NULL && ((!lost_ok && !work_attr_is(comm, s_member_lost, Py_None)) ||
+                         !work_attr_is(comm, s_closed, Py_None)))
         return 0;
     PyObject *group = NULL;
     if (PyContextVar_Get(group_var, Py_None, &group) < 0)

@@ -30,6 +30,9 @@ double work_monotonic(void);
 
 
 
+/* 1: obj.name is value (a missing attribute: 0, no error) */
+int work_attr_is(PyObject *obj, PyObject *name, PyObject *value);
+
 /* 1: communicator `comm` takes an op now (not closed, no rank lost unless `lost_ok`, no group open in the
  * context variable `group_var`; comm NULL: the group only); 0: not now, the general way says why; -1: an
  * error is set. */
