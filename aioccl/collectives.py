@@ -24,7 +24,7 @@ from .fast_lane import CAPTURE
 from .work import Work
 
 _CODES = {name: BY_NAME[name].code for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter",
-                                                 "all_to_all")}
+                                                 "all_to_all", "reduce", "gather", "scatter", "scan")}
 
 
 def _lane_tensor(lane: Any, x: Any, op: ReduceOp | str) -> Any:
@@ -113,6 +113,11 @@ class CollectiveOps:
              timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Inclusive prefix reduction (``MPI_Scan``): rank r gets ``x_0 op ... op x_r``, folded in rank order;
         ``avg`` divides by r + 1. In place unless ``out`` is given. Awaits to the result."""
+        gl = self._gpu_lane
+        if gl is not None and stream is None and timeout is None:
+            w = gl.run(_CODES["scan"], x, out, op, 0)  # a call seen before: in C
+            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
+                _CODES["scan"], x, out, op, 0, lambda: self._elementwise("scan", x, op, out, None, None))
         return self._elementwise("scan", x, op, out, timeout, stream)
 
     def _elementwise(self, name: str, x: Any, op: ReduceOp | str, out: Any, timeout: float | None,
@@ -152,6 +157,15 @@ class CollectiveOps:
     def reduce(self, x: Any, root: int = 0, op: ReduceOp | str = "sum", out: Any = None, *,
                timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce onto ``root`` (into ``out`` or, by default, root's ``x``); None on other ranks."""
+        gl = self._gpu_lane
+        if gl is not None and stream is None and timeout is None:
+            w = gl.run(_CODES["reduce"], x, out, op, root)  # a call seen before: in C
+            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
+                _CODES["reduce"], x, out, op, root, lambda: self._reduce(x, root, op, out, None, None))
+        return self._reduce(x, root, op, out, timeout, stream)
+
+    def _reduce(self, x: Any, root: int, op: ReduceOp | str, out: Any, timeout: float | None,
+                stream: Any) -> Work[Any]:
         root = self._root(root)
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
@@ -218,6 +232,14 @@ class CollectiveOps:
     def gather(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """``all_gather`` onto ``root`` only; other ranks get None."""
+        gl = self._gpu_lane
+        if gl is not None and stream is None and timeout is None:
+            w = gl.run(_CODES["gather"], x, out, None, root)  # a call seen before: in C
+            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
+                _CODES["gather"], x, out, None, root, lambda: self._gather(x, root, out, None, None))
+        return self._gather(x, root, out, timeout, stream)
+
+    def _gather(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
         root = self._root(root)
         xb = adapt(x, "x")
         shape = xb.array.shape
@@ -235,6 +257,14 @@ class CollectiveOps:
                   stream: Any = None) -> Work[Any]:
         """Root's ``x`` holds n blocks along axis 0; rank i gets block i (in ``out``, or in its own
         ``x``'s block i when every rank passes a full-size ``x``)."""
+        gl = self._gpu_lane
+        if gl is not None and stream is None and timeout is None:
+            w = gl.run(_CODES["scatter"], x, out, None, root)  # a call seen before: in C
+            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
+                _CODES["scatter"], x, out, None, root, lambda: self._scatter(x, root, out, None, None))
+        return self._scatter(x, root, out, timeout, stream)
+
+    def _scatter(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
         root = self._root(root)
         if self.rank == root:
             xb = adapt(x, "x")

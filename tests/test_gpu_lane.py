@@ -171,7 +171,8 @@ def test_an_untracked_op_records_no_event_and_a_new_stream_waits_for_the_last(dr
 
 
 def learn(lane: Any, x: FakeArray, plan: Any, out: Any = None, code: int = 1, op: Any = "sum") -> None:
-    lane.learn(lane.key(code, x, out, op, 0, STREAM), (plan, "all_reduce", (x.size, x.dtype, op, None), code, 5.0))
+    lane.learn(lane.key(code, x, out, op, 0, STREAM),
+               (plan, "all_reduce", (x.size, x.dtype, op, None), code, 5.0, 0 if out is None else 1))
     lane.enabled = True
 
 
@@ -194,6 +195,21 @@ def test_run_takes_a_learnt_call_only_and_gives_a_done_work_with_its_event(drive
     assert w.event is not None and calls(driver)[-1].handle == w.event.ptr
     assert recorded[-1][:2] == ("all_reduce", 7) and recorded[-1][3] is None
     assert lane.run(1, x, None, "sum", 0).seq == 8 and lane.seq == 9 and lane.ran == 2
+
+
+def test_run_gives_back_what_the_general_way_gave(driver):
+    """x, out, or None (a rooted op's other ranks), as learnt; a learn with anything else is refused."""
+    lane, _ = make_lane(driver, form=0)
+    plan = native.core.GpuPlan(((launch_spec(0xC),),))
+    x, out = FakeArray(0xBEEF00, 16), FakeArray(0xCAFE00, 16)
+    for gives, code in ((0, 1), (1, 2), (2, 3)):
+        lane.learn(lane.key(code, x, out, None, 0, STREAM), (plan, "reduce", (16, x.dtype, None, 0), code, 5.0, gives))
+    lane.enabled = True
+    for code, want in ((1, x), (2, out), (3, None)):
+        w = lane.run(code, x, out, None, 0)
+        assert w.done() and w.result() is want
+    with pytest.raises(TypeError, match="gives"):
+        lane.learn(lane.key(4, x, out, None, 0, STREAM), (plan, "reduce", (16, x.dtype, None, 0), 4, 5.0, 3))
 
 
 @pytest.mark.parametrize("why", ["disabled", "context", "capturing", "error word", "group"])

@@ -95,11 +95,12 @@ def plan(launches: list[tuple[Launch, Launch | None]]) -> Any:
 def learn(lane: Any, code: int, x: Any, out: Any, op: Any, root: int, work: Any, last: Any) -> None:
     """Teach ``lane`` the call ``(code, x, out, op, root)`` that the general way has just run as ``work``,
     when ``last`` (the device path's last launch: seq, plan, stream, timeout) is this op's on the current
-    stream and the Work is what ``run`` would give (its result ``out``, else ``x``)."""
+    stream and the Work gives back what ``run`` can: ``x``, ``out`` or None (a rooted op's other ranks)."""
     if last is None or last[0] != work.seq or work._exc is not None or not work.done():
         return
-    if work._result is not (x if out is None else out):
-        return
+    got = work._result
+    gives = 0 if got is x else 1 if out is not None and got is out else 2 if got is None else -1
     _, plan_, stream, timeout = last
-    if plan_ is not None:
-        lane.learn(lane.key(code, x, out, op, root, stream), (plan_, work.op, work._desc, code, float(timeout)))
+    if plan_ is not None and gives >= 0:
+        lane.learn(lane.key(code, x, out, op, root, stream),
+                   (plan_, work.op, work._desc, code, float(timeout), gives))

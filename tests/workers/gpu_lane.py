@@ -2,9 +2,9 @@
 
     aioccl-run --nproc-per-node 2 tests/workers/gpu_lane.py [ITERS]
 
-Each op (all_reduce in place and into ``out``, broadcast, all_gather, reduce_scatter, all_to_all in place) is
-called ITERS times on the same buffers with new exact data each time, read back and checked in full; then
-the same from a second stream and a second thread. Prints ``LANE_OK rank=<r> checks=<n> ran=<ops the lane
+Each collective (all_reduce in place and into ``out``, broadcast, all_gather, reduce_scatter, scatter,
+all_to_all in place, reduce, gather, scan) is called ITERS times on the same buffers with new exact data
+each time, read back and checked in full; then the same from a second stream and a second thread. Prints ``LANE_OK rank=<r> checks=<n> ran=<ops the lane
 did>/<ops>``, then the host time of an 8-byte all_reduce (``LANE_HOST``: per call back to back, one call on
 an idle GPU, inside the call), whether the lane is on or not (AIOCCL_NATIVE=0: the Python path, for A/B).
 ``scripts/gpu-check.sh`` runs it with ``GPU_LANE_EXPECT=1``: then at least half the calls must have been
@@ -66,10 +66,28 @@ def rounds(comm: aioccl.Communicator, chk: Checker, iters: int, tag: str) -> int
         comm.reduce_scatter(big, out=blk).wait()
         chk.same(f"{tag} reduce_scatter #{it}", cp.asnumpy(blk),
                  sum(base + k * 10 + r + it for k in range(n)).astype(np.float32))
+        blk.set(np.full(count, -1, np.float32))
+        comm.scatter(big, root=0, out=blk).wait()  # root 0's block r: base + r + it
+        chk.same(f"{tag} scatter #{it}", cp.asnumpy(blk), (base + r + it).astype(np.float32))
         comm.all_to_all(big).wait()  # in place: block j of rank k is base + k * 10 + j + it
         chk.same(f"{tag} all_to_all in place #{it}", cp.asnumpy(big),
                  np.concatenate([base + k * 10 + r + it for k in range(n)]).astype(np.float32))
-        calls += 6
+        x.set(mine)
+        got = comm.reduce(x, root=0).wait()  # into root's x; None elsewhere, x untouched
+        chk.same(f"{tag} reduce #{it}", cp.asnumpy(x), (want if r == 0 else mine).astype(np.float32))
+        chk.true(f"{tag} reduce gives x on the root, None elsewhere #{it}", got is (x if r == 0 else None))
+        x.set(mine)
+        gat.set(np.full(n * count, -1, np.float32))
+        got = comm.gather(x, root=n - 1, out=gat if r == n - 1 else None).wait()
+        if r == n - 1:
+            chk.same(f"{tag} gather #{it}", cp.asnumpy(gat),
+                     np.concatenate([base + k + it for k in range(n)]).astype(np.float32))
+        else:
+            chk.true(f"{tag} gather gives None off the root #{it}", got is None)
+        x.set(mine)
+        comm.scan(x).wait()
+        chk.same(f"{tag} scan #{it}", cp.asnumpy(x), sum(base + k + it for k in range(r + 1)).astype(np.float32))
+        calls += 10
     return calls
 
 

@@ -465,13 +465,18 @@ static PyObject *GpuLane_key(GpuLane *self, PyObject *const *args, Py_ssize_t na
     return make_key(self, args[0], args[1], args[2], args[3], args[4], args[5]);
 }
 
-/* learn(key, (plan, name, desc, kind, timeout)): `run` takes this call from now on */
+/* learn(key, (plan, name, desc, kind, timeout, gives)): `run` takes this call from now on; gives: what its
+ * Work gives back, 0 x, 1 out, 2 None (a rooted op's other ranks) */
 static PyObject *GpuLane_learn(GpuLane *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *e = nargs == 2 ? args[1] : NULL;
-    if (e == NULL || !PyTuple_Check(args[0]) || !PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 5 ||
+    long gives = e != NULL && PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 6 && PyLong_Check(PyTuple_GET_ITEM(e, 5))
+                     ? PyLong_AsLong(PyTuple_GET_ITEM(e, 5)) : -1;
+    if (e == NULL || !PyTuple_Check(args[0]) || gives < 0 || gives > 2 ||
         !PyObject_TypeCheck(PyTuple_GET_ITEM(e, 0), &GpuPlanType) || !PyLong_Check(PyTuple_GET_ITEM(e, 3)) ||
         !PyFloat_Check(PyTuple_GET_ITEM(e, 4))) {
-        PyErr_SetString(PyExc_TypeError, "learn(key, (plan, name, desc, kind: int, timeout: float))");
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "learn(key, (plan, name, desc, kind: int, timeout: float, gives: 0 x, "
+                                         "1 out or 2 None))");
         return NULL;
     }
     if (PyDict_GET_SIZE(self->entries) >= MAX_ENTRIES)
@@ -514,7 +519,8 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     PyObject *plan = PyTuple_GET_ITEM(entry, 0), *name = PyTuple_GET_ITEM(entry, 1), *desc = PyTuple_GET_ITEM(entry, 2);
     int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
     double timeout = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(entry, 4));
-    PyObject *result = args[2] == Py_None ? args[1] : args[2];
+    long gives = PyLong_AsLong(PyTuple_GET_ITEM(entry, 5));
+    PyObject *result = gives == 0 ? args[1] : gives == 1 ? args[2] : Py_None;
     long long seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
     PyObject *keep = PyTuple_Pack(2, args[1], args[2]);
     PyObject *ev = keep ? enqueue(self, (GpuPlan *)plan, h, seq, kind, timeout, keep, 1) : NULL;
