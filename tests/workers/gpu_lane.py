@@ -4,9 +4,10 @@
 
 Each collective (all_reduce in place and into ``out``, broadcast, all_gather, reduce_scatter, scatter,
 all_to_all in place, reduce, gather, scan) is called ITERS times on the same buffers with new exact data
-each time, read back and checked in full; then the same from a second stream and a second thread. Prints ``LANE_OK rank=<r> checks=<n> ran=<ops the lane
-did>/<ops>``, then the host time of an 8-byte all_reduce (``LANE_HOST``: per call back to back, one call on
-an idle GPU, inside the call), whether the lane is on or not (AIOCCL_NATIVE=0: the Python path, for A/B).
+each time, read back and checked in full; then the same from a second stream and a second thread.
+Prints ``LANE_OK rank=<r> checks=<n> ran=<ops the lane did>/<ops>``, then the host time of an 8-byte
+all_reduce (``LANE_HOST``: per call back to back, one call on an idle GPU, inside the call), whether the
+lane is on or not (AIOCCL_NATIVE=0: the Python path, for A/B).
 ``scripts/gpu-check.sh`` runs it with ``GPU_LANE_EXPECT=1``: then at least half the calls must have been
 run by the lane.
 """
