@@ -16,6 +16,7 @@
 #include "gpu_lane.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 
 #include "cuda_driver.h"
@@ -342,17 +343,17 @@ static int drop_done(GpuLane *s) {
 static tracked *reserve(GpuLane *s, PyObject *keep) {
     if (s->count >= TRACKED / 2 && s->head % 32 == 0) /* a look every 32 ops keeps the ring half empty */
         drop_done(s);
-    if (s->count == TRACKED) { /* the budget: the oldest must end first (its deadline bounds the wait) */
+    while (s->count == TRACKED) { /* the budget: the oldest must end first (its deadline bounds the wait) */
         tracked *old = &s->ring[(s->head - s->count + TRACKED) % TRACKED];
         cu_handle h = old->handle;
+        int launched = old->state == SLOT_LAUNCHED;
         Py_BEGIN_ALLOW_THREADS
-        cuda->event_sync(h);
+        if (launched)
+            cuda->event_sync(h);
+        else /* another thread is launching it: its slot is its own until it says how that went */
+            sched_yield();
         Py_END_ALLOW_THREADS
         drop_done(s);
-        if (s->count == TRACKED) { /* (only an op still being launched by another thread: forget it) */
-            Py_CLEAR(old->keep);
-            s->count--;
-        }
     }
     tracked *t = &s->ring[s->head];
     if (t->event == NULL || Py_REFCNT(t->event) > 1) { /* someone holds the old event: a new one */
