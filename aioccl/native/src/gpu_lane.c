@@ -137,11 +137,10 @@ typedef struct {
 } tracked;
 enum { SLOT_RESERVED, SLOT_LAUNCHED, SLOT_FAILED };
 
-typedef struct {
+typedef struct { /* every field atomic: read without the mutex (recent()) */
     unsigned epoch;
     int kind;
-    long long seq;
-    double timeout;
+    long long seq, timeout_us;
 } recent_op;
 
 typedef struct {
@@ -289,9 +288,9 @@ static driver_error launch_locked(GpuLane *s, GpuPlan *p, cu_handle stream, cu_h
         __atomic_store_n(&s->epoch, e, __ATOMIC_RELEASE);
         recent_op *r = &s->recent[e % RECENT]; /* its epoch last: a reader checks it before and after */
         __atomic_store_n(&r->epoch, 0u, __ATOMIC_RELEASE);
-        r->kind = kind;
-        r->seq = seq;
-        r->timeout = timeout;
+        __atomic_store_n(&r->kind, kind, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->seq, seq, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->timeout_us, (long long)((timeout < 1e9 ? timeout : 1e9) * 1e6), __ATOMIC_RELAXED);
         __atomic_store_n(&r->epoch, e, __ATOMIC_RELEASE);
         if (!p->stream_form) { /* the kernel derives its epoch from its own flag (a CUDA graph replays it) */
             launch *l = &p->l[k];
@@ -566,12 +565,12 @@ static PyObject *GpuLane_recent(GpuLane *self, PyObject *arg) {
     /* without the mutex: a thread holding the GIL never waits for one that may be waiting for the GIL */
     recent_op *at = &self->recent[e % RECENT], r;
     r.epoch = __atomic_load_n(&at->epoch, __ATOMIC_ACQUIRE);
-    r.kind = at->kind;
-    r.seq = at->seq;
-    r.timeout = at->timeout;
+    r.kind = __atomic_load_n(&at->kind, __ATOMIC_RELAXED);
+    r.seq = __atomic_load_n(&at->seq, __ATOMIC_RELAXED);
+    r.timeout_us = __atomic_load_n(&at->timeout_us, __ATOMIC_RELAXED);
     if (r.epoch != (unsigned)e || r.epoch == 0 || __atomic_load_n(&at->epoch, __ATOMIC_ACQUIRE) != r.epoch)
         Py_RETURN_NONE;
-    return Py_BuildValue("(Lid)", r.seq, r.kind, r.timeout);
+    return Py_BuildValue("(Lid)", r.seq, r.kind, (double)r.timeout_us / 1e6);
 }
 
 static PyObject *GpuLane_take(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
