@@ -12,8 +12,9 @@ path with a lane is then launched by the lane, on either road:
   ``cuLaunchKernel``. ``learn`` teaches it a call right after the general way ran it, and only when the
   Work it returned is what ``run`` would return.
 
-Without the native core (``AIOCCL_NATIVE=0``), without the CUDA driver (the test stand-in cupy) or
-for a kernel with no driver function, the device path launches from Python as before.
+Without the native core (``AIOCCL_NATIVE=0``), without a CUDA driver (``AIOCCL_CUDA_DRIVER``, default
+``libcuda.so.1``; the test stand-in cupy has one only through ``tests/native/bridge_cuda.c``) or for a
+kernel with no driver function, the device path launches from Python.
 """
 
 from __future__ import annotations
