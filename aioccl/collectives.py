@@ -62,6 +62,14 @@ class CollectiveOps:
                         result: Callable[[], Any], timeout: float | None, in_place: bool = False,
                         stream: Any = None) -> Work[Any]: ...
 
+    def _via_gpu_lane(self, name: str, x: Any, out: Any, op: Any, root: int,
+                      general: Callable[[], Work[Any]]) -> Work[Any]:
+        """A collective while the GPU lane is up (gpu/lane.py): a call seen before runs in C, from the call to
+        the done Work; any other call goes ``general``, after which the lane learns it if it can."""
+        code = _CODES[name]
+        w: Work[Any] | None = self._gpu_lane.run(code, x, out, op, root)
+        return w if w is not None else self._gpu.learning(code, x, out, op, root, general)
+
     @staticmethod
     def _output_like(x: Buf, out: Any, shape: tuple[int, ...], name: str = "out") -> Buf:
         if out is None:
@@ -102,22 +110,18 @@ class CollectiveOps:
             w = lane.all_reduce(x, op) if x.__class__ is np.ndarray else _lane_tensor(lane, x, op)
             if w is not None:
                 return w if w.__class__ is Work else self._carry_on(x, op, w, timeout)
-        gl = self._gpu_lane
-        if gl is not None and stream is None and timeout is None:  # GPU buffers: the native lane
-            w = gl.run(_CODES["all_reduce"], x, out, op, 0)  # a call seen before: in C
-            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
-                _CODES["all_reduce"], x, out, op, 0, lambda: self._elementwise("all_reduce", x, op, out, None, None))
+        if self._gpu_lane is not None and stream is None and timeout is None:  # GPU buffers: the native lane
+            return self._via_gpu_lane("all_reduce", x, out, op, 0,
+                                      lambda: self._elementwise("all_reduce", x, op, out, None, None))
         return self._elementwise("all_reduce", x, op, out, timeout, stream)
 
     def scan(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
              timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Inclusive prefix reduction (``MPI_Scan``): rank r gets ``x_0 op ... op x_r``, folded in rank order;
         ``avg`` divides by r + 1. In place unless ``out`` is given. Awaits to the result."""
-        gl = self._gpu_lane
-        if gl is not None and stream is None and timeout is None:
-            w = gl.run(_CODES["scan"], x, out, op, 0)  # a call seen before: in C
-            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
-                _CODES["scan"], x, out, op, 0, lambda: self._elementwise("scan", x, op, out, None, None))
+        if self._gpu_lane is not None and stream is None and timeout is None:
+            return self._via_gpu_lane("scan", x, out, op, 0,
+                                      lambda: self._elementwise("scan", x, op, out, None, None))
         return self._elementwise("scan", x, op, out, timeout, stream)
 
     def _elementwise(self, name: str, x: Any, op: ReduceOp | str, out: Any, timeout: float | None,
@@ -134,11 +138,9 @@ class CollectiveOps:
     def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Copy root's ``x`` into every rank's ``x``, or into ``out`` where given (a new array for JAX)."""
-        gl = self._gpu_lane
-        if gl is not None and stream is None and timeout is None:
-            w = gl.run(_CODES["broadcast"], x, out, None, root)  # a call seen before: in C
-            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
-                _CODES["broadcast"], x, out, None, root, lambda: self._broadcast(x, root, out, None, None))
+        if self._gpu_lane is not None and stream is None and timeout is None:
+            return self._via_gpu_lane("broadcast", x, out, None, root,
+                                      lambda: self._broadcast(x, root, out, None, None))
         return self._broadcast(x, root, out, timeout, stream)
 
     def _broadcast(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
@@ -157,11 +159,9 @@ class CollectiveOps:
     def reduce(self, x: Any, root: int = 0, op: ReduceOp | str = "sum", out: Any = None, *,
                timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce onto ``root`` (into ``out`` or, by default, root's ``x``); None on other ranks."""
-        gl = self._gpu_lane
-        if gl is not None and stream is None and timeout is None:
-            w = gl.run(_CODES["reduce"], x, out, op, root)  # a call seen before: in C
-            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
-                _CODES["reduce"], x, out, op, root, lambda: self._reduce(x, root, op, out, None, None))
+        if self._gpu_lane is not None and stream is None and timeout is None:
+            return self._via_gpu_lane("reduce", x, out, op, root,
+                                      lambda: self._reduce(x, root, op, out, None, None))
         return self._reduce(x, root, op, out, timeout, stream)
 
     def _reduce(self, x: Any, root: int, op: ReduceOp | str, out: Any, timeout: float | None,
@@ -186,11 +186,9 @@ class CollectiveOps:
     def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Concatenate every rank's ``x`` along axis 0 (0-d inputs give shape ``(n,)``)."""
-        gl = self._gpu_lane
-        if gl is not None and stream is None and timeout is None and out is not None:
-            w = gl.run(_CODES["all_gather"], x, out, None, 0)  # a call seen before: in C
-            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
-                _CODES["all_gather"], x, out, None, 0, lambda: self._all_gather(x, out, None, None))
+        if self._gpu_lane is not None and stream is None and timeout is None and out is not None:
+            return self._via_gpu_lane("all_gather", x, out, None, 0,
+                                      lambda: self._all_gather(x, out, None, None))
         return self._all_gather(x, out, timeout, stream)
 
     def _all_gather(self, x: Any, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
@@ -205,11 +203,9 @@ class CollectiveOps:
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
                        timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce ``x`` (n blocks along axis 0) and keep block ``rank``; by default in x's own block."""
-        gl = self._gpu_lane
-        if gl is not None and stream is None and timeout is None and out is not None:
-            w = gl.run(_CODES["reduce_scatter"], x, out, op, 0)  # a call seen before: in C
-            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
-                _CODES["reduce_scatter"], x, out, op, 0, lambda: self._reduce_scatter(x, op, out, None, None))
+        if self._gpu_lane is not None and stream is None and timeout is None and out is not None:
+            return self._via_gpu_lane("reduce_scatter", x, out, op, 0,
+                                      lambda: self._reduce_scatter(x, op, out, None, None))
         return self._reduce_scatter(x, op, out, timeout, stream)
 
     def _reduce_scatter(self, x: Any, op: ReduceOp | str, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
@@ -232,11 +228,9 @@ class CollectiveOps:
     def gather(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """``all_gather`` onto ``root`` only; other ranks get None."""
-        gl = self._gpu_lane
-        if gl is not None and stream is None and timeout is None:
-            w = gl.run(_CODES["gather"], x, out, None, root)  # a call seen before: in C
-            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
-                _CODES["gather"], x, out, None, root, lambda: self._gather(x, root, out, None, None))
+        if self._gpu_lane is not None and stream is None and timeout is None:
+            return self._via_gpu_lane("gather", x, out, None, root,
+                                      lambda: self._gather(x, root, out, None, None))
         return self._gather(x, root, out, timeout, stream)
 
     def _gather(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
@@ -257,11 +251,9 @@ class CollectiveOps:
                   stream: Any = None) -> Work[Any]:
         """Root's ``x`` holds n blocks along axis 0; rank i gets block i (in ``out``, or in its own
         ``x``'s block i when every rank passes a full-size ``x``)."""
-        gl = self._gpu_lane
-        if gl is not None and stream is None and timeout is None:
-            w = gl.run(_CODES["scatter"], x, out, None, root)  # a call seen before: in C
-            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
-                _CODES["scatter"], x, out, None, root, lambda: self._scatter(x, root, out, None, None))
+        if self._gpu_lane is not None and stream is None and timeout is None:
+            return self._via_gpu_lane("scatter", x, out, None, root,
+                                      lambda: self._scatter(x, root, out, None, None))
         return self._scatter(x, root, out, timeout, stream)
 
     def _scatter(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
@@ -293,11 +285,9 @@ class CollectiveOps:
     def all_to_all(self, x: Any, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Block j of ``x`` goes to rank j; block i of the result came from rank i. In place by default."""
-        gl = self._gpu_lane
-        if gl is not None and stream is None and timeout is None:
-            w = gl.run(_CODES["all_to_all"], x, out, None, 0)  # a call seen before: in C
-            return w if w is not None else self._gpu.learning(  # type: ignore[no-any-return]
-                _CODES["all_to_all"], x, out, None, 0, lambda: self._all_to_all(x, out, None, None))
+        if self._gpu_lane is not None and stream is None and timeout is None:
+            return self._via_gpu_lane("all_to_all", x, out, None, 0,
+                                      lambda: self._all_to_all(x, out, None, None))
         return self._all_to_all(x, out, timeout, stream)
 
     def _all_to_all(self, x: Any, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
