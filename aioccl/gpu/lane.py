@@ -19,13 +19,12 @@ kernel with no driver function, the device path launches from Python.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from .. import log, native
 from ..group import current_group
 from ..work import BORN_DONE_LOCK, Work
-from .launch import Launch
+from .launch import Launch, driver_library
 from .owner import Owner
 
 _log = log.get("GPU")
@@ -39,7 +38,7 @@ def _load_driver() -> str:
         return f"native core {native.why_not}"
     if not _driver:
         try:
-            core.load_cuda(os.environ.get("AIOCCL_CUDA_DRIVER") or None)
+            core.load_cuda(driver_library())
             _driver.append("")
         except OSError as e:
             _driver.append(str(e))

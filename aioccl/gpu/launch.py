@@ -23,10 +23,15 @@ _CTYPES = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int64): ctypes.c_in
 _driver: Any = None
 
 
+def driver_library() -> str:
+    """The CUDA driver library aioccl calls directly: ``AIOCCL_CUDA_DRIVER``, else ``libcuda.so.1``."""
+    return os.environ.get("AIOCCL_CUDA_DRIVER") or "libcuda.so.1"
+
+
 def _launch_kernel() -> Any:
     global _driver
     if _driver is None:
-        fn = ctypes.CDLL(os.environ.get("AIOCCL_CUDA_DRIVER") or "libcuda.so.1").cuLaunchKernel
+        fn = ctypes.CDLL(driver_library()).cuLaunchKernel
         fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         fn.restype = ctypes.c_int
         _driver = fn

@@ -12,9 +12,10 @@ and ``streamWriteValue32`` itself, which then win).
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Callable
 from typing import Any
+
+from .launch import driver_library
 
 WAIT_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ: (int32_t)(*addr - value) >= 0, so a wrapped counter still works
 Op = Callable[[int, int, int], None]  # (stream handle, device address, value)
@@ -27,7 +28,7 @@ def load(cp: Any) -> tuple[Op, Op]:
     wait = getattr(drv, "streamWaitValue32", None)
     if write is not None and wait is not None:
         return (lambda s, p, v: write(s, p, v, 0)), (lambda s, p, v: wait(s, p, v, WAIT_GEQ))
-    lib = ctypes.CDLL(os.environ.get("AIOCCL_CUDA_DRIVER") or "libcuda.so.1")
+    lib = ctypes.CDLL(driver_library())
     fns = []
     for name in ("cuStreamWriteValue32", "cuStreamWaitValue32"):
         fn = getattr(lib, name + "_v2", None) or getattr(lib, name)

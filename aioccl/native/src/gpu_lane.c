@@ -24,6 +24,9 @@
 
 enum { MAX_ARGS = 32, TRACKED = 1024, RECENT = 4096, MAX_PEERS = 64, MAX_ENTRIES = 512, LANE_CLOSED = -2 };
 
+/* attribute names of a GPU array, interned once (gpu_lane_ready) */
+static PyObject *s_data, *s_ptr, *s_strides, *s_size, *s_dtype, *s_num;
+
 /* -- GpuPlan: an op's launches, packed once --------------------------------------------------------- */
 typedef struct {
     cu_handle fn;
@@ -146,7 +149,7 @@ typedef struct { /* every field atomic: read without the mutex (recent()) */
 typedef struct {
     PyObject_HEAD
     WorkMaker wm;
-    PyObject *record, *group_var, *array_type, *current_stream, *event_factory, *entries, *s_data, *s_ptr;
+    PyObject *record, *group_var, *array_type, *current_stream, *event_factory, *entries;
     volatile unsigned *err;
     unsigned closed_err[4]; /* what err points to once closed: the path's memory may be freed */
     int form, rank, nranks, enabled, closed;
@@ -162,7 +165,7 @@ typedef struct {
 } GpuLane;
 
 #define GPU_LANE_REFS(s) {&(s)->record, &(s)->group_var, &(s)->array_type, &(s)->current_stream, \
-    &(s)->event_factory, &(s)->entries, &(s)->s_data, &(s)->s_ptr}
+    &(s)->event_factory, &(s)->entries}
 
 static int GpuLane_traverse(GpuLane *self, visitproc visit, void *arg) {
     PyObject **refs[] = GPU_LANE_REFS(self);
@@ -237,17 +240,10 @@ static int GpuLane_init(GpuLane *self, PyObject *args, PyObject *Py_UNUSED(kwds)
     }
     if (work_maker_init(&self->wm, work_type, done_lock, home, thread_id) < 0)
         return -1;
-    PyObject *entries = PyDict_New(), *s_data = PyUnicode_InternFromString("data"),
-             *s_ptr = PyUnicode_InternFromString("ptr");
-    if (entries == NULL || s_data == NULL || s_ptr == NULL) {
-        Py_XDECREF(entries);
-        Py_XDECREF(s_data);
-        Py_XDECREF(s_ptr);
+    PyObject *entries = PyDict_New();
+    if (entries == NULL)
         return -1;
-    }
     Py_XSETREF(self->entries, entries);
-    Py_XSETREF(self->s_data, s_data);
-    Py_XSETREF(self->s_ptr, s_ptr);
     Py_XSETREF(self->record, Py_NewRef(record));
     Py_XSETREF(self->group_var, Py_NewRef(group_var));
     Py_XSETREF(self->array_type, Py_NewRef(array_type));
@@ -357,7 +353,7 @@ static tracked *reserve(GpuLane *s, PyObject *keep) {
     tracked *t = &s->ring[s->head];
     if (t->event == NULL || Py_REFCNT(t->event) > 1) { /* someone holds the old event: a new one */
         PyObject *ev = PyObject_CallNoArgs(s->event_factory);
-        PyObject *ptr = ev ? PyObject_GetAttr(ev, s->s_ptr) : NULL;
+        PyObject *ptr = ev ? PyObject_GetAttr(ev, s_ptr) : NULL;
         cu_handle h = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
         Py_XDECREF(ptr);
         if (h == NULL) {
@@ -430,23 +426,23 @@ static PyObject *attr2(PyObject *o, PyObject *a, PyObject *b) {
 
 /* address, strides, size and dtype number of a GPU array: the buffer a plan was made for, exactly (a view
  * of the same memory with other strides, or another array at a reused address, is another buffer) */
-static int describe(GpuLane *s, PyObject *a, PyObject **out) {
-    out[0] = attr2(a, s->s_data, s->s_ptr);
-    out[1] = PyObject_GetAttrString(a, "strides");
-    out[2] = PyObject_GetAttrString(a, "size");
-    PyObject *dt = PyObject_GetAttrString(a, "dtype");
-    out[3] = dt ? PyObject_GetAttrString(dt, "num") : NULL;
+static int describe(PyObject *a, PyObject **out) {
+    out[0] = attr2(a, s_data, s_ptr);
+    out[1] = PyObject_GetAttr(a, s_strides);
+    out[2] = PyObject_GetAttr(a, s_size);
+    PyObject *dt = PyObject_GetAttr(a, s_dtype);
+    out[3] = dt ? PyObject_GetAttr(dt, s_num) : NULL;
     Py_XDECREF(dt);
     return out[0] && out[1] && out[2] && out[3] ? 0 : -1;
 }
 
 /* (code, x's description, out's or Nones, op, root, stream): what a plan is kept by */
-static PyObject *make_key(GpuLane *s, PyObject *code, PyObject *x, PyObject *out, PyObject *op, PyObject *root,
+static PyObject *make_key(PyObject *code, PyObject *x, PyObject *out, PyObject *op, PyObject *root,
                           PyObject *stream) {
     PyObject *d[8] = {NULL};
-    int ok = describe(s, x, d) == 0;
+    int ok = describe(x, d) == 0;
     if (ok && out != Py_None)
-        ok = describe(s, out, d + 4) == 0;
+        ok = describe(out, d + 4) == 0;
     else
         for (int k = 4; k < 8; k++)
             d[k] = Py_NewRef(Py_None);
@@ -457,12 +453,12 @@ static PyObject *make_key(GpuLane *s, PyObject *code, PyObject *x, PyObject *out
 }
 
 /* key(code, x, out, op, root, stream): the key `run` finds this call's plan by */
-static PyObject *GpuLane_key(GpuLane *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *GpuLane_key(GpuLane *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "key(code, x, out, op, root, stream)");
         return NULL;
     }
-    return make_key(self, args[0], args[1], args[2], args[3], args[4], args[5]);
+    return make_key(args[0], args[1], args[2], args[3], args[4], args[5]);
 }
 
 /* learn(key, (plan, name, desc, kind, timeout, gives)): `run` takes this call from now on; gives: what its
@@ -502,10 +498,10 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
         return open < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *stream = PyObject_CallNoArgs(self->current_stream); /* cupy's Stream, or its handle */
     if (stream != NULL && !PyLong_Check(stream))
-        Py_SETREF(stream, PyObject_GetAttr(stream, self->s_ptr));
+        Py_SETREF(stream, PyObject_GetAttr(stream, s_ptr));
     if (stream == NULL)
         return NULL;
-    PyObject *key = make_key(self, args[0], args[1], args[2], args[3], args[4], stream);
+    PyObject *key = make_key(args[0], args[1], args[2], args[3], args[4], stream);
     PyObject *entry = key ? PyDict_GetItemWithError(self->entries, key) : NULL;
     Py_XDECREF(key);
     cu_handle h = PyLong_AsVoidPtr(stream);
@@ -591,11 +587,6 @@ static PyObject *GpuLane_close(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
-static PyObject *GpuLane_forget(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
-    PyDict_Clear(self->entries);
-    Py_RETURN_NONE;
-}
-
 static PyObject *GpuLane_get_enabled(GpuLane *self, void *Py_UNUSED(c)) { return PyBool_FromLong(self->enabled); }
 static int GpuLane_set_enabled(GpuLane *self, PyObject *v, void *Py_UNUSED(c)) {
     int on = v ? PyObject_IsTrue(v) : 0;
@@ -612,9 +603,6 @@ static PyObject *GpuLane_get_seq(GpuLane *self, void *Py_UNUSED(c)) {
 }
 static PyObject *GpuLane_get_ran(GpuLane *self, void *Py_UNUSED(c)) { return PyLong_FromLongLong(self->ran); }
 static PyObject *GpuLane_get_tracked(GpuLane *self, void *Py_UNUSED(c)) { return PyLong_FromLong(self->count); }
-static PyObject *GpuLane_get_learnt(GpuLane *self, void *Py_UNUSED(c)) {
-    return PyLong_FromSsize_t(self->entries ? PyDict_GET_SIZE(self->entries) : 0);
-}
 
 static PyMethodDef GpuLane_methods[] = {
     {"run", (PyCFunction)(void (*)(void))GpuLane_run, METH_FASTCALL,
@@ -628,7 +616,6 @@ static PyMethodDef GpuLane_methods[] = {
      "(seq, kind, epoch, deadline, timeout) of the oldest op not done on the GPU, or None"},
     {"recent", (PyCFunction)GpuLane_recent, METH_O, "recent(epoch): (seq, kind, timeout), or None"},
     {"take", (PyCFunction)GpuLane_take, METH_NOARGS, "the next sequence number"},
-    {"forget", (PyCFunction)GpuLane_forget, METH_NOARGS, "forget every call learnt"},
     {"close", (PyCFunction)GpuLane_close, METH_NOARGS, "no op reaches the GPU through the lane any more"},
     {NULL, NULL, 0, NULL},
 };
@@ -639,7 +626,6 @@ static PyGetSetDef GpuLane_getset[] = {
     {"seq", (getter)GpuLane_get_seq, NULL, "the sequence number the next op takes", NULL},
     {"ran", (getter)GpuLane_get_ran, NULL, "ops run() did, from the call to the done Work", NULL},
     {"tracked", (getter)GpuLane_get_tracked, NULL, "ops in the ring (not yet seen done)", NULL},
-    {"learnt", (getter)GpuLane_get_learnt, NULL, "calls run() knows", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -679,6 +665,13 @@ PyObject *gpu_load_cuda(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
 }
 
 int gpu_lane_ready(PyObject *m) {
+    struct { PyObject **at; const char *s; } names[] = {
+        {&s_data, "data"}, {&s_ptr, "ptr"}, {&s_strides, "strides"}, {&s_size, "size"}, {&s_dtype, "dtype"},
+        {&s_num, "num"},
+    };
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+        if ((*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
+            return -1;
     if (PyType_Ready(&GpuPlanType) < 0 || PyType_Ready(&GpuLaneType) < 0)
         return -1;
     if (PyModule_AddObjectRef(m, "GpuPlan", (PyObject *)&GpuPlanType) < 0 ||
