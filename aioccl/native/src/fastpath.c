@@ -218,14 +218,8 @@ static PyObject *record_done(Lane *self, PyArrayObject *x, PyObject *give, long 
     if (desc == NULL)
         return NULL;
     PyObject *result = work_born_done(&self->wm, self->name, seq, give, desc, t0);
-    if (result != NULL) {
-        PyObject *entry = Py_BuildValue("(OLOOd)", self->name, seq, desc, Py_None, work_monotonic() - t0);
-        PyObject *r = entry ? PyObject_CallOneArg(self->record, entry) : NULL;
-        Py_XDECREF(entry);
-        if (r == NULL)
-            Py_CLEAR(result);
-        Py_XDECREF(r);
-    }
+    if (result != NULL && work_record(self->record, self->name, seq, desc, t0) < 0)
+        Py_CLEAR(result);
     Py_DECREF(desc);
     return result;
 }

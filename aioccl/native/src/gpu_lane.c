@@ -530,12 +530,8 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     if (w != NULL) {
         self->ran++;
         work_set(&self->wm, w, WORK_SLOT_EVENT, Py_NewRef(ev));
-        PyObject *rec = Py_BuildValue("(OLOOd)", name, seq, desc, Py_None, work_monotonic() - t0);
-        PyObject *r = rec ? PyObject_CallOneArg(self->record, rec) : NULL;
-        Py_XDECREF(rec);
-        if (r == NULL)
+        if (work_record(self->record, name, seq, desc, t0) < 0)
             Py_CLEAR(w);
-        Py_XDECREF(r);
     }
     Py_XDECREF(ev);
     Py_DECREF(entry);

@@ -83,6 +83,14 @@ PyObject *work_born_done(const WorkMaker *m, PyObject *name, long long seq, PyOb
     return w;
 }
 
+int work_record(PyObject *record, PyObject *name, long long seq, PyObject *desc, double t0) {
+    PyObject *entry = Py_BuildValue("(OLOOd)", name, seq, desc, Py_None, work_monotonic() - t0);
+    PyObject *r = entry ? PyObject_CallOneArg(record, entry) : NULL;
+    Py_XDECREF(entry);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 double work_monotonic(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -22,6 +22,9 @@ void work_maker_clear(WorkMaker *m);
 /* A new done Work (NULL with an exception set). */
 PyObject *work_born_done(const WorkMaker *m, PyObject *name, long long seq, PyObject *result, PyObject *desc,
                          double t0);
+/* Into the flight recorder (`record`, its ring's append) with an op done in C: 0, or -1 with an error set. */
+int work_record(PyObject *record, PyObject *name, long long seq, PyObject *desc, double t0);
+
 /* Sets slot `slot` of Work `w` to `v` (a new reference, stolen). */
 void work_set(const WorkMaker *m, PyObject *w, int slot, PyObject *v);
 
