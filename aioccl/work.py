@@ -33,6 +33,17 @@ T = TypeVar("T")
 _PENDING, _RUNNING, _DONE, _CANCELLED = range(4)
 FAIRNESS_S = 0.001
 _turns = threading.local()  # when this thread's awaiting task last let its loop run
+
+
+class _BeforeBlocking(threading.local):
+    """A thread's hook, called each time ``wait()`` is about to block. A thread that runs calls on another's
+    behalf sets it (jax_ext's guard, ``jax_ext/interrupts.py``): calls issue every op before their first wait,
+    so the hook tells the other thread that the call's ops are all issued."""
+
+    hook: Callable[[], None] | None = None
+
+
+BEFORE_BLOCKING = _BeforeBlocking()
 BORN_DONE_LOCK = threading.Lock()  # the lock of every Work the native core makes done (nothing waits on one)
 _log = log.get("COLL")
 
@@ -236,6 +247,8 @@ class Work(Generic[T]):
                 if self._event is None:
                     self._event = threading.Event()
                 event = self._event
+            if BEFORE_BLOCKING.hook is not None:
+                BEFORE_BLOCKING.hook()
             try:
                 finished = self.done() or event.wait(timeout)
             except BaseException:  # interrupted (Ctrl-C's KeyboardInterrupt): as a cancelled await

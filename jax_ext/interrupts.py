@@ -1,84 +1,187 @@
-"""A host callback interrupted in its wait leaves nothing of its op in XLA's buffers.
+"""A host callback interrupted on the main thread leaves nothing of its op in XLA's buffers.
 
-A signal handler that raises (Ctrl-C's ``KeyboardInterrupt``) runs on the main thread, inside
-whatever Python code runs there: when XLA runs a host callback on the main thread, that is the
-callback's ``wait()``. The callback then raises, XLA fails the computation and frees or reuses its
-buffers, but the op goes on in the engine, and would write its result (or let a peer read its input
-in place) in memory that is no longer the op's: a heap corrupted some time later, a peer's wrong sum.
+A signal handler that raises (Ctrl-C's ``KeyboardInterrupt``) runs on the main thread, between any two
+bytecodes of whatever Python runs there: when XLA runs a host callback on the main thread (jax 0.12 on
+CPU), anywhere in the callback. XLA then fails the computation and frees or reuses its buffers, while
+the op may go on in the engine and write its result (or let a peer read its input in place) in memory
+that is no longer the op's. Worse, an interrupt can land *inside* the issue of an op: after it took its
+sequence number, before the engine had it (the peers then wait for it forever), or after a helper thread
+was handed the op but before the caller knew (it then runs on freed buffers).
 
-So on the main thread a small op runs on buffers of its own: the inputs are copied in first and the
-outputs copied back only once every op of the call succeeded. Interrupted, it withdraws what no peer
-has seen (an unmatched receive, which would otherwise take the next call's message) and lets the rest
-run on to its end on its own buffers, keeping the communicator in step with the peers. A large op
-(past ``COPY_LIMIT``, where two copies would cost more than a thread hop) runs on XLA's buffers on a
-helper thread instead, which no signal reaches: the main thread waits for it and holds an interrupt
-until the op has ended (withdrawing an unmatched receive at once, so that wait is short). Other
-threads never see a signal, so callbacks there work on XLA's buffers directly.
+So the main thread runs no op itself: it hands the call to the *guard*, one thread that no signal reaches,
+and waits. Handing over is one C call (``SimpleQueue.put``), and the job's state moves under its own lock,
+so an interrupt at any point leaves the job in one of three states the caller can tell apart:
+
+- not started: it is dropped (the guard skips it), nothing was issued, the interrupt is raised;
+- running: the interrupt is held until the job has issued all its ops (a call issues every op before its
+  first wait: ``aioccl.work.BEFORE_BLOCKING`` says when), so the next op cannot overtake them; then an
+  unmatched receive is withdrawn (the peer's message goes to the next receive) and the rest run on;
+- ended: the interrupt is raised.
+
+A small call (up to ``COPY_LIMIT`` bytes of buffers) runs on copies, so the caller raises as soon as its
+ops are issued and the job finishes on its own buffers in the background, keeping the communicator in
+step. A large one runs on XLA's buffers (two copies would cost more than the wait), so the interrupt is
+held until it has ended. An op the native core already started (``wait_guarded``) is never dropped: the
+peers count on it; its handler calls again if an interrupt lands before the op was taken on, and the job
+runs once. Other threads never see a signal, so callbacks there run the op directly.
 """
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import numpy as np
 
 from aioccl import Communicator
+from aioccl.work import BEFORE_BLOCKING
 
-RunFn = Any  # run(comm, ins, outs, same, **params)
-COPY_LIMIT = 1 << 20  # bytes of a call's buffers up to which the main thread copies rather than hops
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+RunFn = Any  # run(comm, ins, outs, same, **params): issues every op before its first wait
+COPY_LIMIT = 1 << 20  # bytes of a call's buffers up to which it runs on copies, so an interrupt returns early
+_NEW, _RUNNING, _DROPPED, _ENDED = range(4)
+
+
+class Job:
+    """One call handed to the guard. ``state`` moves under ``lock`` only: the guard takes a NEW job, an
+    interrupted caller drops one; a job handed over twice (a retry) runs once."""
+
+    __slots__ = ("fn", "lock", "state", "error", "issued", "done")
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        self.lock = threading.Lock()
+        self.state = _NEW
+        self.error: BaseException | None = None
+        self.issued = threading.Event()  # every op of the call is issued (set at the end too)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        """Run ``fn`` here unless it was taken or dropped before."""
+        with self.lock:
+            if self.state != _NEW:
+                return
+            self.state = _RUNNING
+        before, BEFORE_BLOCKING.hook = BEFORE_BLOCKING.hook, self.issued.set
+        try:
+            self.fn()
+        except BaseException as e:  # noqa: BLE001 - the caller's to raise
+            self.error = e
+        finally:
+            BEFORE_BLOCKING.hook = before
+            with self.lock:
+                self.state = _ENDED
+            self.issued.set()
+            self.done.set()
+
+
+class _Guard:
+    """The thread that runs the main thread's calls, one at a time in the order handed over."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="aioccl-jax-guard", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self.jobs.get().run()
+
+
+_guard: _Guard | None = None
+_guard_lock = threading.Lock()
+
+
+def _the_guard() -> _Guard:
+    global _guard
+    with _guard_lock:
+        if _guard is None:
+            _guard = _Guard()
+        return _guard
+
+
+def _forget_guard() -> None:  # a forked child has none of its parent's threads
+    global _guard
+    _guard = None
+
+
+os.register_at_fork(after_in_child=_forget_guard)
 
 
 def run_guarded(run: RunFn, comm: Communicator, ins: list[Any], outs: list[Any], same: bool,
                 **params: Any) -> None:
-    """``run(comm, ins, outs, same, **params)`` such that an interrupt leaves ``ins`` and ``outs`` alone."""
+    """``run(comm, ins, outs, same, **params)`` such that an interrupt leaves ``ins`` and ``outs`` alone and
+    the communicator in step."""
     if threading.current_thread() is not threading.main_thread() or not all(
             isinstance(a, np.ndarray) for a in (*ins, *outs)):
         run(comm, ins, outs, same, **params)  # no signal reaches this thread (GPU views stay on the stream)
         return
     before = set(comm._inflight)
-    if sum(a.nbytes for a in (*ins, *outs)) > COPY_LIMIT:
-        _run_beside(run, comm, ins, outs, same, before, **params)
+    own = sum(a.nbytes for a in (*ins, *outs)) <= COPY_LIMIT
+    if own:
+        a = [np.array(x, copy=True) for x in ins]
+        b = [a[0] if same and k == 0 else np.empty_like(o) for k, o in enumerate(outs)]
+    else:
+        a, b = ins, outs
+    _through_guard(Job(lambda: run(comm, a, b, same, **params)), droppable=True,
+                   withdraw=lambda: withdraw_new(comm, before), to_end=not own)
+    if own:
+        for o, mine in zip(outs, b, strict=True):
+            np.copyto(o, mine)
+
+
+def wait_guarded(job: Job) -> None:
+    """Run ``job`` and wait for its end, raising its error: an op the native core started on XLA's buffers,
+    which the peers count on. Never dropped, run once however often this is called for it (a retry after an
+    interrupt); on the main thread through the guard, an interrupt held until the job has ended."""
+    if threading.current_thread() is not threading.main_thread():
+        job.run()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
         return
-    own_in = [np.array(a, copy=True) for a in ins]
-    own_out = [own_in[0] if same and k == 0 else np.empty_like(o) for k, o in enumerate(outs)]
-    try:
-        run(comm, own_in, own_out, same, **params)
-    except BaseException as e:
-        if not isinstance(e, Exception):  # an interrupt (a signal), not the op's own failure
-            withdraw_new(comm, before)
-        raise
-    for o, mine in zip(outs, own_out, strict=True):
-        np.copyto(o, mine)
+    _through_guard(job, droppable=False, withdraw=None, to_end=True)
 
 
-def _run_beside(run: RunFn, comm: Communicator, ins: list[Any], outs: list[Any], same: bool, before: set[Any],
-                **params: Any) -> None:
-    """``run`` on XLA's buffers on a helper thread; an interrupt of the main thread's wait is raised once the
-    call's ops have ended (an unmatched receive withdrawn at once)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(4, thread_name_prefix="aioccl-jax-guard")
-    fut = _pool.submit(run, comm, ins, outs, same, **params)
+def _through_guard(job: Job, *, droppable: bool, withdraw: Callable[[], None] | None, to_end: bool) -> None:
     interrupt: BaseException | None = None
+    try:
+        _the_guard().jobs.put(job)
+        job.done.wait()
+    except BaseException as e:  # noqa: BLE001 - an interrupt, anywhere from before the put to after the end
+        interrupt = e
+    if interrupt is not None:
+        _settle(job, interrupt, droppable, withdraw, to_end)
+    if job.error is not None:
+        raise job.error
+
+
+def _settle(job: Job, interrupt: BaseException, droppable: bool, withdraw: Callable[[], None] | None,
+            to_end: bool) -> NoReturn:
+    """Hold ``interrupt`` (and any that follow) until ``job`` is dropped, issued or ended, as its buffers
+    require; then raise it."""
+    withdrawn = False
     while True:
         try:
-            fut.result()
+            with job.lock:
+                if job.state == _NEW and droppable:
+                    job.state = _DROPPED
+                state = job.state
+            if state == _DROPPED:
+                break
+            if state == _NEW:  # interrupted before or after the put: queue it (again); it runs once
+                _the_guard().jobs.put(job)
+            job.issued.wait()
+            if withdraw is not None and not withdrawn:
+                withdraw()
+                withdrawn = True
+            if to_end:
+                job.done.wait()
             break
-        except BaseException as e:
-            if fut.done():  # the op's own outcome (an error); an interrupt before it is what the caller sees
-                if interrupt is not None:
-                    raise interrupt from None
-                raise
-            if interrupt is None:  # held until the op has ended: XLA frees its buffers once we return
-                interrupt = e
-                withdraw_new(comm, before)
-    if interrupt is not None:
-        raise interrupt
+        except BaseException:  # noqa: BLE001, S112 - another interrupt meanwhile: the first is the one raised
+            continue
+    raise interrupt
 
 
 def withdraw_new(comm: Communicator, before: set[Any]) -> None:

@@ -35,7 +35,7 @@ from aioccl import Communicator, native
 from aioccl.fast_lane import CAPTURE
 
 from . import _compat, call_log
-from .interrupts import run_guarded
+from .interrupts import Job, run_guarded, wait_guarded
 
 ON_IN, ON_OUT, ON_NONE = 0, 1, 2
 NOT_NOW = -100  # the handler did not run the op: run it the engine's way (fastpath.h's LANE_NOT_NOW)
@@ -123,11 +123,14 @@ class Site:
         # (position, variant) -> the op it learnt from, and which of XLA's buffers its IN and OUT are
         self.templates: dict[tuple[int, int], tuple[Any, int, int]] = {}
         self.members: set[int] = set()
+        self.carrying: dict[int, tuple[int, Job]] = {}  # position -> the op the core started last, its job
 
     def fallback(self, pos: int, variant: int, rc: int, seq: int, order: int, ins: list[memoryview],
                  outs: list[memoryview]) -> None:
         """The handler's way into Python (with the GIL): run the op the engine's way and learn it, or carry on
-        an op the core started. An exception's text becomes the XLA error; the exception is kept."""
+        an op the core started. An exception's text becomes the XLA error; the exception is kept. A started
+        op must be taken on: an exception before it was is raised as it is, untagged, and the handler calls
+        again."""
         try:
             comm = self.resolve(lambda: pos)
             arrays = [np.frombuffer(b, d).reshape(s) for b, (d, s) in zip(ins, self.ins, strict=True)]
@@ -142,6 +145,8 @@ class Site:
             with call_log.logged(comm.rank, self.what, items, ""):
                 self._call(comm, pos, variant, rc, seq, order, arrays, outs_)
         except BaseException as e:  # noqa: BLE001 - reported to XLA as its text, kept for error_cause
+            if rc != NOT_NOW and not self._carried(pos, seq):
+                raise  # a started op not taken on yet (an interrupt on the way in): the handler calls again
             raise RuntimeError(report(e)) from None
 
     def _call(self, comm: Communicator, pos: int, variant: int, rc: int, seq: int, order: int,
@@ -151,13 +156,7 @@ class Site:
                 native.core.ffi_member(self.index, pos, comm._lane)  # type: ignore[union-attr]
                 self.members.add(pos)
         if rc != NOT_NOW:
-            template, in_is, out_is = self.templates[(pos, variant)]
-            buf = {ON_IN: ins[0] if ins else None, ON_OUT: outs[0] if outs else None}
-            inp, out = buf.get(in_is), buf.get(out_is)
-            work = comm._resume_native(template, rc, seq, order,
-                                       template.inp if inp is None else inp.reshape(-1),
-                                       template.out if out is None else out.reshape(-1))
-            _wait_through_interrupts(work)
+            wait_guarded(self._carrier(comm, pos, variant, rc, seq, order, ins, outs))
             return
 
         def learning(comm: Communicator, a: list[Any], b: list[Any], same: bool, **params: Any) -> None:
@@ -170,6 +169,27 @@ class Site:
 
         run = learning if (pos, variant) not in self.templates else self.run
         run_guarded(run, comm, ins, outs, bool(variant), **self.params)
+
+    def _carrier(self, comm: Communicator, pos: int, variant: int, rc: int, seq: int, order: int,
+                 ins: list[np.ndarray], outs: list[np.ndarray]) -> Job:
+        """The job that carries on the op the core started as ``seq`` at ``pos``, made once: the handler's
+        call again after an interrupt on the way in (xla_ffi.c) finds it, rather than resume the op twice."""
+        made = self.carrying.get(pos)
+        if made is not None and made[0] == seq:
+            return made[1]
+        template, in_is, out_is = self.templates[(pos, variant)]
+        buf = {ON_IN: ins[0] if ins else None, ON_OUT: outs[0] if outs else None}
+        inp, out = buf.get(in_is), buf.get(out_is)
+        job = Job(lambda: comm._resume_native(template, rc, seq, order,
+                                              template.inp if inp is None else inp.reshape(-1),
+                                              template.out if out is None else out.reshape(-1)).wait())
+        self.carrying[pos] = (seq, job)
+        return job
+
+    def _carried(self, pos: int, seq: int) -> bool:
+        """Whether the op the core started as ``seq`` at ``pos`` was taken on and has ended."""
+        made = self.carrying.get(pos)
+        return made is not None and made[0] == seq and made[1].done.is_set()
 
     def _learn(self, comm: Communicator, pos: int, variant: int, ops: list[tuple[Any, Any]], ins: list[Any],
                outs: list[Any], same: bool) -> None:
@@ -199,24 +219,6 @@ def _role(a: np.ndarray, ins: list[Any], outs: list[Any]) -> int | None:
         if bufs and bufs[0].nbytes == a.nbytes and bufs[0].__array_interface__["data"][0] == at:
             return which
     return None
-
-
-def _wait_through_interrupts(work: Any) -> None:
-    """Wait for an op that reads and writes XLA's buffers: an interrupt (Ctrl-C) is raised after it ends (at
-    most its deadline), never while it may still write memory XLA will reuse."""
-    interrupt: BaseException | None = None
-    while True:
-        try:
-            work.wait()
-            break
-        except Exception:
-            if interrupt is None:
-                raise
-            break
-        except BaseException as e:  # noqa: BLE001 - held until the op has ended
-            interrupt = interrupt or e
-    if interrupt is not None:
-        raise interrupt
 
 
 def report(e: BaseException) -> str:

@@ -27,6 +27,7 @@
 #include "xla_ffi.h"
 
 enum { SITES_MAX = 4096, VARIANTS = 2, MAX_OPERANDS = 8, ON_IN = 0, ON_OUT = 1, ON_NONE = 2 };
+enum { CARRY_TRIES = 64 }; /* calls of a carried op's fallback before its untagged error is the call's */
 
 /* The FFI version this handler declares: the oldest one whose structures it uses (the call frame, buffers,
  * scalar attributes, errors, metadata), which the oldest supported jax (0.10, API 0.3) speaks. XLA refuses
@@ -125,39 +126,73 @@ static PyObject *views(XLA_FFI_Buffer *const *bufs, int n) {
     return list;
 }
 
-/* the GIL, the site's Python fallback(pos, variant, rc, seq, order, ins, outs), the GIL given back */
+/* the exception being raised, taken (NULL if none) */
+static PyObject *take_exception(void) {
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+    PyErr_NormalizeException(&type, &exc, &tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return exc;
+#endif
+}
+
+/* msg: the XLA error text for exc. is_report: whether it is the fallback's own report (tagged) */
+static int error_text(PyObject *exc, char *msg, size_t size) {
+    PyObject *text = exc ? PyObject_Str(exc) : NULL;
+    const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
+    const char *name = exc ? Py_TYPE(exc)->tp_name : "aioccl: unknown error";
+    int is_report = t != NULL && strstr(t, "[jax_ext error ") != NULL;
+    if (is_report) /* the fallback's own report: type and all */
+        snprintf(msg, size, "%s", t);
+    else /* raised around it (a signal's KeyboardInterrupt): name the type, as the report does */
+        snprintf(msg, size, "%s%s%s", name, t && *t ? ": " : "", t && *t ? t : "");
+    PyErr_Clear();
+    Py_XDECREF(text);
+    return is_report;
+}
+
+/* the GIL, the site's Python fallback(pos, variant, rc, seq, order, ins, outs), the GIL given back.
+ * A carried op (rc != LANE_NOT_NOW: the core took its numbers, the peers count on it) must be taken on
+ * whatever lands on the way in: a signal's exception raised before the fallback took it comes back
+ * without the fallback's tag, so the fallback is called again (it takes an op once, however often it is
+ * called), and that first interrupt is the call's error once the op has ended. */
 static XLA_FFI_Error *fallback(const XLA_FFI_CallFrame *cf, site *s, int pos, int variant, int rc, int64_t seq,
                                int64_t order, XLA_FFI_Buffer *const *ins, int nin, XLA_FFI_Buffer *const *outs,
                                int nout) {
     __atomic_fetch_add(rc == LANE_NOT_NOW ? &calls_python : &calls_carried, 1, __ATOMIC_RELAXED);
     char msg[2048] = "";
     PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *vin = views(ins, nin), *vout = views(outs, nout), *r = NULL;
-    if (vin != NULL && vout != NULL)
+    PyObject *vin = views(ins, nin), *vout = views(outs, nout), *r = NULL, *held = NULL;
+    for (int tries = 0; vin != NULL && vout != NULL; tries++) {
         r = PyObject_CallFunction(s->fallback, "iiiLLOO", pos, variant, rc, (long long)seq, (long long)order, vin,
                                   vout);
+        if (r != NULL || rc == LANE_NOT_NOW || tries == CARRY_TRIES)
+            break;
+        PyObject *exc = take_exception();
+        if (error_text(exc, msg, sizeof msg)) { /* the op was taken on and has ended: its error */
+            Py_XDECREF(exc);
+            break;
+        }
+        *msg = '\0';
+        if (held == NULL)
+            held = exc;
+        else
+            Py_XDECREF(exc);
+    }
     Py_XDECREF(vin);
     Py_XDECREF(vout);
-    if (r == NULL) {
-#if PY_VERSION_HEX >= 0x030C0000
-        PyObject *exc = PyErr_GetRaisedException();
-#else
-        PyObject *type, *exc, *tb;
-        PyErr_Fetch(&type, &exc, &tb);
-        PyErr_NormalizeException(&type, &exc, &tb);
-        Py_XDECREF(type);
-        Py_XDECREF(tb);
-#endif
-        PyObject *text = exc ? PyObject_Str(exc) : NULL;
-        const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
-        const char *name = exc ? Py_TYPE(exc)->tp_name : "aioccl: unknown error";
-        if (t != NULL && strstr(t, "[jax_ext error ") != NULL) /* the fallback's own report: type and all */
-            snprintf(msg, sizeof msg, "%s", t);
-        else /* raised around it (a signal's KeyboardInterrupt): name the type, as the report does */
-            snprintf(msg, sizeof msg, "%s%s%s", name, t && *t ? ": " : "", t && *t ? t : "");
-        PyErr_Clear();
-        Py_XDECREF(text);
+    if (r == NULL && !*msg) {
+        PyObject *exc = take_exception();
+        error_text(exc, msg, sizeof msg);
         Py_XDECREF(exc);
+    }
+    if (held != NULL) { /* the op ended; the interrupt that kept it waiting is what the caller hears */
+        error_text(held, msg, sizeof msg);
+        Py_DECREF(held);
     }
     Py_XDECREF(r);
     PyGILState_Release(g);
