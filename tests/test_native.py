@@ -240,14 +240,15 @@ async def test_the_fast_lane_records_its_ops_and_keeps_the_order_of_a_group():
 
 
 def test_another_thread_runs_while_a_native_op_waits():
-    """The GIL is released for the whole wait: rank 0's other thread keeps >= 80% of the pace it has beside a
+    """The GIL is released for the whole wait: rank 0's other thread keeps >= half the pace it has beside a
     main thread busy without the GIL, while rank 0 waits (spinning in the core, AIOCCL_SHM_SPIN_US long) for a
-    rank that comes 0.25 s late."""
+    rank that comes 0.25 s late. A wait that held the GIL would leave it ~0; it keeps ~0.95 on an idle machine
+    and under two busy loops, and half leaves room for the bursts of a loaded one (once seen below 0.8)."""
     proc = launch(2, "native_gil.py", env={"AIOCCL_SHM_SPIN_US": "1000000"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     line = next(ln for ln in proc.stdout.splitlines() if "GIL idle" in ln)
     ratio, ops = float(line.split("ratio ")[1].split()[0]), int(line.rsplit(" ", 1)[1])
-    assert ops >= 5 and ratio >= 0.8, line
+    assert ops >= 5 and ratio >= 0.5, line
 
 
 async def test_bad_input_is_refused_before_anything_is_sent_and_the_lane_goes_on():
