@@ -101,9 +101,9 @@ def _the_guard() -> _Guard:
         return _guard
 
 
-def _forget_guard() -> None:  # a forked child has none of its parent's threads
-    global _guard
-    _guard = None
+def _forget_guard() -> None:  # a forked child has none of its parent's threads (nor their locks' holders)
+    global _guard, _guard_lock
+    _guard, _guard_lock = None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_guard)
