@@ -4,6 +4,8 @@
     y = await comm.all_reduce(x)        # every op returns an awaitable Work at once
 """
 
+import sys as _sys
+
 from . import (
     error_file,
     gpu,  # the probe only: cupy is imported by the first GPU buffer, never here
@@ -30,6 +32,11 @@ from .work import Work
 __version__ = "0.1.0"
 
 error_file.install()  # only under a launcher that asked for it (AIOCCL_ERROR_FILE)
+
+if "torch.distributed" in _sys.modules:  # torch came first: backend="aioccl" from now on (else its entry point)
+    from .interop.c10d import register as _register
+
+    _register()
 
 __all__ = [
     "ANY_SOURCE",

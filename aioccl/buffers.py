@@ -5,7 +5,7 @@ or for GPU memory a ``DevArray`` (the caller's
 memory, never a copy, unless the input is immutable) plus a function that
 turns the filled array back into what the caller expects to get: the same
 numpy or cupy array, the same torch tensor (CPU ones through
-``aioccl.interop.torch``), or a new JAX array.
+``aioccl.tensors``), or a new JAX array.
 Validation lives here so every op rejects bad input *before* a byte moves.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from . import tensors as _torch
 from .dtypes import dtype_code
 from .errors import InvalidArgument
-from .interop import torch as _torch
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import async_libs, log, topology
+from . import async_libs, knobs, log, topology
 from .algorithms.schedule import Schedule
 from .algorithms.table import BY_NAME
 from .bootstrap.unique_id import UniqueId
@@ -34,7 +34,6 @@ from .dtypes import ReduceOp, dtype_code
 from .engine import shm_native
 from .engine.engine import Engine
 from .engine.op import Op
-from .engine.placement import Placement
 from .engine.shm_channel import ShmChannel
 from .engine.view import CommView
 from .envvars import check_timeout, env_int, env_timeout
@@ -44,6 +43,7 @@ from .group import Group
 from .introspection import FlightRecorder
 from .lifecycle import LifecycleOps
 from .p2p import PointToPointOps
+from .placement import Placement
 from .planning import Planning
 from .recovery import on_member_lost
 from .topology import Topology
@@ -74,7 +74,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         self._parent = parent
         self._lock = threading.Lock()
         self._counters: Any = shm_native.Counters()  # sequence numbers and channel orders; the lane's once made
-        self._lane: Any = None  # the native core's small all_reduce (shm_native.lane), with a channel
+        self._lane: Any = None  # the native core's small all_reduce (fast_lane.py), with a channel
         self._borrow_bytes = env_int(os.environ, "AIOCCL_BORROW_BYTES", DEFAULT_BORROW_BYTES, 0, 1 << 40)
         # (call) -> its schedule, and that lowered for the native core (None: the Python executor), see _plan
         self._plans: dict[tuple[Any, ...], tuple[Schedule, Any]] = {}
@@ -96,7 +96,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         world = engine.table is not None and view.ctx == engine.table.comm_id
         self._shm: ShmChannel | None = engine.shm if world else None
         if self._shm is not None or view.size == 1:
-            shm_native.lane(self, self._shm)
+            self._open_lane()
         self._owns_engine = parent is None  # closing it closes the engine (passed on by shrink)
         if world:  # one listener per engine, for all its communicators
             engine.mailbox.lost_listeners.append(functools.partial(on_member_lost, engine))
@@ -169,9 +169,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
             raise InvalidArgument(f"rank {rank!r} out of range for world_size {world_size}")
         if engine not in ("inline", "thread"):
             raise InvalidArgument(f"engine must be 'auto', 'inline' or 'thread', got {engine!r}")
-        from .tools.info import check_knobs  # every knob's own parser, one list shared with aioccl-info
-
-        problems = check_knobs(os.environ)  # every knob is checked before anything is sent
+        problems = knobs.check(os.environ)  # every knob is checked before anything is sent
         if problems:
             raise InvalidArgument("; ".join(problems))
         timeout = env_timeout(os.environ) if timeout is None else check_timeout(timeout)
@@ -389,7 +387,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         self._shm = await setup(self._engine, self._view, timeout, what)
         self._forget_plans()  # schedules chosen before: sockets
         if self._shm is not None:
-            shm_native.lane(self, self._shm)
+            self._open_lane()
 
     # -- groups, split, lifetime -------------------------------------------
     def group(self) -> Group:

@@ -1,8 +1,9 @@
 """The fast lane's slow side: a small all_reduce the native core started in the call and could not finish
 there (a late peer, a failure) goes on in the engine, like any op of the shared-memory channel.
 
-A mixin of ``Communicator``. ``aioccl.engine.shm_native.lane`` gives a communicator with a channel its
-``Lane`` (C): ``comm.all_reduce(x)`` of a small numpy array runs from the call to the done Work there.
+A mixin of ``Communicator``, and the fast lane's one owner: ``_open_lane`` gives a communicator with a
+channel its ``Lane`` (C): ``comm.all_reduce(x)`` of a small numpy array runs from the call to the done Work
+there. The engine below never makes, holds or switches a lane: it only runs the channel's ops.
 An op it hands back (``(x, op, code, seq, order)``) is built into an ``Op`` here and submitted to the
 channel, which parks, owns its deadline and resumes it. Until that is done the lane keeps the op as
 *pending*, so a signal that interrupts the caller in between loses nothing: the next op adopts it.
@@ -10,20 +11,28 @@ channel, which parks, owns its deadline and resumes it. Until that is done the l
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import TYPE_CHECKING, Any
 
+import ml_dtypes
 import numpy as np
 
+from . import native
 from .algorithms.table import BY_NAME
 from .dtypes import ReduceOp, dtype_code
 from .engine import shm_native
 from .engine.op import Op
-from .work import Work
+from .group import current_group
+from .work import BORN_DONE_LOCK, Work
 
 if TYPE_CHECKING:
     from .algorithms.schedule import Schedule
+    from .engine.engine import Engine
     from .engine.shm_channel import ShmChannel
+    from .engine.view import CommView
+    from .errors import PeerLost
+    from .introspection import FlightRecorder
 
 
 class _Capture(threading.local):
@@ -41,6 +50,13 @@ class FastLane:
         _lane: Any
         _gpu_lane: Any
         _shm: ShmChannel | None
+        _engine: Engine
+        _view: CommView
+        _counters: Any
+        _recorder: FlightRecorder
+        _native_max: int
+        _closed: BaseException | None
+        _member_lost: PeerLost | None
         _plans: dict[tuple[Any, ...], tuple[Schedule, Any]]
 
         def _new_plan(self, name: str, count: int, dt: np.dtype[Any], root: int, in_place: bool,
@@ -49,6 +65,24 @@ class FastLane:
         def _op_timeout(self, timeout: float | None) -> float: ...
 
         def _track(self, work: Work[Any], desc: Any, start: Any, *args: Any, borrow: bool = False) -> Work[Any]: ...
+
+    def _open_lane(self) -> None:
+        """The native core's fast lane over the channel (which then owns the counters): ``comm.all_reduce(x)``
+        of a small numpy array runs from the call to the done Work in C. A communicator of one rank has a
+        lane without a channel (its all_reduce is done in the call). The lane reads the communicator's
+        ``_closed`` and ``_member_lost`` itself, for callers that hold only the lane."""
+        core, shm = native.core, self._shm
+        if core is None or (shm is None and self._view.size != 1) or (shm is not None and shm.native is None):
+            return
+        placement = self._engine.placement
+        counters = self._counters
+        ring = functools.partial(shm_native.ring_mask, shm) if shm is not None else None
+        self._lane = self._counters = core.Lane(
+            shm.native if shm is not None else None, shm, self, Work, BORN_DONE_LOCK, placement, placement.thread_id,
+            placement.lock, current_group, self._recorder._ring.append, ring, tuple(ReduceOp),
+            np.dtype(ml_dtypes.bfloat16).num, self._native_max, counters.seq, counters.order)
+        if self._closed is not None or self._member_lost is not None:
+            self._lane.enabled = False  # (a member lost while the channel was set up)
 
     def _lane_off(self) -> None:
         """The communicator takes no more ops (closed, aborted, shrunk, a member lost): its lane says so too,
@@ -60,7 +94,7 @@ class FastLane:
 
     def _carry_on(self, x: Any, op: ReduceOp | str, handed: tuple[Any, ...],
                   timeout: float | None = None) -> Work[Any]:
-        """A fast-lane all_reduce (``shm_native.lane``) that must wait for a peer, or failed: the channel carries
+        """A fast-lane all_reduce (``_open_lane``) that must wait for a peer, or failed: the channel carries
         on with it, as with any op it runs."""
         work = self._hand_over(handed, timeout, x)
         if self._lane is not None:
@@ -99,8 +133,6 @@ class FastLane:
         """An op an XLA custom call started in the native core and could not finish there (``rc``: it waits, or
         failed; ``native.core.UNSUITABLE``: nothing was published). It took ``seq`` and ``order``; ``template``
         is the op the call learnt from. The channel carries it on (or runs it) as any of its ops."""
-        from . import native
-
         shm = self._shm
         assert shm is not None and native.core is not None
         work: Work[Any] = Work(template.name, seq)

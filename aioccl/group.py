@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .work import Work
 
-if TYPE_CHECKING:
-    from .communicator import Communicator
+# An op held back by the group: its engine's ``launch``, the op's start, and its Work. The group holds
+# each op's launch rather than its communicator, so it sits below the communicator (and the lanes,
+# which read ``current_group`` to leave a group's ops to the engine, can import it).
+Held = tuple[Callable[[Callable[[], Any]], None], Callable[[], Any], Work[Any]]
 
 # the batch being collected by the current task (None outside a group)
-current_group: contextvars.ContextVar[list[tuple[Communicator, Callable[[], Any], Work[Any]]] | None] = \
-    contextvars.ContextVar("aioccl_group", default=None)
+current_group: contextvars.ContextVar[list[Held] | None] = contextvars.ContextVar("aioccl_group", default=None)
 
 
 class Group:
@@ -25,7 +26,7 @@ class Group:
 
     def __init__(self) -> None:
         self._token: contextvars.Token[Any] | None = None
-        self._ops: list[tuple[Communicator, Callable[[], Any], Work[Any]]] = []
+        self._ops: list[Held] = []
 
     def _enter(self) -> None:
         if current_group.get() is None:
@@ -35,8 +36,8 @@ class Group:
         if self._token is None:
             return []
         current_group.reset(self._token)
-        for comm, start, _w in self._ops:
-            comm._engine.launch(start)
+        for launch, start, _w in self._ops:
+            launch(start)
         return [w for _c, _s, w in self._ops]
 
     async def __aenter__(self) -> Group:

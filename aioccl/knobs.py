@@ -3,11 +3,14 @@
 The modules that read a knob parse it themselves (next to the code it
 steers); this table is what ``aioccl-info`` prints and what the tests hold
 the code and ``docs/env.md`` to, so a new knob cannot go undocumented.
+``check`` runs every knob's own parser: the communicator calls it before it sends a byte, and
+``aioccl-info`` prints what it finds. Since it reaches every layer that reads a knob, this module
+stands in the communicator's layer (docs/architecture.md), though its table imports nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -97,3 +100,30 @@ def unknown(env: Mapping[str, str]) -> list[str]:
     """``AIOCCL_*`` names in ``env`` that aioccl does not read (typos, most often)."""
     names = {k.name for k in KNOBS}
     return sorted(n for n in env if n.startswith("AIOCCL_") and n not in names)
+
+
+def check(env: Mapping[str, str]) -> list[str]:
+    """The error each knob's own parser raises for the values set now (none when all parse)."""
+    from .engine import rendezvous, shm_setup
+    from .envvars import env_timeout
+    from .errors import AiocclError
+    from .gpu import runner as gpu_runner
+    from .introspection import recorder_size
+    from .transport import shm, shm_pair_setup, tcp
+    from .transport.ib import setup as ib_setup
+    from .tuning import Tuning
+    from .watchdog import watchdog_seconds
+
+    checks: list[Callable[[], object]] = [
+        lambda: env_timeout(env), lambda: recorder_size(env), lambda: tcp.peer_timeout(dict(env)),
+        lambda: Tuning.from_env(env), lambda: shm_setup.settings(env), lambda: ib_setup.settings(env),
+        lambda: gpu_runner.settings(env), lambda: watchdog_seconds(env), lambda: shm_pair_setup.ring_capacity(env),
+        lambda: shm.wait_policy(env, 1),
+        lambda: rendezvous.eager_limit(env), lambda: rendezvous.unexpected_budget(env)]
+    problems = []
+    for parse in checks:
+        try:
+            parse()
+        except (AiocclError, ValueError) as e:
+            problems.append(str(e))
+    return problems

@@ -15,10 +15,8 @@ import numpy as np
 
 from .buffers import Buf, adapt, byte_view, need_writable
 from .dtypes import dtype_code
-from .engine.backpressure import start_drain
-from .engine.point_to_point import start_recv, start_recv_any, start_send
+from .engine.point_to_point import start_drain, start_probe, start_recv, start_recv_any, start_send
 from .engine.probes import Message as Message
-from .engine.probes import start_probe
 from .engine.receives import Status as Status
 from .errors import InvalidArgument
 from .work import Work

@@ -28,7 +28,7 @@ shows up as ``PeerLost`` in the next op, and shrinking again is the remedy).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -40,6 +40,15 @@ from .work import Work
 if TYPE_CHECKING:
     from .engine.engine import Engine
     from .engine.view import CommView
+    from .watchdog import Watched
+
+    class Member(Watched, Protocol):
+        """A communicator as a lost member concerns it (the engine's watchdog holds every communicator)."""
+
+        _closed: BaseException | None
+        _member_lost: PeerLost | None
+
+        def _lane_off(self) -> None: ...
 
 SHRINK_TAG = 1 << 62  # user tags are below 2**62; round r uses SHRINK_TAG + r
 _U8 = dtype_code(np.dtype(np.uint8))
@@ -50,7 +59,7 @@ def on_member_lost(engine: Engine, world_rank: int, lost: PeerLost) -> None:
     what is waiting and refuses new ops with ``PeerLost``, until the app shrinks it."""
     if world_rank in engine.mailbox.closed_peers:
         return
-    for comm in list(engine.watchdog.comms):
+    for comm in cast("list[Member]", list(engine.watchdog.comms)):
         ranks = comm._view.ranks
         if world_rank not in ranks or comm._closed is not None or comm._member_lost is not None:
             continue

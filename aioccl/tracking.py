@@ -67,7 +67,7 @@ class OpTracking:
         work._on_done(self._finished)
         begin = functools.partial(start, *args) if args else start
         if pending is not None:
-            pending.append((self, begin, work))  # type: ignore[arg-type]  # self is the Communicator
+            pending.append((eng.launch, begin, work))
         else:
             eng.launch(begin)
         return work

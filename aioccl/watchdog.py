@@ -21,14 +21,25 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import log
+from .engine.view import CommView
 from .envvars import env_float
 from .introspection import pending_op
+from .work import Work
 
-if TYPE_CHECKING:
-    from .communicator import Communicator
+
+class Watched(Protocol):
+    """What the watchdog reads of a communicator it watches (it never names ``Communicator``: the engine,
+    which keeps the watchdog, sits below the communicator)."""
+
+    _view: CommView
+    _inflight: set[Work[Any]]
+
+    @property
+    def rank(self) -> int: ...
+
 
 _HOST = socket.gethostname()
 _log = log.get("COLL")
@@ -46,11 +57,11 @@ class Watchdog:
     def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
         self.loop = loop
         self.interval = interval
-        self.comms: weakref.WeakSet[Communicator] = weakref.WeakSet()
+        self.comms: weakref.WeakSet[Watched] = weakref.WeakSet()
         self._timer: asyncio.TimerHandle | None = None
         self.reported = 0  # log lines written (tests read it)
 
-    def watch(self, comm: Communicator) -> None:
+    def watch(self, comm: Watched) -> None:
         self.comms.add(comm)
         if self.interval > 0 and self._timer is None and not self.loop.is_closed():
             self._timer = self.loop.call_later(self.interval / 4, self._tick)

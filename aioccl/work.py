@@ -25,9 +25,9 @@ from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
 from . import async_libs, log
-from .engine.placement import Placement, lent_here
 from .envvars import check_timeout
 from .errors import OpCancelled
+from .placement import Placement, lent_here
 
 T = TypeVar("T")
 _PENDING, _RUNNING, _DONE, _CANCELLED = range(4)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from aioccl.engine.placement import Placement
+from aioccl.placement import Placement
 
 from conftest import launch
 

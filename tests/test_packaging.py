@@ -58,7 +58,7 @@ def test_wheel_and_sdist_contents(dist):
     wheel, = dist.glob(f"aioccl-{v}-cp*.whl")  # a platform wheel: it holds the native core
     names = set(zipfile.ZipFile(wheel).namelist())
     for must in ("aioccl/__init__.py", "aioccl/py.typed", "jax_ext/py.typed", "aioccl/transport/ib/protocol.py",
-                 "aioccl/interop/torch.py", "aioccl/tools/info.py", "aioccl/native/__init__.py",
+                 "aioccl/tensors.py", "aioccl/tools/info.py", "aioccl/native/__init__.py",
                  "aioccl/native/README.md"):
         assert must in names, must
     assert any(n.startswith("aioccl/native/_core.") and n.endswith(".so") for n in names), sorted(names)[:20]

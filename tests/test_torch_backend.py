@@ -179,7 +179,7 @@ def test_with_aioccl_comm_secret_set_the_secret_stays_off_torchs_store(monkeypat
 def test_a_sparse_tensor_given_to_aioccls_own_api_is_refused_naming_its_layout():
     """(Through the c10d backend a sparse all_reduce is summed as Gloo sums it: torch_c10d.py checks it.)"""
     torch = pytest.importorskip("torch")
-    from aioccl.interop.torch import view
+    from aioccl.tensors import view
 
     sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (4,), check_invariants=True)
     with pytest.raises(aioccl.InvalidArgument, match=r"x: torch tensor of layout torch.sparse_coo; aioccl takes "

@@ -15,15 +15,12 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..envvars import env_int
-from ..errors import CollectiveTimeout
 
 if TYPE_CHECKING:
-    from ..work import Work
-    from .engine import Engine
-    from .view import CommView
+    pass
 
 DEFAULT_SEND_QUEUE = 4 << 20
 
@@ -67,35 +64,3 @@ class SendQueue:
 
     def wait(self, peers: tuple[int, ...], fut: asyncio.Future[None]) -> None:
         self._waiters.append((peers, fut))
-
-
-def start_drain(eng: Engine, comm: CommView, peer: int, timeout: float, work: Work[None]) -> None:
-    """Done at once while the queue to ``peer`` (-1: every peer) is within the limit, else when it drains."""
-    if eng.aborted is not None:
-        if work._start():
-            work._set_exception(eng.aborted)
-        return
-    queue = eng.send_queue
-    peers = (comm.ranks[peer],) if peer >= 0 else tuple(w for r, w in enumerate(comm.ranks) if r != comm.rank)
-    if not queue.over(peers):
-        work._start_done(None)
-        return
-    work._start()
-    fut: asyncio.Future[None] = eng.loop.create_future()
-    queue.wait(peers, fut)
-
-    def expire() -> None:
-        if not fut.done():
-            fut.cancel()
-            slow = [comm.ranks.index(w) for w in queue.over(peers)]
-            work._set_exception(CollectiveTimeout(work.op, -1, slow, timeout,
-                                                  f"{queue.limit} bytes of sends still queued to each"))
-
-    timer = eng.loop.call_later(timeout, expire)
-
-    def drained(f: asyncio.Future[Any]) -> None:
-        timer.cancel()
-        if not f.cancelled():
-            work._set_result(None)
-
-    fut.add_done_callback(drained)

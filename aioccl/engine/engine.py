@@ -21,6 +21,7 @@ from ..bootstrap.rendezvous import Table, rendezvous
 from ..bootstrap.sockio import Closed
 from ..bootstrap.unique_id import UniqueId
 from ..errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument, PeerLost
+from ..placement import Placement
 from ..transport import shm_pair_setup as pair_setup
 from ..transport.frames import (
     HEADER_SIZE,
@@ -32,13 +33,13 @@ from ..transport.frames import (
 )
 from ..transport.ib import setup as ib_setup
 from ..transport.ib.connection import IbConnection
-from ..transport.ib.detect import detect as ib_detect
 from ..transport.ib.port import Port
+from ..transport.pairing import TRANSPORTS, connect_all, tcp_streams
 from ..transport.pairing import hello as streams_hello
-from ..transport.pairing import tcp_streams
 from ..transport.shm import LoopBell
 from ..transport.shm_pair import PairHub, ShmPairConnection
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
+from ..transport.wiring import Wiring
 from ..tuning import Tuning
 from ..watchdog import Watchdog, report_unfinished, watchdog_seconds
 from . import blame
@@ -47,11 +48,11 @@ from .executor import drive, execute
 from .mailbox import Mailbox
 from .notices import Active, Fingerprint, failure_frame
 from .op import Op
-from .placement import Placement
 from .point_to_point import net_spin_s
 from .pool import BufferPool
 from .rendezvous import eager_limit, unexpected_budget
 from .shm_channel import ShmChannel
+from .shm_setup import setup as channel_setup
 from .view import CommView
 
 _log = log.get("PROXY")
@@ -112,34 +113,28 @@ class Engine:
         """Bootstrap; must run on ``placement.loop``."""
         self = cls(placement, rank, size)
         liveness = peer_timeout()
-        ib_settings, verdict = ib_setup.settings(), ib_detect()
+        setups = [make() for make in TRANSPORTS]
+        hellos = {k: v for row in setups for k, v in row.hello().items()}
         agreed = Tuning.from_env(os.environ).agreed()
-        self.table = await rendezvous(uid, rank, size, timeout,
-                                      {**ib_setup.hello(verdict), **pair_setup.hello(), "agreed": agreed,
-                                       **streams_hello()}, tcp_streams(ib_settings.net))
+        self.table = await rendezvous(uid, rank, size, timeout, {**hellos, "agreed": agreed, **streams_hello()},
+                                      tcp_streams(ib_setup.settings().net))
         _check_agreement(self.table)
-        ib_peers = ib_setup.choose(self.table.peers, rank, ib_settings.net)
-        ib_conns: dict[int, IbConnection] = {}
-        if ib_peers:
-            self.ib_port, ib_conns = await ib_setup.connect(self, ib_peers, verdict, ib_settings, liveness, timeout)
-            if self.ib_port is not None:
-                port = self.ib_port
-                self.pool.on_new = lambda b: port.register(b.ctypes.data, b.nbytes) if b.nbytes >= 1 << 16 else None
-                self.pool.on_drop = port.deregister
-        shm_peers = pair_setup.choose(self.table.peers, rank, exclude=set(ib_conns))
-        self.pair_hub, shm_conns = await pair_setup.connect(self, self.table.comm_id, shm_peers, liveness, timeout)
+        wiring = Wiring(self.loop, rank, self.table.comm_id, self.table.conns, self.mailbox, liveness, timeout)
+        made = await connect_all(setups, wiring, self.table.peers)
+        for row in setups:  # what a row keeps for the engine: ib's port (registered buffers), the pairs' bell
+            if isinstance(row, ib_setup.IbSetup) and row.port is not None:
+                self._register_pool(row.port)
+            elif isinstance(row, pair_setup.PairSetup):
+                self.pair_hub = row.hub
         for peer, sock in self.table.conns.items():
-            conn = (ib_conns.get(peer) or shm_conns.get(peer)
-                    or TcpConnection(sock, peer, self.mailbox, liveness, self.table.lanes.get(peer)))
+            conn = (made.get(peer) or TcpConnection(sock, peer, self.mailbox, liveness, self.table.lanes.get(peer)))
             if isinstance(conn, TcpConnection) and self.placement.kind == "inline":
                 conn.share_loop()  # the caller's loop: small pieces, so its timers and tasks wait little
             conn.start()
             self.conns[peer] = conn
         self.conns[rank] = SelfConnection(rank, self.mailbox)
-        from .shm_setup import setup  # a cycle: setup runs the socket executor of this engine
-
         try:
-            self.shm = await setup(self, CommView(self.table.comm_id, rank, size, tuple(range(size))), timeout)
+            self.shm = await channel_setup(self, CommView(self.table.comm_id, rank, size, tuple(range(size))), timeout)
         except BaseException:
             for c in self.conns.values():
                 c.abort()
@@ -147,6 +142,12 @@ class Engine:
                 self.bell.close()
             raise
         return self
+
+    def _register_pool(self, port: Port) -> None:
+        """ib's port registers the scratch pool's large buffers (an RDMA write lands in them)."""
+        self.ib_port = port
+        self.pool.on_new = lambda b: port.register(b.ctypes.data, b.nbytes) if b.nbytes >= 1 << 16 else None
+        self.pool.on_drop = port.deregister
 
     # -- shared-memory channels ---------------------------------------------
     def channel_bell(self) -> LoopBell:

@@ -37,13 +37,14 @@ from ..buffers import byte_view
 from ..dtypes import ReduceOp, dtype_from_code
 from ..errors import CollectiveMismatch
 from ..kernels import UFUNCS, combine, scale
-from ..transport.frames import COLL
+from ..transport.frames import COFFER, COLL, unpack
 from ..transport.frames import pack as pack_header
+from .offers import Offer
 from .op import Op, Progress, Wait
-from .rendezvous import OFFER_MIN, send_offered
+from .rendezvous import OFFER_MIN, OFFER_TAIL, SEND_DATA, data
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .services import EngineServices
     from .shm_channel import ShmChannel
     from .view import CommView
 
@@ -52,9 +53,10 @@ ALGO_CODES = {"flat": 1, "direct": 2}
 D_SEQ, D_KIND, D_COUNT, D_ROOT, D_IN, D_OUT = range(6)  # descriptor fields
 
 
-def execute(eng: Engine, view: CommView, op: Op[np.ndarray], scratch: np.ndarray) -> Generator[Yield, None, None]:
-    """``op.chan`` is the communicator's channel (needed by lockstep steps only)."""
-    sched, ch = op.sched, op.chan
+def execute(eng: EngineServices, view: CommView, op: Op[np.ndarray], scratch: np.ndarray,
+            ch: ShmChannel | None = None) -> Generator[Yield, None, None]:
+    """``ch``: the communicator's channel, which runs ``op`` (needed by lockstep steps only)."""
+    sched = op.sched
     bufs = (op.inp, op.out, scratch)
     messages = sched.messages
     item = op.out.itemsize
@@ -224,7 +226,7 @@ class _MessageState:
 
     __slots__ = ("eng", "view", "op", "bufs", "bytes", "item", "what", "sent_k", "recv_k")
 
-    def __init__(self, eng: Engine, view: CommView, op: Op[np.ndarray], bufs: tuple[np.ndarray, ...]) -> None:
+    def __init__(self, eng: EngineServices, view: CommView, op: Op[np.ndarray], bufs: tuple[np.ndarray, ...]) -> None:
         self.eng, self.view, self.op, self.bufs = eng, view, op, bufs
         self.bytes = tuple(byte_view(b) for b in bufs)
         self.item = op.out.itemsize
@@ -271,7 +273,7 @@ class _MessageState:
                                     _typed(self.bufs, t.tmp))
 
 
-async def _send(eng: Engine, view: CommView, peer: int, hdr: bytes, payload: memoryview,
+async def _send(eng: EngineServices, view: CommView, peer: int, hdr: bytes, payload: memoryview,
                 progress: Progress) -> None:
     progress.sends.add(peer)
     world = view.ranks[peer]
@@ -318,3 +320,34 @@ def describe(desc: tuple[int, ...]) -> str:
     root = f", root {desc[D_ROOT]}" if row is None or row.rooted else ""
     return (f"{name_of(code)} seq {desc[D_SEQ]} of {desc[D_COUNT]} x {dt.name if dt is not None else '-'}"
             f"{', op ' + op_name if op_name else ''}{root}, algorithm {algo_name}")
+
+
+async def send_offered(eng: EngineServices, world: int, hdr: bytes, payload: memoryview, progress: Progress) -> None:
+    """A collective's message to a same-host peer that may read this process's memory: the header with an
+    offer instead of the data; the peer reads it in place (RDONE) or clears it to send (CTS, then RDATA).
+    An offer a peer was reading when the op gave up is handed to ``progress``, which waits for the read to
+    end before the op lets its buffers go."""
+    offer = Offer.make(payload)
+    if offer is None:  # every offer slot in use
+        await eng.send(world, hdr, payload)
+        return
+    rdv = eng.mailbox.rdv
+    rid, cts = rdv.expect_cts(world)
+    h = unpack(hdr)
+    extra = offer.packed + OFFER_TAIL.pack(rid, len(payload))
+    progress.offering = True
+    done = False
+    try:
+        await eng.send(world, h._replace(kind=COFFER, nbytes=len(extra)).pack(), memoryview(extra))
+        if await asyncio.shield(cts) == SEND_DATA:
+            await eng.send(world, data(h.ctx, h.seq, h.dtype, len(payload), rid), payload)
+        done = True
+    finally:
+        def over() -> None:
+            rdv.forget(world, rid)
+            offer.release()
+
+        if done or offer.withdraw():
+            over()
+        else:
+            progress.hold(cts, over)

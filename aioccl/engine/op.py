@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -24,12 +24,17 @@ from ..dtypes import ReduceOp
 from ..work import Work
 from .notices import Fingerprint
 
-if TYPE_CHECKING:
-    from .shm_channel import ShmChannel
-
 A = TypeVar("A")
 Wait = tuple[tuple[int, ...], int]  # shared memory: (channel ranks, the step they must have published)
 NO_SCHEDULE = Schedule(())
+
+
+class Lockstep(Protocol):
+    """What an op asks of the shared-memory channel that runs it (``ShmChannel``, which imports this module)."""
+
+    def missing(self, ranks: tuple[int, ...], s: int) -> list[int]:
+        """Of ``ranks``, those that have not yet published step ``s``."""
+        ...
 
 
 class Progress:
@@ -105,7 +110,7 @@ class Op(Generic[A]):
         self.waiting: Wait | None = None  # the shared-memory step it waits for
         self.pending: asyncio.Future[Any] | None = None  # the message it waits for (on a channel)
         self.scratch_raw: np.ndarray | None = None
-        self.chan: ShmChannel | None = None
+        self.chan: Lockstep | None = None
         self._shift: int | None | bool = False  # OUT's element offset inside IN (False: not computed yet)
         self.native = native  # a channel's op: its schedule lowered for the native core (shm_native.py), or None
 

@@ -1,4 +1,5 @@
-"""Starting a send or a receive: at once when the transport allows, else as a wait under its deadline.
+"""Starting a point-to-point op (a send, a receive, a probe, a drain): at once when it can, else as a wait
+under its deadline.
 
 A small send to a shared-memory pair is written into the ring (to a TCP
 peer, into the socket) inside the call that issued it, and a receive first
@@ -32,16 +33,19 @@ from ..transport.tcp import TcpConnection
 from ..work import Work
 from . import rendezvous
 from .offers import OFFER, Offer
+from .probes import Message, Probe
+from .receives import Early
+from .wildcards import earliest
 
 DEFAULT_NET_SPIN_US = 50
 MAX_STREAM_SPIN_S = 0.02  # a receive spins past its spin time while a frame streams in, but no longer than this
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .services import EngineServices
     from .view import CommView
 
 
-def start_send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memoryview, dtype_code: int,
+def start_send(eng: EngineServices, comm: CommView, peer: int, tag: int, payload: memoryview, dtype_code: int,
                timeout: float, work: Work[Any], result: Any) -> Coroutine[Any, Any, None] | None:
     world = comm.ranks[peer]
     conn = eng.conns.get(world)
@@ -56,7 +60,7 @@ def start_send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memory
     return _send(eng, comm, peer, tag, payload, dtype_code, timeout, work, result)
 
 
-async def _send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memoryview, dtype_code: int,
+async def _send(eng: EngineServices, comm: CommView, peer: int, tag: int, payload: memoryview, dtype_code: int,
                 timeout: float, work: Work[Any], result: Any) -> None:
     world = comm.ranks[peer]
     try:
@@ -79,7 +83,7 @@ async def _send(eng: Engine, comm: CommView, peer: int, tag: int, payload: memor
         eng.send_queue.done(world, len(payload))
 
 
-async def _rendezvous(eng: Engine, world: int, ctx: int, tag: int, payload: memoryview, dtype_code: int,
+async def _rendezvous(eng: EngineServices, world: int, ctx: int, tag: int, payload: memoryview, dtype_code: int,
                       timeout: float) -> None:
     """RTS, then the data once the receiver clears it, or nothing when the receiver reads it in place
     (a same-host pair with cross-memory attach: the RTS carries an offer, ``offers.py``)."""
@@ -111,7 +115,7 @@ async def _rendezvous(eng: Engine, world: int, ctx: int, tag: int, payload: memo
             offer.release()
 
 
-def _spin(eng: Engine, conn: ShmPairConnection, fut: asyncio.Future[Any],
+def _spin(eng: EngineServices, conn: ShmPairConnection, fut: asyncio.Future[Any],
           busy: Callable[[], bool] | None = None) -> None:
     """While the engine runs inline, look at the ring for ``fut``'s frame for up to ``AIOCCL_SHM_SPIN_US``
     (longer while a frame streams in, or while ``busy()``) before leaving the wait to the bell: a wake-up
@@ -154,7 +158,7 @@ def _poll(conn: TcpConnection, fut: asyncio.Future[Any], spin_s: float) -> None:
             break
 
 
-def start_recv(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
+def start_recv(eng: EngineServices, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
                timeout: float, work: Work[Any], result: Any) -> None:
     what = work.op
     if eng.aborted is not None:
@@ -176,7 +180,7 @@ def start_recv(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryv
     return None
 
 
-def start_recv_any(eng: Engine, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
+def start_recv_any(eng: EngineServices, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
                    timeout: float, work: Work[Any], result: Any) -> None:
     """A receive from any source (``peer`` -1) or with any tag (``tag`` -1): the earliest message that fits,
     after every receive posted before it has had its pick (``wildcards.py``)."""
@@ -212,8 +216,8 @@ def _settled(fut: asyncio.Future[None], work: Work[Any], result: Any) -> bool:
     return True
 
 
-def _settle_later(eng: Engine, comm: CommView, world: int, peer: int, tag: int, fut: asyncio.Future[None], what: str,
-                  timeout: float, work: Work[Any], result: Any) -> None:
+def _settle_later(eng: EngineServices, comm: CommView, world: int, peer: int, tag: int, fut: asyncio.Future[None],
+                  what: str, timeout: float, work: Work[Any], result: Any) -> None:
     """Finish ``work`` when its message has arrived, or fail it at its deadline: two callbacks, not a
     task (a task, its timeout scope and a shield cost a loop turn and more than a small message)."""
 
@@ -240,3 +244,68 @@ def _settle_later(eng: Engine, comm: CommView, world: int, peer: int, tag: int, 
     timer = eng.loop.call_later(timeout, expire)
     eng.timers.add(timer)
     fut.add_done_callback(arrived)
+
+
+def start_probe(eng: EngineServices, comm: CommView, peer: int, tag: int, timeout: float, work: Work[Message]) -> None:
+    """Answer at once from the messages waiting here, else wait for the next that fits (under ``timeout``)."""
+    if eng.aborted is not None:
+        if work._start():
+            work._set_exception(eng.aborted)
+        return
+    box = eng.mailbox
+    src = comm.ranks[peer] if peer >= 0 else -1
+    ranks = tuple(-1 if r == comm.rank else w for r, w in enumerate(comm.ranks))
+    p = Probe(comm.ctx, src, tag, ranks, work)
+    key = earliest(box.p2p_early, comm.ctx, src, tag)
+    if key is not None:
+        e: Early = box.p2p_early[key][0]
+        p.answer(e.peer, e.header)
+        return
+    gone = p.gone(box.lost, box.closed_peers)
+    if gone is not None:
+        if work._start():
+            work._set_exception(gone)
+        return
+    probes = box.probes
+    probes.waiting.append(p)
+
+    def expire() -> None:
+        probes.withdraw(p)
+        if work._start():
+            silent = [peer] if peer >= 0 else [r for r in range(comm.size) if r != comm.rank]
+            work._set_exception(CollectiveTimeout(work.op, tag, silent, timeout))
+
+    p.timer = eng.loop.call_later(timeout, expire)
+    work._on_cancel = lambda: eng.placement.call(probes.withdraw, p)
+
+
+def start_drain(eng: EngineServices, comm: CommView, peer: int, timeout: float, work: Work[None]) -> None:
+    """Done at once while the queue to ``peer`` (-1: every peer) is within the limit, else when it drains."""
+    if eng.aborted is not None:
+        if work._start():
+            work._set_exception(eng.aborted)
+        return
+    queue = eng.send_queue
+    peers = (comm.ranks[peer],) if peer >= 0 else tuple(w for r, w in enumerate(comm.ranks) if r != comm.rank)
+    if not queue.over(peers):
+        work._start_done(None)
+        return
+    work._start()
+    fut: asyncio.Future[None] = eng.loop.create_future()
+    queue.wait(peers, fut)
+
+    def expire() -> None:
+        if not fut.done():
+            fut.cancel()
+            slow = [comm.ranks.index(w) for w in queue.over(peers)]
+            work._set_exception(CollectiveTimeout(work.op, -1, slow, timeout,
+                                                  f"{queue.limit} bytes of sends still queued to each"))
+
+    timer = eng.loop.call_later(timeout, expire)
+
+    def drained(f: asyncio.Future[Any]) -> None:
+        timer.cancel()
+        if not f.cancelled():
+            work._set_result(None)
+
+    fut.add_done_callback(drained)

@@ -15,15 +15,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..dtypes import dtype_from_code
-from ..errors import CollectiveTimeout, PeerLost
+from ..errors import PeerLost
 from ..transport.frames import RTS, Header
-from .receives import Early
-from .wildcards import earliest
 
 if TYPE_CHECKING:
     from ..work import Work
-    from .engine import Engine
-    from .view import CommView
 
 
 class Message(NamedTuple):
@@ -37,7 +33,7 @@ class Message(NamedTuple):
     nbytes: int
 
 
-class _Probe:
+class Probe:
     __slots__ = ("ctx", "src", "tag", "ranks", "work", "timer")
 
     def __init__(self, ctx: int, src: int, tag: int, ranks: tuple[int, ...], work: Work[Message]) -> None:
@@ -70,7 +66,7 @@ class Probes:
     """The probes waiting on one engine, answered from the mailbox's reader path (engine thread)."""
 
     def __init__(self) -> None:
-        self.waiting: list[_Probe] = []
+        self.waiting: list[Probe] = []
 
     def __bool__(self) -> bool:
         return bool(self.waiting)
@@ -99,43 +95,8 @@ class Probes:
                 p.work._set_exception(exc)
         self.waiting.clear()
 
-    def withdraw(self, p: _Probe) -> None:
+    def withdraw(self, p: Probe) -> None:
         if p in self.waiting:
             self.waiting.remove(p)
             if p.timer is not None:
                 p.timer.cancel()
-
-
-def start_probe(eng: Engine, comm: CommView, peer: int, tag: int, timeout: float, work: Work[Message]) -> None:
-    """Answer at once from the messages waiting here, else wait for the next that fits (under ``timeout``)."""
-    if eng.aborted is not None:
-        if work._start():
-            work._set_exception(eng.aborted)
-        return
-    box = eng.mailbox
-    src = comm.ranks[peer] if peer >= 0 else -1
-    ranks = tuple(-1 if r == comm.rank else w for r, w in enumerate(comm.ranks))
-    p = _Probe(comm.ctx, src, tag, ranks, work)
-    key = earliest(box.p2p_early, comm.ctx, src, tag)
-    if key is not None:
-        e: Early = box.p2p_early[key][0]
-        p.answer(e.peer, e.header)
-        return
-    gone = p.gone(box.lost, box.closed_peers)
-    if gone is not None:
-        if work._start():
-            work._set_exception(gone)
-        return
-    probes = box.probes
-    probes.waiting.append(p)
-
-    def expire() -> None:
-        probes.withdraw(p)
-        if work._start():
-            silent = [peer] if peer >= 0 else [r for r in range(comm.size) if r != comm.rank]
-            work._set_exception(CollectiveTimeout(work.op, tag, silent, timeout))
-
-    p.timer = eng.loop.call_later(timeout, expire)
-    work._on_cancel = lambda: eng.placement.call(probes.withdraw, p)
-
-

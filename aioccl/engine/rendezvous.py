@@ -34,13 +34,12 @@ from typing import TYPE_CHECKING
 from ..envvars import env_int
 from ..errors import AiocclError, PeerLost
 from ..transport.cma import PeerMemory
-from ..transport.frames import COFFER, CTS, RDATA, RDONE, RTS, Header, unpack
-from .offers import DECLINED, OFFER, READ, Offer, Taker
+from ..transport.frames import CTS, RDATA, RDONE, RTS, Header
+from .offers import DECLINED, OFFER, READ, Taker
 from .receives import Posted
 
 if TYPE_CHECKING:
-    from .engine import Engine
-    from .op import Progress
+    pass
 
 SEND_DATA, WAS_READ, WAS_DECLINED = 0, 1, 2  # a sender's answer: CTS, RDONE (read in place), RDONE (declined)
 DEFAULT_EAGER = 1 << 20
@@ -165,35 +164,3 @@ class Rendezvous:
             p = self.matched.pop(key)
             if p is not None:
                 p.fail(lost)
-
-
-async def send_offered(eng: Engine, world: int, hdr: bytes, payload: memoryview, progress: Progress) -> None:
-    """A collective's message to a same-host peer that may read this process's memory: the header with an
-    offer instead of the data; the peer reads it in place (RDONE) or clears it to send (CTS, then RDATA).
-    An offer a peer was reading when the op gave up is handed to ``progress``, which waits for the read to
-    end before the op lets its buffers go."""
-    offer = Offer.make(payload)
-    if offer is None:  # every offer slot in use
-        await eng.send(world, hdr, payload)
-        return
-    rdv = eng.mailbox.rdv
-    rid, cts = rdv.expect_cts(world)
-    h = unpack(hdr)
-    extra = offer.packed + OFFER_TAIL.pack(rid, len(payload))
-    progress.offering = True
-    done = False
-    try:
-        await eng.send(world, h._replace(kind=COFFER, nbytes=len(extra)).pack(), memoryview(extra))
-        if await asyncio.shield(cts) == SEND_DATA:
-            await eng.send(world, data(h.ctx, h.seq, h.dtype, len(payload), rid), payload)
-        done = True
-    finally:
-        def over() -> None:
-            rdv.forget(world, rid)
-            offer.release()
-
-        if done or offer.withdraw():
-            over()
-        else:
-            progress.hold(cts, over)
-

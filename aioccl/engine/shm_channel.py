@@ -56,7 +56,7 @@ from .shm_order import IssueOrder
 from .shm_verdict import Verdicts, timeout_maker
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .services import EngineServices
     from .view import CommView
 
 _log = log.get("SHM")
@@ -88,7 +88,7 @@ class ShmChannel(IssueOrder, ChannelMemory):
         self.remote: dict[int, BaseException] = {}  # seq -> the error a peer gave that op up with
         # tells the peers that this rank gave up an op: (seq, fingerprint, error); set by the engine
         self.report: Any = None
-        self.engine: Engine | None = None  # set with ``view`` when the engine attaches the channel
+        self.engine: EngineServices | None = None  # set with ``view`` when the engine attaches the channel
         self.view: CommView | None = None
         self._pumping = False
         self._slice_end = 0.0
@@ -218,7 +218,7 @@ class ShmChannel(IssueOrder, ChannelMemory):
         else:
             scratch = op.out[:0]
         assert self.engine is not None and self.view is not None
-        op.gen = execute(self.engine, self.view, op, scratch)
+        op.gen = execute(self.engine, self.view, op, scratch, self)
 
     def _settled(self, op: Op[np.ndarray], fut: asyncio.Future[Any]) -> bool:
         """Has the message ``op`` waits for gone out or arrived (its error raised here)? Else park until it

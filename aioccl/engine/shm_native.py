@@ -18,27 +18,21 @@ the Python way, which hands the event loop back between steps).
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
 import numpy as np
 
 from .. import log, native
 from ..algorithms.schedule import IN, OUT, Fetch, Schedule
-from ..dtypes import ReduceOp
 from ..envvars import env_int
 from ..errors import AiocclError
-from ..group import current_group
-from ..work import BORN_DONE_LOCK, Work
 from .executor import ALGO_CODES, _mismatch
 from .op import Op, Wait
 
 if TYPE_CHECKING:
-    from ..communicator import Communicator
     from .shm_channel import ShmChannel
 
 _log = log.get("SHM")
@@ -63,8 +57,8 @@ def channel(segments: list[Any], rank: int, spin_s: float, yield_cpu: bool) -> A
 
 
 class Counters:
-    """A communicator's sequence numbers and channel orders, taken under its lock (the native ``Lane``
-    takes over both once the communicator has a channel)."""
+    """A communicator's sequence numbers and channel orders, taken under its lock (the native ``Lane``,
+    made by ``aioccl.fast_lane``, takes over both once the communicator has a channel)."""
 
     __slots__ = ("order", "seq")
 
@@ -79,24 +73,6 @@ class Counters:
         order = self.order
         self.order += 1
         return seq, order
-
-
-def lane(comm: Communicator, shm: ShmChannel | None) -> None:
-    """Give ``comm`` the native core's fast lane over its channel ``shm`` (which then owns its counters):
-    ``comm.all_reduce(x)`` of a small numpy array runs from the call to the done Work in C. A communicator of
-    one rank has a lane without a channel (its all_reduce is done in the call)."""
-    core = native.core
-    if core is None or (shm is None and comm.world_size != 1) or (shm is not None and shm.native is None):
-        return
-    placement = comm._engine.placement
-    counters = comm._counters
-    ring = functools.partial(_ring_mask, shm) if shm is not None else None
-    comm._lane = comm._counters = core.Lane(
-        shm.native if shm is not None else None, shm, comm, Work, BORN_DONE_LOCK, placement, placement.thread_id,
-        placement.lock, current_group, comm._recorder._ring.append, ring, tuple(ReduceOp),
-        np.dtype(ml_dtypes.bfloat16).num, comm._native_max, counters.seq, counters.order)
-    if comm._closed is not None or comm._member_lost is not None:
-        comm._lane.enabled = False  # (a member lost while the channel was set up)
 
 
 def lower(sched: Schedule, rank: int, size: int, code: int, count: int, root: int) -> Any:
@@ -219,10 +195,11 @@ def _carry_on(ch: ShmChannel, op: Op[np.ndarray], rc: int) -> Generator[Wait, No
 
 def _ring(ch: ShmChannel, nat: Any) -> None:
     """Ring the doorbells of the peers the core found parked when it published."""
-    _ring_mask(ch, nat.take_ring())
+    ring_mask(ch, nat.take_ring())
 
 
-def _ring_mask(ch: ShmChannel, mask: int) -> None:
+def ring_mask(ch: ShmChannel, mask: int) -> None:
+    """Ring the doorbells of the peers in ``mask`` (bit j: the channel's j-th rank)."""
     j = 0
     while mask:
         if mask & 1:

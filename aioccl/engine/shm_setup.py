@@ -37,7 +37,7 @@ from .shm_channel import ShmChannel
 from .view import CommView
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .services import EngineServices
 
 _log = log.get("SHM")
 DEFAULT_HALF = 1 << 20
@@ -55,7 +55,7 @@ def settings(env: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
-async def _agree(engine: Engine, view: CommView, step: int, ok: bool, progress: Progress) -> bool:
+async def _agree(engine: EngineServices, view: CommView, step: int, ok: bool, progress: Progress) -> bool:
     """True when every rank says ok (a MIN all-reduce over the pairs)."""
     n, rank = view.size, view.rank
     setup_view = CommView(view.ctx ^ SETUP_CTX_SALT, rank, n, view.ranks)
@@ -69,7 +69,7 @@ async def _agree(engine: Engine, view: CommView, step: int, ok: bool, progress: 
     return bool(flag[0])
 
 
-async def setup(engine: Engine, view: CommView, timeout: float, what: str = "create",
+async def setup(engine: EngineServices, view: CommView, timeout: float, what: str = "create",
                 env: Mapping[str, str] = os.environ) -> ShmChannel | None:
     """The channel of communicator ``view`` (the world, or a child), or None when its ranks keep to the
     pairs' socket schedules; every rank of ``view`` calls it at the same point."""

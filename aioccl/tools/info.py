@@ -17,7 +17,7 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
@@ -105,33 +105,6 @@ def shared_memory(env: Mapping[str, str]) -> dict[str, Any]:
     return {"state": state, "path": path, "size_bytes": size, "free_bytes": free}
 
 
-def check_knobs(env: Mapping[str, str]) -> list[str]:
-    """The error each knob's own parser raises for the values set now (none when all parse)."""
-    from aioccl.engine import rendezvous, shm_setup
-    from aioccl.envvars import env_timeout
-    from aioccl.errors import AiocclError
-    from aioccl.gpu import runner as gpu_runner
-    from aioccl.introspection import recorder_size
-    from aioccl.transport import shm, shm_pair_setup, tcp
-    from aioccl.transport.ib import setup as ib_setup
-    from aioccl.tuning import Tuning
-    from aioccl.watchdog import watchdog_seconds
-
-    checks: list[Callable[[], object]] = [
-        lambda: env_timeout(env), lambda: recorder_size(env), lambda: tcp.peer_timeout(dict(env)),
-        lambda: Tuning.from_env(env), lambda: shm_setup.settings(env), lambda: ib_setup.settings(env),
-        lambda: gpu_runner.settings(env), lambda: watchdog_seconds(env), lambda: shm_pair_setup.ring_capacity(env),
-        lambda: shm.wait_policy(env, 1),
-        lambda: rendezvous.eager_limit(env), lambda: rendezvous.unexpected_budget(env)]
-    problems = []
-    for check in checks:
-        try:
-            check()
-        except (AiocclError, ValueError) as e:
-            problems.append(str(e))
-    return problems
-
-
 def collect(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     import aioccl
     from aioccl import knobs
@@ -160,7 +133,7 @@ def collect(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         "env": {k.name: {"value": v, "set": s, "default": k.default, "meaning": k.meaning}
                 for k, v, s in knobs.effective(env)},
         "env_unknown": knobs.unknown(env),
-        "env_errors": check_knobs(env),
+        "env_errors": knobs.check(env),
     }
 
 

@@ -21,7 +21,7 @@ import asyncio
 import os
 import platform
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import log
 from ..bootstrap.sockio import recv_json, send_json
@@ -30,9 +30,7 @@ from .cma import PeerMemory, cookie
 from .shm import CONTROL_BYTES, SHM_DIR, Segment, segment_name, sweep_stale, wait_policy
 from .shm_pair import PairHub, ShmPairConnection
 from .shm_ring import ByteRing, ring_bytes
-
-if TYPE_CHECKING:
-    from ..engine.engine import Engine
+from .wiring import Wiring
 
 _log = log.get("SHM")
 DEFAULT_RING = 4 << 20
@@ -66,13 +64,12 @@ def choose(peers: list[dict[str, Any]], rank: int, exclude: set[int]) -> set[int
             if j != rank and j not in exclude and p.get("host") == me.get("host") and p.get("shm_pair", "-") == ""}
 
 
-async def connect(engine: Engine, comm_id: int, peers: set[int], liveness: float, timeout: float,
+async def connect(w: Wiring, peers: set[int],
                   env: Mapping[str, str] = os.environ) -> tuple[PairHub | None, dict[int, ShmPairConnection]]:
     """Bring up a ring pair to each of ``peers``; returns the bell and the pairs that made it."""
     if not peers:
         return None, {}
-    assert engine.table is not None
-    table = engine.table
+    comm_id, liveness, timeout = w.comm_id, w.liveness, w.timeout
     cap = ring_capacity(env)
     order = sorted(peers)
     slot = {j: i for i, j in enumerate(order)}  # where each peer's inbound ring lies in my segment
@@ -82,8 +79,8 @@ async def connect(engine: Engine, comm_id: int, peers: set[int], liveness: float
     why_not = ""
     try:
         sweep_stale()
-        mine = Segment.create(segment_name(comm_id ^ PAIR_SALT, engine.rank, os.getpid()), half, 0)
-        hub = PairHub(engine.loop, comm_id, engine.rank)
+        mine = Segment.create(segment_name(comm_id ^ PAIR_SALT, w.rank, os.getpid()), half, 0)
+        hub = PairHub(w.loop, comm_id, w.rank)
         hub.segment = mine
         hub.spin_s, hub.yield_cpu = wait_policy(env, 1 + len(order))
     except OSError as e:
@@ -91,7 +88,7 @@ async def connect(engine: Engine, comm_id: int, peers: set[int], liveness: float
     conns: dict[int, ShmPairConnection] = {}
 
     async def pair(j: int) -> None:
-        sock = table.conns[j]
+        sock = w.socks[j]
         err = why_not
         offer: dict[str, Any] = ({"seg": mine.name, "off": CONTROL_BYTES + slot[j] * ring_bytes(cap), "cap": cap,
                                   "cma": cookie()} if mine is not None and hub is not None else {"fail": why_not})
@@ -112,7 +109,7 @@ async def connect(engine: Engine, comm_id: int, peers: set[int], liveness: float
         if tx is not None and answer.get("ok"):
             assert mine is not None and hub is not None
             rx = ByteRing(memoryview(mine.mm), offer["off"], cap)
-            conn = conns[j] = ShmPairConnection(hub, j, engine.mailbox, sock, tx, rx, liveness, segment=theirs_seg)
+            conn = conns[j] = ShmPairConnection(hub, j, w.sink, sock, tx, rx, liveness, segment=theirs_seg)
             conn.memory = PeerMemory.open(theirs.get("cma"))
             return
         if tx is not None:
@@ -143,5 +140,25 @@ async def connect(engine: Engine, comm_id: int, peers: set[int], liveness: float
         elif mine is not None:
             mine.close()
     if conns:
-        _log.info("rank %d: shared memory to %d peer(s), %d KiB rings each way", engine.rank, len(conns), cap >> 10)
+        _log.info("rank %d: shared memory to %d peer(s), %d KiB rings each way", w.rank, len(conns), cap >> 10)
     return hub, conns
+
+
+class PairSetup:
+    """Shared-memory pairs as a row of the transports' table (``pairing.py``); keeps the bell it made."""
+
+    name = "shm pair"
+
+    def __init__(self, env: Mapping[str, str] = os.environ) -> None:
+        self.env = env
+        self.hub: PairHub | None = None
+
+    def hello(self) -> dict[str, Any]:
+        return hello(self.env)
+
+    def choose(self, peers: list[dict[str, Any]], rank: int, taken: set[int]) -> set[int]:
+        return choose(peers, rank, exclude=taken)
+
+    async def connect(self, w: Wiring, peers: set[int]) -> dict[int, Any]:
+        self.hub, conns = await connect(w, peers, self.env)
+        return dict(conns)

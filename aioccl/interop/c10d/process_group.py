@@ -4,7 +4,7 @@ torch 2.13 lets Python subclass ``ProcessGroup`` (not the C++ ``Backend``):
 ``dist.*`` calls these methods from Python, and C++ callers (DDP's reducer,
 functional collectives) reach them through torch's trampoline. Each starts
 aioccl ops at once and returns a ``TorchWork``; tensors are viewed in place
-(``aioccl.interop.torch``), so an in-place op writes the caller's tensor.
+(``aioccl.tensors``), so an in-place op writes the caller's tensor.
 Where torch passes a list of tensors that aioccl wants as one array (the
 output list of ``all_gather``, the input list of ``reduce_scatter``), the
 list goes through one flat tensor and a copy.

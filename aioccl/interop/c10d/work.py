@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...engine.placement import lent_here
 from ...errors import CollectiveTimeout
+from ...placement import lent_here
 from ...work import Work
 
 

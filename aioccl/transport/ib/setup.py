@@ -24,20 +24,18 @@ import asyncio
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ... import log
 from ...bootstrap.sockio import recv_json, send_json
 from ...envvars import env_int
 from ...errors import BootstrapError, InvalidArgument
+from ..wiring import Wiring
 from .connection import IbConnection
-from .detect import Verdict
+from .detect import Verdict, detect
 from .port import Port
 from .protocol import recv_depth, send_depth
 from .verbs import Device, Endpoint
-
-if TYPE_CHECKING:
-    from ...engine.engine import Engine
 
 _log = log.get("NET")
 DEFAULT_SLOT = 512 << 10
@@ -108,26 +106,25 @@ def open_device(v: Verdict, cqe: int, s: Settings) -> Device:
                          {"timeout": s.timeout, "retry_cnt": s.retry_cnt, "sl": s.sl, "traffic_class": s.tc})
 
 
-async def connect(engine: Engine, peers: set[int], v: Verdict, s: Settings, liveness: float,
-                  timeout: float) -> tuple[Port | None, dict[int, IbConnection]]:
+async def connect(w: Wiring, peers: set[int], v: Verdict, s: Settings) -> tuple[Port | None, dict[int, IbConnection]]:
     """Bring up a queue pair to each of ``peers``; returns the port and the pairs that made it."""
     depth = max(send_depth(s.nslots), recv_depth(s.nslots))
     port: Port | None = None
     why_not = ""
     try:
-        port = Port(open_device(v, 2 * depth * len(peers) + 16, s), engine.loop)
+        port = Port(open_device(v, 2 * depth * len(peers) + 16, s), w.loop)
         port.start()
     except Exception as e:
         why_not = f"cannot open {v.ports[0].device}: {e!r}"
     conns: dict[int, IbConnection] = {}
 
     async def pair(j: int) -> None:
-        sock = engine.table.conns[j]  # type: ignore[union-attr]
+        sock = w.socks[j]
         conn, err = None, why_not
         try:
             if port is not None:
-                conn = IbConnection(port, j + 1, j, engine.mailbox, sock, port.device.create_qp(depth),
-                                    s.nslots, s.slot, liveness)
+                conn = IbConnection(port, j + 1, j, w.sink, sock, port.device.create_qp(depth),
+                                    s.nslots, s.slot, w.liveness)
                 mine: dict[str, Any] = {"ep": conn.qp.endpoint().to_json(), **conn.ring_info(),
                                         "nslots": s.nslots, "slot": s.slot}
             else:
@@ -163,7 +160,7 @@ async def connect(engine: Engine, peers: set[int], v: Verdict, s: Settings, live
         _log.warning("ib to rank %d failed, using TCP for this pair: %s", j, err)
 
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(w.timeout):
             await asyncio.gather(*(pair(j) for j in sorted(peers)))
     except BaseException:
         for c in conns.values():
@@ -178,3 +175,25 @@ async def connect(engine: Engine, peers: set[int], v: Verdict, s: Settings, live
         _log.info("ib: %d peer(s) over %s (%d x %d B slots each way)", len(conns), v.ports[0].device,
                   s.nslots, s.slot)
     return port, conns
+
+
+class IbSetup:
+    """ib as a row of the transports' table (``transport/pairing.py``): its settings and port detection are
+    read once, when the engine is made; keeps the port it opened."""
+
+    name = "ib"
+
+    def __init__(self, env: Mapping[str, str] = os.environ) -> None:
+        self.settings = settings(env)
+        self.verdict = detect()
+        self.port: Port | None = None
+
+    def hello(self) -> dict[str, Any]:
+        return hello(self.verdict)
+
+    def choose(self, peers: list[dict[str, Any]], rank: int, taken: set[int]) -> set[int]:
+        return choose(peers, rank, self.settings.net) - taken
+
+    async def connect(self, w: Wiring, peers: set[int]) -> dict[int, Any]:
+        self.port, conns = await connect(w, peers, self.verdict, self.settings)
+        return dict(conns)

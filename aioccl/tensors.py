@@ -7,6 +7,9 @@ view ``detach()``, which shares the storage; like torch.distributed, the op
 is invisible to autograd), and numpy has no bfloat16 for DLPack to name (so
 bfloat16 travels as int16 bits and is re-labelled with ml_dtypes' bfloat16).
 CUDA tensors never come here; ``aioccl.gpu.arrays`` takes them first.
+
+It sits beside ``buffers.py``, below the engine: registering the ``torch.distributed`` backend is
+``aioccl/__init__.py``'s business (``interop/c10d``, at the top), never a side effect of viewing a tensor.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..errors import InvalidArgument
+from .errors import InvalidArgument
 
 
 def is_tensor(x: Any) -> bool:
@@ -67,8 +70,3 @@ def new_tensor(arr: np.ndarray) -> Any:
         return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(arr)
 
-
-if "torch.distributed" in sys.modules:  # torch came first: backend="aioccl" from now on (else its entry point)
-    from .c10d import register
-
-    register()

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..envvars import env_int
+from .envvars import env_int
 
 _lent = threading.local()  # .engine: the Placement this thread has borrowed, while it runs an op's start
 

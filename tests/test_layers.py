@@ -1,0 +1,79 @@
+"""The house's layers hold: no import runs up the layer map, no import circle of more than 3 files, no file
+over its size, and docs/architecture.md shows the map the contract holds the code to (tests/layers.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import layers
+import pytest
+
+from conftest import ROOT
+
+
+def test_every_module_has_a_layer():
+    for module in layers.modules(ROOT):
+        layers.layer_of(module)  # KeyError names a module the map forgot
+
+
+def test_no_import_runs_up_the_layers():
+    assert layers.upward(layers.imports(ROOT)) == []
+
+
+def test_no_import_circle_of_more_than_three_files():
+    found = layers.circles(layers.imports(ROOT))
+    assert found, "the reader finds no circle at all: it is reading nothing"
+    assert all(len(c) <= 3 for c in found), [c for c in found if len(c) > 3]
+
+
+def test_an_upward_import_is_caught(tmp_path):
+    """The contract fails on a deliberately added upward import (at module level, in a function, for types)."""
+    for pkg in layers.PACKAGES:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "aioccl" / "communicator.py").write_text("from .errors import AiocclError\n")
+    for body in ("from .communicator import Communicator\n",
+                 "def f():\n    from . import communicator\n",
+                 "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import aioccl.communicator\n"):
+        (tmp_path / "aioccl" / "errors.py").write_text(body)
+        graph = layers.imports(tmp_path)
+        assert layers.upward(graph) == ["aioccl.errors (base) -> aioccl.communicator (communicator)"], body
+        assert layers.circles(graph) == [["aioccl.communicator", "aioccl.errors"]]
+
+
+def test_a_package_face_that_imports_counts_and_ones_own_package_does_not(tmp_path):
+    pkg = tmp_path / "aioccl"
+    (pkg / "engine").mkdir(parents=True)
+    (tmp_path / "jax_ext").mkdir()
+    (pkg / "__init__.py").write_text("from .communicator import Communicator\n")
+    (pkg / "communicator.py").write_text("from .engine import op\n")
+    (pkg / "engine" / "__init__.py").write_text('"""only a docstring"""\n')
+    (pkg / "engine" / "op.py").write_text("from ..errors import E\nfrom . import view\n")
+    (pkg / "engine" / "view.py").write_text("")
+    (pkg / "errors.py").write_text("import aioccl.engine.view\n")
+    graph = layers.imports(tmp_path)
+    assert graph["aioccl.communicator"] == {"aioccl.engine.op"}  # engine/__init__ imports nothing
+    assert graph["aioccl.engine.op"] == {"aioccl.errors", "aioccl.engine.view"}  # not aioccl/__init__: its own
+    assert graph["aioccl.errors"] == {"aioccl.engine.view"}  # errors' own package: aioccl/__init__ ran first
+
+
+def test_the_docs_show_the_contracts_map():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    assert layers.render() in doc, "docs/architecture.md's layer map differs from tests/layers.py:\n" + layers.render()
+
+
+def test_file_sizes():
+    py = [p for pkg in layers.PACKAGES for p in (ROOT / pkg).rglob("*.py")]
+    c = [p for ext in ("*.c", "*.h", "*.cu") for p in (ROOT / "aioccl").rglob(ext)]
+    assert len(py) > 100 and len(c) > 10
+    over = [f"{p.relative_to(ROOT)} {n}" for p in py if (n := len(p.read_text().splitlines())) > 400]
+    over += [f"{p.relative_to(ROOT)} {n}" for p in c if (n := len(p.read_text().splitlines())) > 600]
+    assert over == []
+
+
+@pytest.mark.parametrize("pkg", ["aioccl", "jax_ext"])
+def test_the_package_imports_alone(pkg):
+    """Each package imports in a fresh interpreter (no circle hidden by import order)."""
+    p = subprocess.run([sys.executable, "-c", f"import {pkg}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
