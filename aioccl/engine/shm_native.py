@@ -29,6 +29,7 @@ from .. import log, native
 from ..algorithms.schedule import IN, OUT, Fetch, Schedule
 from ..envvars import env_int
 from ..errors import AiocclError
+from ..transport.shm import layout_differs
 from .executor import ALGO_CODES, _mismatch
 from .op import Op, Wait
 
@@ -48,6 +49,11 @@ def channel(segments: list[Any], rank: int, spin_s: float, yield_cpu: bool) -> A
     """The core's half of a channel over its mapped segments, or None (no core, or it refuses them)."""
     core = native.core
     if core is None:
+        return None
+    differs = layout_differs(core)
+    if differs:
+        _log.warning("rank %d: the native core reads another segment layout (%s): shared-memory ops take the "
+                     "Python path; rebuild aioccl (pip install .)", rank, differs)
         return None
     try:
         return core.Channel(segments, rank, int(spin_s * 1e9), yield_cpu)

@@ -30,7 +30,7 @@ def _load() -> None:
         why_not = "switched off by AIOCCL_NATIVE=0"
         return
     try:
-        from . import _core  # type: ignore[attr-defined]
+        from . import _core
     except ImportError as e:
         why_not = f"the compiled module could not be loaded ({e}); reinstall aioccl (pip install .) to build it"
         warnings.warn(f"aioccl: native core unavailable, small ops take the slower Python path: {why_not}",

@@ -49,6 +49,18 @@ DESC = 32  # two descriptors of DESC_LEN int64, one per step parity
 DESC_LEN = 8
 MAGIC_VALUE = 0x4C4343_4F494121  # "!AIOCCL"
 LAYOUT_VERSION = 1
+# the segment's layout as the native core reads it too (channel.h's AC_*): checked against the core's
+# exports when a channel is made (``layout_differs``), so the two tables cannot drift apart unseen
+LAYOUT = {"CONTROL_BYTES": CONTROL_BYTES, "W_HALF": HALF, "W_CTR": CTR, "W_SLEEP": SLEEP, "W_GAVE_UP": GAVE_UP,
+          "W_DESC": DESC, "DESC_LEN": DESC_LEN}
+
+
+def layout_differs(core: object) -> str:
+    """Where the native core's segment layout differs from this module's ('' when it agrees)."""
+    return "; ".join(f"{name}: {getattr(core, name, None)} in the core, {value} here"
+                     for name, value in LAYOUT.items() if getattr(core, name, None) != value)
+
+
 STALE_AGE_S = 10.0  # a dead owner's file younger than this may be a rank still bootstrapping elsewhere
 _NAME = re.compile(r"^aioccl-[0-9a-f]{16}-(\d+)-(\d+)$")
 
