@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 JAX_VENV := .venv-jax
 JAX_NEWEST := jax>=0.12,<0.13
 JAX_TESTS := $(wildcard tests/test_jax_*.py)
-NATIVE_SRC := CMakeLists.txt $(wildcard aioccl/native/src/*.c aioccl/native/src/*.h)  # a change rebuilds the core
+NATIVE_SRC := CMakeLists.txt $(wildcard aioccl/native/src/*/*.c aioccl/native/src/*/*.h)  # a change rebuilds the core
 
 .PHONY: demo test test-jax-newest lint types docs clean bench bench-jax
 

@@ -16,7 +16,6 @@ wrappers move axes around in JAX, where XLA does it and autodiff sees it.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aioccl import Communicator, ReduceOp
+from aioccl import Communicator, ReduceOp, lowlevel
 from aioccl.dtypes import check_op_dtype, dtype_code
 
 from . import _compat, call_log, native_call, runtime
@@ -117,7 +116,7 @@ def group_for(api: str, axis_name: Any, comm: Communicator | None) -> tuple[Grou
         if comm is not None and not isinstance(comm, Communicator):
             raise TypeError(f"{api}: comm must be an aioccl.Communicator, got {type(comm).__name__}")
         comm = comm if comm is not None else runtime.default_comm()
-        if comm._engine.placement.on_loop_thread():
+        if lowlevel.on_engine_loop(comm):
             raise RuntimeError(f"{api}: called on the engine thread of {comm!r}; the host callback would block "
                                "the loop that must run the op. Create the communicator with engine='thread' "
                                "(or call the jitted function from another thread)")
@@ -220,7 +219,7 @@ def callback_factory(name: str, run: RunFn) -> Callable[..., _compat.HostCallbac
         what = f"{name}({params['op']})" if "op" in params else name
 
         def call(comm: Communicator, arrays: list[Any], out_arrays: list[Any], same: bool) -> None:
-            if comm._engine.placement.thread_id == threading.get_ident():
+            if lowlevel.on_engine_thread(comm):
                 raise RuntimeError(f"{comm!r}: a jax_ext collective ran on its communicator's engine thread, "
                                    "where waiting would deadlock; create it with engine='thread'")
             STATS["calls"] += 1

@@ -36,7 +36,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from aioccl import Communicator
+from aioccl import Communicator, lowlevel
 from aioccl.work import BEFORE_BLOCKING
 
 RunFn = Any  # run(comm, ins, outs, same, **params): issues every op before its first wait
@@ -117,7 +117,7 @@ def run_guarded(run: RunFn, comm: Communicator, ins: list[Any], outs: list[Any],
             isinstance(a, np.ndarray) for a in (*ins, *outs)):
         run(comm, ins, outs, same, **params)  # no signal reaches this thread (GPU views stay on the stream)
         return
-    before = set(comm._inflight)
+    before = lowlevel.in_flight(comm)
     own = sum(a.nbytes for a in (*ins, *outs)) <= COPY_LIMIT
     if own:
         a = [np.array(x, copy=True) for x in ins]
@@ -187,6 +187,6 @@ def _settle(job: Job, interrupt: BaseException, droppable: bool, withdraw: Calla
 def withdraw_new(comm: Communicator, before: set[Any]) -> None:
     """The ops this call issued: an unmatched receive is withdrawn, the rest run on (on their own buffers),
     none reported at exit as never awaited (the app was told, by the interrupt)."""
-    for w in set(comm._inflight) - before:
+    for w in lowlevel.in_flight(comm) - before:
         w.cancel("when the host callback waiting for it was interrupted")
-        w._retrieved = True
+        lowlevel.mark_retrieved(w)

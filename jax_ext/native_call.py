@@ -1,7 +1,7 @@
 """jax_ext's ops as native XLA custom calls: the native core runs them on XLA's buffers, without Python.
 
 Each op lowers to its typed FFI handler (``aioccl_<op>``, in ``aioccl.native``'s extension, see
-``aioccl/native/src/xla_ffi.c``) with one attribute, its *site*: the op, its parameters and shapes,
+``aioccl/native/src/py/xla_ffi.c``) with one attribute, its *site*: the op, its parameters and shapes,
 and the communicators it runs on, by mesh position. The handler finds the communicator from it.
 
 Why learn from a first call: which schedule a communicator runs for a call, and whether the native
@@ -13,7 +13,7 @@ its program. Later calls run it in C: the lane's counters, the channel's gate, t
 rest stay on the fallback for good: large ops, other hosts, point-to-point.
 
 An op the core started and cannot finish (a late peer past the spin, a failure) is carried on by
-the engine from where the core left it (``Communicator._resume_native``): deadlines, verdicts,
+the engine from where the core left it (``aioccl.lowlevel.resume_native``): deadlines, verdicts,
 lost peers and errors are the engine's, and the error text goes back to XLA (the exception itself
 is kept for ``jax_ext.error_cause``).
 """
@@ -31,14 +31,19 @@ from typing import Any
 import jax
 import numpy as np
 
-from aioccl import Communicator, native
+from aioccl import Communicator, lowlevel, native
+from aioccl.algorithms.table import TABLE
 from aioccl.fast_lane import CAPTURE
 
 from . import _compat, call_log
 from .interrupts import Job, run_guarded, wait_guarded
 
 ON_IN, ON_OUT, ON_NONE = 0, 1, 2
-NOT_NOW = -100  # the handler did not run the op: run it the engine's way (fastpath.h's LANE_NOT_NOW)
+# the custom call targets, one native handler each: every collective of the table, then point-to-point. The
+# native core takes the names from here (whether each is a collective too), so no list of them lives in C.
+TARGETS: tuple[tuple[str, bool], ...] = (*((c.name, True) for c in TABLE), ("send", False), ("recv", False),
+                                         ("sendrecv", False), ("ppermute", False))
+NOT_NOW = -100  # the handler did not run the op: run it the engine's way (fast_lane.h's ACPY_LANE_NOT_NOW)
 _lock = threading.Lock()
 _sites: dict[Any, int] = {}
 _errors: OrderedDict[int, BaseException] = OrderedDict()  # the last errors reported to XLA, by number
@@ -64,7 +69,7 @@ def _register() -> None:
         if not _registered:
             core = native.core
             assert core is not None
-            for op, capsule in core.ffi_handlers().items():
+            for op, capsule in core.ffi_handlers(TARGETS).items():
                 jax.ffi.register_ffi_target(f"aioccl_{op}", capsule, platform="cpu", api_version=1)
             _registered = True
 
@@ -135,7 +140,7 @@ class Site:
             comm = self.resolve(lambda: pos)
             arrays = [np.frombuffer(b, d).reshape(s) for b, (d, s) in zip(ins, self.ins, strict=True)]
             outs_ = [np.frombuffer(b, d).reshape(s) for b, (d, s) in zip(outs, self.outs, strict=True)]
-            if comm._engine.placement.thread_id == threading.get_ident():
+            if lowlevel.on_engine_thread(comm):
                 raise RuntimeError(f"{comm!r}: a jax_ext collective ran on its communicator's engine thread, "
                                    "where waiting would deadlock; create it with engine='thread'")
             if not call_log.get_logging():
@@ -151,9 +156,9 @@ class Site:
 
     def _call(self, comm: Communicator, pos: int, variant: int, rc: int, seq: int, order: int,
               ins: list[np.ndarray], outs: list[np.ndarray]) -> None:
-        if comm.world_size == 1 and comm._lane is not None and pos not in self.members:
+        if comm.world_size == 1 and lowlevel.fast_lane(comm) is not None and pos not in self.members:
             with _lock:  # one rank: the handler gives the input back itself from the next call on
-                native.core.ffi_member(self.index, pos, comm._lane)  # type: ignore[union-attr]
+                native.core.ffi_member(self.index, pos, lowlevel.fast_lane(comm))  # type: ignore[union-attr]
                 self.members.add(pos)
         if rc != NOT_NOW:
             wait_guarded(self._carrier(comm, pos, variant, rc, seq, order, ins, outs))
@@ -180,7 +185,7 @@ class Site:
         template, in_is, out_is = self.templates[(pos, variant)]
         buf = {ON_IN: ins[0] if ins else None, ON_OUT: outs[0] if outs else None}
         inp, out = buf.get(in_is), buf.get(out_is)
-        job = Job(lambda: comm._resume_native(template, rc, seq, order,
+        job = Job(lambda: lowlevel.resume_native(comm, template, rc, seq, order,
                                               template.inp if inp is None else inp.reshape(-1),
                                               template.out if out is None else out.reshape(-1)).wait())
         self.carrying[pos] = (seq, job)
@@ -194,7 +199,7 @@ class Site:
     def _learn(self, comm: Communicator, pos: int, variant: int, ops: list[tuple[Any, Any]], ins: list[Any],
                outs: list[Any], same: bool) -> None:
         """Teach the handler the op just run, when the core can run it again on XLA's buffers alone."""
-        core, lane, shm = native.core, comm._lane, comm._shm
+        core, lane, shm = native.core, lowlevel.fast_lane(comm), lowlevel.channel(comm)
         if (len(ops) != 1 or ops[0][1] is None or core is None or lane is None or shm is None
                 or shm.native is None or not self.replayable(rank=comm.rank, same=same, **self.params)):
             return

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gpu", ("aioccl.gpu",)),
     ("communicator", ("aioccl.communicator", "aioccl.collectives", "aioccl.p2p", "aioccl.lifecycle",
                       "aioccl.tracking", "aioccl.planning", "aioccl.recovery", "aioccl.fast_lane", "aioccl.knobs",
-                      "aioccl.initialization")),
+                      "aioccl.initialization", "aioccl.lowlevel")),
     ("top", ("aioccl", "aioccl.interop", "aioccl.tools", "aioccl.run", "jax_ext")),
 )
 PACKAGES = ("aioccl", "jax_ext")
@@ -159,3 +159,38 @@ def upward(graph: dict[str, set[str]]) -> list[str]:
 def render() -> str:
     """The map as docs/architecture.md shows it: top layer first."""
     return "\n".join(f"{label:>12}: {', '.join(names)}" for label, names in reversed(LAYERS))
+
+
+# -- the native core's two layers (aioccl/native/src): core/ is pure C, py/ the CPython layer above it --
+NATIVE = ("core", "py")  # bottom first
+NATIVE_PREFIX = {"core": ("ac_",), "py": ("acpy_", "PyInit_")}
+
+
+def native_units(root: Path) -> dict[str, tuple[str, list[Path]]]:
+    """'layer/name' -> (its layer, its files): a .c and its .h are one unit."""
+    units: dict[str, tuple[str, list[Path]]] = {}
+    for layer in NATIVE:
+        for p in sorted((root / "aioccl" / "native" / "src" / layer).glob("*.[ch]")):
+            units.setdefault(f"{layer}/{p.stem}", (layer, []))[1].append(p)
+    return units
+
+
+def native_includes(root: Path) -> dict[str, set[str]]:
+    """unit -> the units it includes (a header of its own folder, or 'core/x.h' from py/), and 'Python.h'
+    when it includes Python's header."""
+    import re
+
+    units = native_units(root)
+    out: dict[str, set[str]] = {}
+    for name, (layer, paths) in units.items():
+        found = set()
+        for p in paths:
+            for inc in re.findall(r'^#include [<"]([^>"]+)[>"]', p.read_text(), re.M):
+                if inc in ("Python.h", "structmember.h") or inc.startswith("numpy/"):
+                    found.add("Python.h")
+                    continue
+                target = inc.removesuffix(".h") if "/" in inc else f"{layer}/{inc.removesuffix('.h')}"
+                if target in units and target != name:
+                    found.add(target)
+        out[name] = found
+    return out

@@ -1,4 +1,4 @@
-"""The GPU lane (aioccl/native/src/gpu_lane.c) against a stand-in CUDA driver that records every call.
+"""The GPU lane (aioccl/native/src/py/gpu_lane.c) against a stand-in CUDA driver that records every call.
 
 No GPU here: ``tests/native/standin_cuda.c`` is built into a library that answers the driver calls the
 lane makes and records them, so each test checks exactly what would reach the GPU, in what order, with

@@ -1,4 +1,4 @@
-"""jax_ext's ops as native XLA custom calls (jax_ext/native_call.py, aioccl/native/src/xla_ffi.c).
+"""jax_ext's ops as native XLA custom calls (jax_ext/native_call.py, aioccl/native/src/py/xla_ffi.c).
 
 Real processes under aioccl-run (tests/workers/jax_native.py): every collective learnt at its first
 calls and then run in C, exact; a late rank (the engine carries the op on); an engine op in flight

@@ -77,3 +77,60 @@ def test_the_package_imports_alone(pkg):
     """Each package imports in a fresh interpreter (no circle hidden by import order)."""
     p = subprocess.run([sys.executable, "-c", f"import {pkg}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_the_native_core_stands_in_two_layers():
+    """core/ includes nothing of py/ and not Python's headers; py/ may include core/; no include circle."""
+    graph = layers.native_includes(ROOT)
+    assert any(u.startswith("core/") for u in graph) and any(u.startswith("py/") for u in graph)
+    for unit, targets in graph.items():
+        if unit.startswith("core/"):
+            assert "Python.h" not in targets and not any(t.startswith("py/") for t in targets), (unit, targets)
+    assert [c for c in layers.circles({u: t - {"Python.h"} for u, t in graph.items()})] == []
+
+
+def test_each_native_layer_has_its_symbol_prefix():
+    """Every function and global a native file defines outside itself (not static) carries its layer's prefix."""
+    import re
+
+    bad = []
+    # a definition at file level that is not static: its name, before "(", "=", ";" or "["
+    definition = re.compile(r"^(?!static|typedef|enum|struct|#|\s|}|extern)[A-Za-z_][\w \*]*?\b(\w+)\s*[(=;\[]",
+                            re.M)
+    for layer, paths in layers.native_units(ROOT).values():
+        for p in paths:
+            if p.suffix != ".c":
+                continue
+            text = re.sub(r"/\*.*?\*/", "", p.read_text(), flags=re.S)
+            for m in definition.finditer(text):
+                name = m.group(1)
+                if not name.startswith(layers.NATIVE_PREFIX[layer]):
+                    bad.append(f"{p.relative_to(ROOT)}: {name}")
+    assert bad == []
+
+
+def test_the_integrations_use_the_low_level_surface_not_privates():
+    """jax_ext, interop and the tools reach a Communicator's or a Work's private names only through
+    aioccl.lowlevel (as trio's integrations use trio.lowlevel)."""
+    import ast
+    import inspect
+
+    from aioccl import Communicator, Work
+
+    private = {name for cls in (*Communicator.__mro__, *Work.__mro__) if cls.__module__.startswith("aioccl")
+               for name in (*vars(cls), *getattr(cls, "__slots__", ()))
+               if name.startswith("_") and not name.startswith("__")}
+    for cls in (*Communicator.__mro__, *Work.__mro__):  # and what their methods set on self
+        if cls.__module__.startswith("aioccl"):
+            tree = ast.parse(inspect.getsource(cls))
+            private |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                        and n.value.id == "self" and n.attr.startswith("_") and not n.attr.startswith("__")}
+    assert {"_engine", "_inflight", "_lane", "_start", "_set_result", "_retrieved"} <= private
+    files = [p for d in ("jax_ext", "aioccl/interop", "aioccl/tools") for p in (ROOT / d).rglob("*.py")]
+    reached = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr in private
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                reached.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
+    assert reached == []

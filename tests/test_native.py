@@ -108,14 +108,21 @@ def test_the_core_under_address_and_undefined_behaviour_sanitizers(tmp_path):
         pytest.skip("no C compiler on this machine")
     exe = tmp_path / "check_core"
     build = subprocess.run([cc, "-std=gnu17", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
-                            "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1", f"-I{SRC}",
-                            str(SRC / "channel.c"), str(SRC / "reduce.c"), str(SRC / "gate.c"),
-                            str(ROOT / "tests" / "native" / "check_core.c"), "-lpthread", "-lm", "-o", str(exe)],
+                            "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1", f"-I{SRC / 'core'}",
+                            *map(str, sorted((SRC / "core").glob("*.c"))),
+                            str(ROOT / "tests" / "native" / "check_core.c"),
+                            str(ROOT / "tests" / "native" / "check_launch.c"), "-lpthread", "-lm", "-ldl",
+                            "-o", str(exe)],
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(exe), "20000"], capture_output=True, text=True, timeout=300,
+    from test_gpu_lane import build_standin
+
+    standin = tmp_path / "libstandin_cuda.so"
+    build_standin(cc, standin)
+    run = subprocess.run([str(exe), "20000", str(standin)], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0"})
     assert run.returncode == 0 and "native core checks passed" in run.stdout, run.stdout + run.stderr
+    assert "launch ring checks passed" in run.stdout, run.stdout
     assert "runtime error" not in run.stderr and "AddressSanitizer" not in run.stderr, run.stderr
 
 
@@ -137,8 +144,8 @@ def test_the_module_under_the_sanitizers_through_real_collectives(tmp_path):
     build = subprocess.run([cc, "-std=gnu17", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
                             "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1", "-shared", "-fPIC",
                             f"-I{sysconfig.get_paths()['include']}", f"-I{np.get_include()}",
-                            f"-I{jax.ffi.include_dir()}", "-DAIOCCL_XLA_FFI=1",
-                            *map(str, sorted(SRC.glob("*.c"))), "-o", str(so)], capture_output=True, text=True,
+                            f"-I{jax.ffi.include_dir()}", "-DAIOCCL_XLA_FFI=1", f"-I{SRC}",
+                            *map(str, sorted(SRC.glob("*/*.c"))), "-o", str(so)], capture_output=True, text=True,
                            timeout=300)
     assert build.returncode == 0, build.stderr
     env = {**os.environ, "LD_PRELOAD": f"{asan} {ubsan}", "ASAN_OPTIONS": "detect_leaks=0",

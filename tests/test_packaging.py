@@ -58,7 +58,8 @@ def test_wheel_and_sdist_contents(dist):
     wheel, = dist.glob(f"aioccl-{v}-cp*.whl")  # a platform wheel: it holds the native core
     names = set(zipfile.ZipFile(wheel).namelist())
     for must in ("aioccl/__init__.py", "aioccl/py.typed", "jax_ext/py.typed", "aioccl/transport/ib/protocol.py",
-                 "aioccl/tensors.py", "aioccl/tools/info.py", "aioccl/native/__init__.py",
+                 "aioccl/tensors.py", "aioccl/tools/info.py", "aioccl/native/__init__.py", "aioccl/native/_core.pyi",
+                 "aioccl/kernels/gpu_piece.cu", "aioccl/kernels/gpu_piece.cuh",
                  "aioccl/native/README.md"):
         assert must in names, must
     assert any(n.startswith("aioccl/native/_core.") and n.endswith(".so") for n in names), sorted(names)[:20]
@@ -72,7 +73,8 @@ def test_wheel_and_sdist_contents(dist):
     with tarfile.open(sdist) as tar:
         members = set(tar.getnames())
     assert f"aioccl-{v}/pyproject.toml" in members and f"aioccl-{v}/aioccl/py.typed" in members
-    for src in ("CMakeLists.txt", "aioccl/native/src/channel.c", "aioccl/native/src/fastpath.c"):
+    for src in ("CMakeLists.txt", "aioccl/native/src/core/channel.c", "aioccl/native/src/core/launch.c",
+                "aioccl/native/src/py/fast_lane.c"):
         assert f"aioccl-{v}/{src}" in members, src  # a build from the sdist compiles the core
 
 

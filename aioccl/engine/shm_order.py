@@ -2,7 +2,7 @@
 
 A mixin of ``ShmChannel``. Ops on a channel run one at a time, in the order their numbers were taken
 (``Op.order``, with the sequence number). With the native core the numbers and the turn live in its
-*gate* (``aioccl/native/src/gate.h``), because a native caller outside the engine, an XLA custom call
+*gate* (``aioccl/native/src/core/gate.h``), because a native caller outside the engine, an XLA custom call
 of jax_ext on XLA's own thread, runs ops of the channel too, without the GIL: it claims the channel
 only when every op issued so far has finished and the engine holds none, and the engine admits an op
 only when its number is next and no native caller holds the channel. An op the engine had to hold

@@ -1,4 +1,4 @@
-"""The device path's ops in native code: the GPU lane (``aioccl/native/src/gpu_lane.c``) and what feeds it.
+"""The device path's ops in native code: the GPU lane (``aioccl/native/src/py/gpu_lane.c``) and what feeds it.
 
 Python builds an op's launches once per call (``DevicePath._launches``); here they become a native
 ``GpuPlan`` (each launch's function, grid and arguments packed into 8-byte slots). Every op of a device

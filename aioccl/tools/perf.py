@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from .. import __version__, lowlevel
 from ..dtypes import SUPPORTED_DTYPES
 from .perf_cases import OPS, ROOTED, busbw_factor, make
 
@@ -195,7 +195,7 @@ async def run_rank(ns: argparse.Namespace) -> int:
         report = {"tool": "aioccl-perf", "version": __version__, "op": ns.op, "dtype": ns.dtype.name,
                   "redop": ns.redop, "root": root, "nranks": n, "local_nranks": comm.local_world_size,
                   "engine": comm.engine_placement, "transport": comm.transport, "registered": ns.registered,
-                  "device": ns.device, "gpu_path": comm._gpu.path if comm._gpu is not None else None,
+                  "device": ns.device, "gpu_path": lowlevel.gpu_path(comm),
                   "iters": ns.iters, "warmup": ns.warmup_iters,
                   "average": ns.average, "busbw_factor": factor, "python": platform.python_version(),
                   "numpy": np.__version__, "host": platform.node(),

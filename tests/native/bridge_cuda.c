@@ -1,4 +1,4 @@
-/* A CUDA driver for tests/fakecupy: the calls the GPU lane makes (aioccl/native/src/cuda_driver.c), each
+/* A CUDA driver for tests/fakecupy: the calls the GPU lane makes (aioccl/native/src/core/cuda_driver.c), each
  * handed to a function the stand-in cupy registered (tests/fakecupy/cupy/cuda/_bridge.py), which runs it
  * on the stand-in's late streams. So the lane runs end to end, its ops exact, on machines without a GPU.
  * The lane calls these without the GIL; ctypes' callbacks take it. */

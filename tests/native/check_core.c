@@ -5,7 +5,9 @@
  *             blocked), every element checked; a mismatched call is found on every rank;
  *   fuzz:     the readers of shared memory (channel set-up, descriptors, registered offsets, programs)
  *             fed random and hostile contents: every run ends in an allowed code, never outside a mapping;
- *   halves:   float16 and bfloat16 conversions round-trip every value. */
+ *   halves:   float16 and bfloat16 conversions round-trip every value;
+ *   launch:   the GPU launch ring against the stand-in driver given as argv[2] (check_launch.c).
+ * Only core/ is linked: the pure-C layer builds and runs without Python's headers or library. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <pthread.h>
@@ -122,7 +124,7 @@ static void *rank_main(void *arg) {
             in[i] = (float)(job->rank + 1 + op % 7 + i);
         for (int i = 0; i < 64 * w->n; i++)
             out[i] = -1e30f;  /* poisoned */
-        int rc = run_to_end(&ch, ac_run(&ch, prog, len, in, sizeof in, out, sizeof out, DT_F32, OP_SUM, op, op));
+        int rc = run_to_end(&ch, ac_run(&ch, prog, len, in, sizeof in, out, sizeof out, AC_DT_F32, AC_OP_SUM, op, op));
         if (op == job->mismatch_at) {  /* every rank finds it */
             CHECK(rc == AC_MISMATCH);
             continue;
@@ -208,7 +210,7 @@ static void test_fuzz_channel(int iterations) {
         size_t len = gather ? prog_all_gather(prog, n, count) : prog_all_reduce(prog, n, count);
         /* the peers' descriptors agree with mine (else a mismatch ends it before any data is read) but
          * point their registered buffers anywhere */
-        int64_t kind = prog[4] | prog[5] << 8 | (int64_t)DT_F32 << 16 | (int64_t)(gather ? 0 : OP_SUM) << 24;
+        int64_t kind = prog[4] | prog[5] << 8 | (int64_t)AC_DT_F32 << 16 | (int64_t)(gather ? 0 : AC_OP_SUM) << 24;
         for (int j = 0; j < n; j++) {
             if (j == me)
                 continue;
@@ -224,7 +226,7 @@ static void test_fuzz_channel(int iterations) {
                 d[5] = rnd() % 2 ? -1 : hostile();
             }
         }
-        int rc = ac_run(&ch, prog, len, in, sizeof in, out, sizeof out, DT_F32, gather ? 0 : OP_SUM, it, it);
+        int rc = ac_run(&ch, prog, len, in, sizeof in, out, sizeof out, AC_DT_F32, gather ? 0 : AC_OP_SUM, it, it);
         CHECK(rc == AC_DONE || rc == AC_RING || rc == AC_BLOCKED || rc == AC_MISMATCH || rc == AC_CORRUPT ||
               rc == AC_NOT_CLEAN);
         outcomes[-rc]++;
@@ -258,7 +260,7 @@ static void test_fuzz_programs(int iterations) {
         ac_chan ch;
         size_t lens[3] = {w.len, w.len, w.len};
         CHECK(ac_chan_init(&ch, 0, 3, w.seg, lens, 0, 0) == 0);
-        int rc = ac_run(&ch, p, len, in, sizeof in, out, sizeof out, DT_F32, OP_SUM, it, it);
+        int rc = ac_run(&ch, p, len, in, sizeof in, out, sizeof out, AC_DT_F32, AC_OP_SUM, it, it);
         CHECK(rc <= 0 && rc >= AC_RING);
         ac_chan_free(&ch);
     }
@@ -355,6 +357,8 @@ static void test_gate(void) {
     }
 }
 
+void test_launcher(const char *standin); /* check_launch.c */
+
 int main(int argc, char **argv) {
     int iterations = argc > 1 ? atoi(argv[1]) : 20000;
     test_halves();
@@ -362,6 +366,7 @@ int main(int argc, char **argv) {
     test_fuzz_channel(iterations);
     test_fuzz_programs(iterations);
     test_gate();
+    test_launcher(argc > 2 ? argv[2] : NULL);
     printf("native core checks passed\n");
     return 0;
 }

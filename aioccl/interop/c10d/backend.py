@@ -27,6 +27,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
+from ... import lowlevel
 from ...bootstrap.unique_id import UniqueId
 from ...communicator import Communicator
 from ...environment import comm_secret
@@ -48,7 +49,7 @@ def create(options: Any, backend_options: Any) -> AiocclProcessGroup:
     timeout = deadline(options.timeout)
     world = _world() if _world is not None else None
     try:
-        if world is not None and world._closed is None and max(members) < world.world_size:
+        if world is not None and not lowlevel.is_closed(world) and max(members) < world.world_size:
             comm = world.create_group(members, tag=str(options.group_id), timeout=timeout).wait()
         else:
             comm = bootstrap(options.store, rank, size, timeout)

@@ -22,6 +22,7 @@ import torch
 import torch._C._distributed_c10d as _c10d  # AllgatherOptions: not re-exported by torch.distributed
 import torch.distributed as dist
 
+from ... import lowlevel
 from ...communicator import Communicator
 from ...errors import InvalidArgument
 from ...p2p import ANY_SOURCE
@@ -49,7 +50,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
         self._exchanges = itertools.count()
         self._coalesced: list[TorchWork] | None = None
         self._monitored = 0  # monitored barriers so far (their tags)
-        self._engine_thread = comm._engine.placement.thread_id
+        self._engine_thread = lowlevel.engine_thread(comm)
 
     # -- identity ----------------------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802  (torch's C++ name)
@@ -86,7 +87,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
 
     def _get_sequence_number_for_group(self) -> int:
         """How many collectives this group has issued (aioccl numbers every one; its errors name the number)."""
-        return self.comm._seq
+        return lowlevel.next_seq(self.comm)
 
     def _set_sequence_number_for_group(self) -> None:
         """Sequence numbers are always on."""
@@ -144,7 +145,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
             works, finish = sparse_allreduce(self.comm, t, self._deadline(opts))
             return self._work(works, [t], "allreduce (sparse)", finish)
         deadline = self._deadline(opts)  # the communicator's own default needs no checking again (None)
-        timeout = None if deadline == self.comm._timeout else deadline
+        timeout = None if deadline == lowlevel.default_timeout(self.comm) else deadline
         return self._work([self.comm.all_reduce(t, self._reduction(opts), timeout=timeout)], tensors, "allreduce")
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
@@ -374,16 +375,15 @@ def _pieces(flat: torch.Tensor, sizes: list[int] | None, n: int) -> list[torch.T
 
 def _as_aioccl(w: TorchWork) -> Work[Any]:
     """A torch Work of ours as an aioccl Work (done when it is), so several can be waited for as one."""
-    out: Work[Any] = Work(w._what, -1)
-    out._start()
+    out = lowlevel.new_work(w._what)
 
     def done(f: torch.futures.Future[Any]) -> None:
         try:
             f.value()
         except Exception as e:  # noqa: BLE001  (the op's error, already a DistBackendError)
-            out._set_exception(e)
+            lowlevel.finish(out, exc=e)
         else:
-            out._set_result(None)
+            lowlevel.finish(out)
 
     w.get_future().add_done_callback(done)
     return out

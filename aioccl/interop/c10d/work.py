@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ... import lowlevel
 from ...errors import CollectiveTimeout
 from ...placement import lent_here
 from ...work import Work
@@ -76,7 +77,7 @@ class TorchWork(dist.Work):
         if not works:
             self._complete()
         for w in works:
-            w._on_done(self._one_done)
+            lowlevel.on_done(w, self._one_done)
 
     def _one_done(self, w: Work[Any]) -> None:
         exc = w.exception()  # (marks it seen: aioccl's exit report leaves it alone)
@@ -129,7 +130,7 @@ class TorchWork(dist.Work):
                 finished = event is None or event.wait(seconds if seconds > 0 else None)
             except BaseException:  # interrupted (Ctrl-C): an unmatched receive is withdrawn, as aioccl's wait does
                 for w in self._works:
-                    w._abandoned()
+                    lowlevel.abandon(w)
                 raise
             if not finished:
                 raise dist.DistBackendError(f"aioccl: {self._what} not done after wait(timeout={seconds:g}s)")

@@ -11,56 +11,38 @@
  * general way (a new call, another device's context, a capturing stream, a failure to report, a group
  * open, the lane switched off: its owner does that when the communicator closes, shrinks or loses a rank).
  *
- * The driver calls are made with the GIL released, under the lane's mutex: ops on one communicator
- * get their epochs and reach their streams in one order, whatever thread issues them. */
+ * The launches, the ring and the epochs are core/launch.c's (pure C); this file owns the Python objects
+ * that go with a ring slot: the event object whose handle the slot records (reused once nobody else holds
+ * it) and the op's buffers, kept until the slot retires. The driver calls are made with the GIL released,
+ * under the launcher's mutex: ops on one communicator get their epochs and reach their streams in one
+ * order, whatever thread issues them. */
 #include "gpu_lane.h"
 
-#include <pthread.h>
-#include <sched.h>
 #include <string.h>
 
-#include "cuda_driver.h"
+#include "core/cuda_driver.h"
+#include "core/launch.h"
 #include "gpu_plan.h"
 #include "work.h"
 
-enum { TRACKED = 1024, RECENT = 4096, MAX_PEERS = 64, MAX_ENTRIES = 512, LANE_CLOSED = -2 };
+enum { MAX_ENTRIES = 512 };
 
-/* attribute names of a GPU array, interned once (gpu_lane_ready) */
+/* attribute names of a GPU array, interned once (acpy_gpu_lane_ready) */
 static PyObject *s_data, *s_ptr, *s_strides, *s_size, *s_dtype, *s_num;
 
 /* -- GpuLane ------------------------------------------------------------------------------------------ */
 typedef struct {
-    PyObject *event, *keep; /* the op's CUDA event (reused once no one else holds it) and buffers */
-    cu_handle handle;
-    long long seq;
-    double deadline, timeout;
-    unsigned epoch; /* its last piece's */
-    int kind, state;
-} tracked;
-enum { SLOT_RESERVED, SLOT_LAUNCHED, SLOT_FAILED };
-
-typedef struct { /* every field atomic: read without the mutex (recent()) */
-    unsigned epoch;
-    int kind;
-    long long seq, timeout_us;
-} recent_op;
-
-typedef struct {
     PyObject_HEAD
-    WorkMaker wm;
+    acpy_work_maker wm;
     PyObject *record, *group_var, *array_type, *current_stream, *event_factory, *entries;
     volatile unsigned *err;
     unsigned closed_err[4]; /* what err points to once closed: the path's memory may be freed */
-    int form, rank, nranks, enabled, closed;
-    unsigned long long own_flag, flags[MAX_PEERS];
-    cu_handle ctx, last_stream, last_ev; /* the last tracked op's stream (compared, never used) and event */
+    int enabled;
+    cu_handle ctx;
     long long seq; /* atomic */
     long long ran; /* ops run() did */
-    unsigned epoch;
-    pthread_mutex_t mu;
-    int head, count; /* tracked ops: ring[(head - count) % TRACKED] is the oldest */
-    tracked ring[TRACKED];
-    recent_op recent[RECENT];
+    PyObject *event[AC_TRACKED], *keep[AC_TRACKED]; /* per ring slot: its event object, the op's buffers */
+    ac_launcher launch;
 } GpuLane;
 
 #define GPU_LANE_REFS(s) {&(s)->record, &(s)->group_var, &(s)->array_type, &(s)->current_stream, \
@@ -70,38 +52,40 @@ static int GpuLane_traverse(GpuLane *self, visitproc visit, void *arg) {
     PyObject **refs[] = GPU_LANE_REFS(self);
     for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
         Py_VISIT(*refs[k]);
-    for (int k = 0; k < TRACKED; k++) {
-        Py_VISIT(self->ring[k].event);
-        Py_VISIT(self->ring[k].keep);
+    for (int k = 0; k < AC_TRACKED; k++) {
+        Py_VISIT(self->event[k]);
+        Py_VISIT(self->keep[k]);
     }
-    return work_maker_traverse(&self->wm, visit, arg);
+    return acpy_work_maker_traverse(&self->wm, visit, arg);
 }
 
 static int GpuLane_clear(GpuLane *self) {
     PyObject **refs[] = GPU_LANE_REFS(self);
     for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
         Py_CLEAR(*refs[k]);
-    for (int k = 0; k < TRACKED; k++) {
-        Py_CLEAR(self->ring[k].event);
-        Py_CLEAR(self->ring[k].keep);
+    for (int k = 0; k < AC_TRACKED; k++) {
+        Py_CLEAR(self->event[k]);
+        Py_CLEAR(self->keep[k]);
     }
-    self->count = 0;
+    self->launch.count = 0;
     self->enabled = 0;
-    work_maker_clear(&self->wm);
+    acpy_work_maker_clear(&self->wm);
     return 0;
 }
 
 static void GpuLane_dealloc(GpuLane *self) {
     PyObject_GC_UnTrack(self);
     GpuLane_clear(self);
-    pthread_mutex_destroy(&self->mu);
+    ac_launcher_destroy(&self->launch);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *GpuLane_new(PyTypeObject *type, PyObject *Py_UNUSED(a), PyObject *Py_UNUSED(k)) {
     GpuLane *self = (GpuLane *)type->tp_alloc(type, 0);
-    if (self != NULL)
-        pthread_mutex_init(&self->mu, NULL);
+    if (self != NULL) {
+        unsigned long long one = 0;
+        ac_launcher_init(&self->launch, 0, 0, 1, &one, 0); /* (a mutex to destroy, whatever __init__ does) */
+    }
     return (PyObject *)self;
 }
 
@@ -118,17 +102,22 @@ static int GpuLane_init(GpuLane *self, PyObject *args, PyObject *Py_UNUSED(kwds)
                           &group_var, &array_type, &cur, &factory, &err, &form, &rank, &PyTuple_Type, &flags, &ctx,
                           &seq, &epoch))
         return -1;
-    if (cuda == NULL) {
+    if (ac_cuda == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "GpuLane: the CUDA driver is not loaded (load_cuda)");
         return -1;
     }
     Py_ssize_t n = PyTuple_GET_SIZE(flags);
-    if (n < 1 || n > MAX_PEERS || rank < 0 || rank >= n || (form != 0 && form != 1)) {
-        PyErr_Format(PyExc_ValueError, "GpuLane: 1 to %d ranks, a rank among them, form 0 or 1", MAX_PEERS);
+    unsigned long long fl[AC_MAX_PEERS];
+    for (Py_ssize_t r = 0; r < n && r < AC_MAX_PEERS; r++)
+        fl[r] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(flags, r));
+    if (PyErr_Occurred())
+        return -1;
+    ac_launcher_destroy(&self->launch);
+    if (ac_launcher_init(&self->launch, form, rank, (int)n, fl, epoch) < 0) {
+        ac_launcher_init(&self->launch, 0, 0, 1, fl, 0);
+        PyErr_Format(PyExc_ValueError, "GpuLane: 1 to %d ranks, a rank among them, form 0 or 1", AC_MAX_PEERS);
         return -1;
     }
-    for (Py_ssize_t r = 0; r < n; r++)
-        self->flags[r] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(flags, r));
     self->err = (volatile unsigned *)PyLong_AsVoidPtr(err);
     self->ctx = PyLong_AsVoidPtr(ctx);
     if (PyErr_Occurred())
@@ -137,7 +126,7 @@ static int GpuLane_init(GpuLane *self, PyObject *args, PyObject *Py_UNUSED(kwds)
         PyErr_SetString(PyExc_ValueError, "GpuLane: no error word");
         return -1;
     }
-    if (work_maker_init(&self->wm, work_type, done_lock, home, thread_id) < 0)
+    if (acpy_work_maker_init(&self->wm, work_type, done_lock, home, thread_id) < 0)
         return -1;
     PyObject *entries = PyDict_New();
     if (entries == NULL)
@@ -148,109 +137,43 @@ static int GpuLane_init(GpuLane *self, PyObject *args, PyObject *Py_UNUSED(kwds)
     Py_XSETREF(self->array_type, Py_NewRef(array_type));
     Py_XSETREF(self->current_stream, Py_NewRef(cur));
     Py_XSETREF(self->event_factory, Py_NewRef(factory));
-    self->form = form;
-    self->rank = rank;
-    self->nranks = (int)n;
-    self->own_flag = self->flags[rank];
     self->seq = seq;
-    self->epoch = epoch;
     self->enabled = 0; /* the owner switches it on once no op queued before it is still waiting */
     return 0;
 }
 
 /* -- running a plan ------------------------------------------------------------------------------------ */
-typedef struct {
-    cu_result rc;
-    const char *call;
-} driver_error;
-
-/* Under the mutex, without the GIL: the op's pieces on `stream`, then its event (ev non-NULL). */
-static driver_error launch_locked(GpuLane *s, GpuPlan *p, cu_handle stream, cu_handle ev, long long seq, int kind,
-                                  double timeout) {
-    driver_error de = {CU_SUCCESS, NULL};
-    if (s->closed) { /* the device path is being freed: nothing may reach its memory any more */
-        de.rc = LANE_CLOSED;
-        de.call = "the GPU lane (closed)";
-        return de;
-    }
-#define CALL(name, expr) do { if ((de.rc = (expr)) != CU_SUCCESS) { de.call = name; return de; } } while (0)
-    /* a communicator's ops run one after the other on the GPU whatever streams they are issued on: this one
-     * waits for the last one's event (never for its stream, which its owner may have destroyed since) */
-    if (ev != NULL && s->last_ev != NULL && s->last_stream != stream)
-        CALL("cuStreamWaitEvent", cuda->stream_wait_event(stream, s->last_ev, 0));
-    for (int k = 0; k < p->npieces; k++) {
-        unsigned e = s->epoch + 1;
-        __atomic_store_n(&s->epoch, e, __ATOMIC_RELEASE);
-        recent_op *r = &s->recent[e % RECENT]; /* its epoch last: a reader checks it before and after */
-        __atomic_store_n(&r->epoch, 0u, __ATOMIC_RELEASE);
-        __atomic_store_n(&r->kind, kind, __ATOMIC_RELAXED);
-        __atomic_store_n(&r->seq, seq, __ATOMIC_RELAXED);
-        __atomic_store_n(&r->timeout_us, (long long)((timeout < 1e9 ? timeout : 1e9) * 1e6), __ATOMIC_RELAXED);
-        __atomic_store_n(&r->epoch, e, __ATOMIC_RELEASE);
-        if (!p->stream_form) { /* the kernel derives its epoch from its own flag (a CUDA graph replays it) */
-            launch *l = &p->l[k];
-            CALL("cuLaunchKernel", cuda->launch(l->fn, l->grid, 1, 1, l->threads, 1, 1, 0, stream, l->params, NULL));
-            continue;
-        }
-        launch *pub = &p->l[2 * k], *con = &p->l[2 * k + 1];
-        pub->slots[pub->epoch_at] = e;
-        con->slots[con->epoch_at] = e;
-        CALL("cuLaunchKernel", cuda->launch(pub->fn, pub->grid, 1, 1, pub->threads, 1, 1, 0, stream, pub->params, NULL));
-        CALL("cuStreamWriteValue32", cuda->write32(stream, s->own_flag, e, 0));
-        for (int peer = 0; peer < s->nranks; peer++)
-            if (peer != s->rank)
-                CALL("cuStreamWaitValue32", cuda->wait32(stream, s->flags[peer], e, CU_WAIT_GEQ));
-        CALL("cuLaunchKernel", cuda->launch(con->fn, con->grid, 1, 1, con->threads, 1, 1, 0, stream, con->params, NULL));
-    }
-    if (ev != NULL) {
-        CALL("cuEventRecord", cuda->event_record(ev, stream));
-        s->last_ev = ev; /* (the ring holds its event until the ring comes round to it again) */
-        s->last_stream = stream;
-    }
-#undef CALL
-    return de;
-}
-
-static void set_driver_error(driver_error de) {
-    char buf[32];
-    if (de.rc == LANE_CLOSED) {
-        PyErr_SetString(PyExc_RuntimeError, "GPU ops on this communicator are closed (its device path is freed)");
-        return;
-    }
-    PyErr_Format(PyExc_RuntimeError, "%s failed: %s", de.call, cuda_error_name(de.rc, buf, sizeof buf));
+static void set_driver_error(ac_driver_error de) {
+    char buf[160];
+    PyErr_SetString(PyExc_RuntimeError, ac_driver_error_text(de, buf, sizeof buf));
 }
 
 /* forget the oldest ops whose events completed (their buffers with them); how many remain */
 static int drop_done(GpuLane *s) {
-    while (s->count > 0) {
-        tracked *t = &s->ring[(s->head - s->count + TRACKED) % TRACKED];
-        if (t->state == SLOT_RESERVED || (t->state == SLOT_LAUNCHED && cuda->event_query(t->handle) == CU_NOT_READY))
-            break;
-        Py_CLEAR(t->keep); /* (any other answer: the event will never say more; the op is over for the ring) */
-        s->count--;
-    }
-    return s->count;
+    int slot;
+    while ((slot = ac_launcher_retire(&s->launch)) >= 0)
+        Py_CLEAR(s->keep[slot]);
+    return s->launch.count;
 }
 
 /* The slot the next op is tracked in, with an event for it, taken (the oldest op is waited for when every
  * slot is in use). With the GIL: two threads never take one slot. */
-static tracked *reserve(GpuLane *s, PyObject *keep) {
-    if (s->count >= TRACKED / 2 && s->head % 32 == 0) /* a look every 32 ops keeps the ring half empty */
+static int reserve(GpuLane *s, PyObject *keep) {
+    ac_launcher *l = &s->launch;
+    if (l->count >= AC_TRACKED / 2 && l->head % 32 == 0) /* a look every 32 ops keeps the ring half empty */
         drop_done(s);
-    while (s->count == TRACKED) { /* the budget: the oldest must end first (its deadline bounds the wait) */
-        tracked *old = &s->ring[(s->head - s->count + TRACKED) % TRACKED];
-        cu_handle h = old->handle;
-        int launched = old->state == SLOT_LAUNCHED;
+    int slot;
+    while ((slot = ac_launcher_reserve(l)) < 0) { /* the budget: the oldest must end first (its deadline bounds
+                                                    * the wait) */
+        ac_tracked *old = ac_launcher_oldest(l);
+        cu_handle h = old->event;
+        int launched = old->state == AC_SLOT_LAUNCHED;
         Py_BEGIN_ALLOW_THREADS
-        if (launched)
-            cuda->event_sync(h);
-        else /* another thread is launching it: its slot is its own until it says how that went */
-            sched_yield();
+        ac_launcher_wait(h, launched);
         Py_END_ALLOW_THREADS
         drop_done(s);
     }
-    tracked *t = &s->ring[s->head];
-    if (t->event == NULL || Py_REFCNT(t->event) > 1) { /* someone holds the old event: a new one */
+    if (s->event[slot] == NULL || Py_REFCNT(s->event[slot]) > 1) { /* someone holds the old event: a new one */
         PyObject *ev = PyObject_CallNoArgs(s->event_factory);
         PyObject *ptr = ev ? PyObject_GetAttr(ev, s_ptr) : NULL;
         cu_handle h = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
@@ -259,46 +182,36 @@ static tracked *reserve(GpuLane *s, PyObject *keep) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_RuntimeError, "the event factory made an event without a handle");
             Py_XDECREF(ev);
-            return NULL;
+            ac_launcher_unreserve(l, slot);
+            return -1;
         }
-        Py_XSETREF(t->event, ev);
-        t->handle = h;
+        Py_XSETREF(s->event[slot], ev);
+        l->ring[slot].event = h;
     }
-    t->state = SLOT_RESERVED;
-    Py_XSETREF(t->keep, Py_NewRef(keep));
-    s->head = (s->head + 1) % TRACKED;
-    s->count++;
-    return t;
+    Py_XSETREF(s->keep[slot], Py_NewRef(keep));
+    return slot;
 }
 
 /* The op on the GPU: its event (a new reference), or Py_None when not tracked (a CUDA graph's capture). */
 static PyObject *enqueue(GpuLane *s, GpuPlan *p, cu_handle stream, long long seq, int kind, double timeout,
                          PyObject *keep, int track) {
-    tracked *t = NULL;
-    if (track && (t = reserve(s, keep)) == NULL)
+    int slot = -1;
+    if (track && (slot = reserve(s, keep)) < 0)
         return NULL;
-    cu_handle ev = t ? t->handle : NULL;
-    driver_error de;
+    cu_handle ev = slot >= 0 ? s->launch.ring[slot].event : NULL;
+    ac_driver_error de;
     unsigned epoch;
     Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&s->mu);
-    de = launch_locked(s, p, stream, ev, seq, kind, timeout);
-    epoch = s->epoch;
-    pthread_mutex_unlock(&s->mu);
+    de = ac_launcher_launch(&s->launch, &p->p, stream, ev, seq, kind, timeout, &epoch);
     Py_END_ALLOW_THREADS
-    if (t != NULL) {
-        t->state = de.rc == CU_SUCCESS ? SLOT_LAUNCHED : SLOT_FAILED;
-        t->seq = seq;
-        t->kind = kind;
-        t->timeout = timeout;
-        t->deadline = work_monotonic() + timeout + 1.0;
-        t->epoch = epoch;
-    }
+    if (slot >= 0)
+        ac_launcher_track(&s->launch, slot, de.rc == CU_SUCCESS, seq, kind, timeout,
+                          acpy_work_monotonic() + timeout + 1.0, epoch);
     if (de.rc != CU_SUCCESS) {
         set_driver_error(de);
         return NULL;
     }
-    return t ? Py_NewRef(t->event) : Py_NewRef(Py_None);
+    return slot >= 0 ? Py_NewRef(s->event[slot]) : Py_NewRef(Py_None);
 }
 
 /* enqueue(plan, stream, seq, kind, timeout, keep, track): the general way's launch (device_path.py) */
@@ -307,7 +220,7 @@ static PyObject *GpuLane_enqueue(GpuLane *self, PyObject *args) {
     long long seq;
     int kind, track;
     double timeout;
-    if (!PyArg_ParseTuple(args, "O!OLidOp", &GpuPlanType, &plan, &stream, &seq, &kind, &timeout, &keep, &track))
+    if (!PyArg_ParseTuple(args, "O!OLidOp", &acpy_GpuPlanType, &plan, &stream, &seq, &kind, &timeout, &keep, &track))
         return NULL;
     cu_handle h = PyLong_AsVoidPtr(stream);
     if (PyErr_Occurred())
@@ -367,7 +280,7 @@ static PyObject *GpuLane_learn(GpuLane *self, PyObject *const *args, Py_ssize_t 
     long gives = e != NULL && PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 6 && PyLong_Check(PyTuple_GET_ITEM(e, 5))
                      ? PyLong_AsLong(PyTuple_GET_ITEM(e, 5)) : -1;
     if (e == NULL || !PyTuple_Check(args[0]) || gives < 0 || gives > 2 ||
-        !PyObject_TypeCheck(PyTuple_GET_ITEM(e, 0), &GpuPlanType) || !PyLong_Check(PyTuple_GET_ITEM(e, 3)) ||
+        !PyObject_TypeCheck(PyTuple_GET_ITEM(e, 0), &acpy_GpuPlanType) || !PyLong_Check(PyTuple_GET_ITEM(e, 3)) ||
         !PyFloat_Check(PyTuple_GET_ITEM(e, 4))) {
         PyErr_Clear();
         PyErr_SetString(PyExc_TypeError, "learn(key, (plan, name, desc, kind: int, timeout: float, gives: 0 x, "
@@ -387,11 +300,11 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     if (!self->enabled || nargs != 5 || Py_TYPE(args[1]) != (PyTypeObject *)self->array_type ||
         (args[2] != Py_None && Py_TYPE(args[2]) != (PyTypeObject *)self->array_type) || self->err[0] != 0)
         Py_RETURN_NONE;
-    double t0 = work_monotonic();
+    double t0 = acpy_work_monotonic();
     cu_handle ctx = NULL;
-    if (cuda->ctx_current(&ctx) != CU_SUCCESS || ctx != self->ctx) /* another device's, or none yet */
+    if (ac_cuda->ctx_current(&ctx) != CU_SUCCESS || ctx != self->ctx) /* another device's, or none yet */
         Py_RETURN_NONE;
-    int open = work_comm_open(NULL, self->group_var, 0); /* (closing, shrinking, a lost rank: the owner
+    int open = acpy_work_comm_open(NULL, self->group_var, 0); /* (closing, shrinking, a lost rank: the owner
                                                              * switches the lane off) */
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
@@ -408,7 +321,7 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     if (entry == NULL || PyErr_Occurred())
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
     int capturing = 0; /* (the legacy default stream, handle 0, cannot capture) */
-    if (h != NULL && (cuda->stream_is_capturing(h, &capturing) != CU_SUCCESS || capturing)) /* a graph */
+    if (h != NULL && (ac_cuda->stream_is_capturing(h, &capturing) != CU_SUCCESS || capturing)) /* a graph */
         Py_RETURN_NONE;
     Py_INCREF(entry); /* (a learn() from another thread may replace it while the GIL is released) */
     PyObject *plan = PyTuple_GET_ITEM(entry, 0), *name = PyTuple_GET_ITEM(entry, 1), *desc = PyTuple_GET_ITEM(entry, 2);
@@ -420,16 +333,16 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     PyObject *keep = PyTuple_Pack(2, args[1], args[2]);
     PyObject *ev = keep ? enqueue(self, (GpuPlan *)plan, h, seq, kind, timeout, keep, 1) : NULL;
     Py_XDECREF(keep);
-    if (ev == NULL && self->closed) { /* closed meanwhile: the general way says so, in aioccl's words */
+    if (ev == NULL && ac_launcher_closed(&self->launch)) { /* closed meanwhile: the general way says so, in aioccl's words */
         PyErr_Clear();
         Py_DECREF(entry);
         Py_RETURN_NONE;
     }
-    PyObject *w = ev ? work_born_done(&self->wm, name, seq, result, desc, t0) : NULL;
+    PyObject *w = ev ? acpy_work_born_done(&self->wm, name, seq, result, desc, t0) : NULL;
     if (w != NULL) {
         self->ran++;
-        work_set(&self->wm, w, WORK_SLOT_EVENT, Py_NewRef(ev));
-        if (work_record(self->record, name, seq, desc, t0) < 0)
+        acpy_work_set(&self->wm, w, ACPY_WORK_SLOT_EVENT, Py_NewRef(ev));
+        if (acpy_work_record(self->record, name, seq, desc, t0) < 0)
             Py_CLEAR(w);
     }
     Py_XDECREF(ev);
@@ -442,8 +355,8 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
 static PyObject *GpuLane_oldest(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
     if (drop_done(self) == 0)
         Py_RETURN_NONE;
-    tracked *t = &self->ring[(self->head - self->count + TRACKED) % TRACKED];
-    if (t->state == SLOT_RESERVED) /* being launched by another thread: not late yet */
+    ac_tracked *t = ac_launcher_oldest(&self->launch);
+    if (t->state == AC_SLOT_RESERVED) /* being launched by another thread: not late yet */
         Py_RETURN_NONE;
     return Py_BuildValue("(LiIdd)", t->seq, t->kind, t->epoch, t->deadline, t->timeout);
 }
@@ -454,14 +367,12 @@ static PyObject *GpuLane_recent(GpuLane *self, PyObject *arg) {
     if (PyErr_Occurred())
         return NULL;
     /* without the mutex: a thread holding the GIL never waits for one that may be waiting for the GIL */
-    recent_op *at = &self->recent[e % RECENT], r;
-    r.epoch = __atomic_load_n(&at->epoch, __ATOMIC_ACQUIRE);
-    r.kind = __atomic_load_n(&at->kind, __ATOMIC_RELAXED);
-    r.seq = __atomic_load_n(&at->seq, __ATOMIC_RELAXED);
-    r.timeout_us = __atomic_load_n(&at->timeout_us, __ATOMIC_RELAXED);
-    if (r.epoch != (unsigned)e || r.epoch == 0 || __atomic_load_n(&at->epoch, __ATOMIC_ACQUIRE) != r.epoch)
+    long long seq;
+    int kind;
+    double timeout;
+    if (!ac_launcher_recent(&self->launch, (unsigned)e, &seq, &kind, &timeout))
         Py_RETURN_NONE;
-    return Py_BuildValue("(Lid)", r.seq, r.kind, (double)r.timeout_us / 1e6);
+    return Py_BuildValue("(Lid)", seq, kind, timeout);
 }
 
 static PyObject *GpuLane_take(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
@@ -473,9 +384,7 @@ static PyObject *GpuLane_take(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
 static PyObject *GpuLane_close(GpuLane *self, PyObject *Py_UNUSED(ignored)) {
     self->enabled = 0;
     Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&self->mu);
-    self->closed = 1;
-    pthread_mutex_unlock(&self->mu);
+    ac_launcher_close(&self->launch);
     Py_END_ALLOW_THREADS
     self->closed_err[0] = 3; /* ERR_ABORT: run() sends every call the general way */
     self->err = self->closed_err;
@@ -487,17 +396,19 @@ static int GpuLane_set_enabled(GpuLane *self, PyObject *v, void *Py_UNUSED(c)) {
     int on = v ? PyObject_IsTrue(v) : 0;
     if (on < 0)
         return -1;
-    self->enabled = on && self->entries != NULL && !self->closed;
+    self->enabled = on && self->entries != NULL && !ac_launcher_closed(&self->launch);
     return 0;
 }
 static PyObject *GpuLane_get_epoch(GpuLane *self, void *Py_UNUSED(c)) {
-    return PyLong_FromUnsignedLong(__atomic_load_n(&self->epoch, __ATOMIC_ACQUIRE));
+    return PyLong_FromUnsignedLong(ac_launcher_epoch(&self->launch));
 }
 static PyObject *GpuLane_get_seq(GpuLane *self, void *Py_UNUSED(c)) {
     return PyLong_FromLongLong(__atomic_load_n(&self->seq, __ATOMIC_RELAXED));
 }
 static PyObject *GpuLane_get_ran(GpuLane *self, void *Py_UNUSED(c)) { return PyLong_FromLongLong(self->ran); }
-static PyObject *GpuLane_get_tracked(GpuLane *self, void *Py_UNUSED(c)) { return PyLong_FromLong(self->count); }
+static PyObject *GpuLane_get_tracked(GpuLane *self, void *Py_UNUSED(c)) {
+    return PyLong_FromLong(self->launch.count);
+}
 
 static PyMethodDef GpuLane_methods[] = {
     {"run", (PyCFunction)(void (*)(void))GpuLane_run, METH_FASTCALL,
@@ -524,7 +435,7 @@ static PyGetSetDef GpuLane_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-PyTypeObject GpuLaneType = {
+PyTypeObject acpy_GpuLaneType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "aioccl.native._core.GpuLane",
     .tp_basicsize = sizeof(GpuLane),
@@ -539,7 +450,7 @@ PyTypeObject GpuLaneType = {
     .tp_getset = GpuLane_getset,
 };
 
-PyObject *gpu_load_cuda(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+PyObject *acpy_gpu_load_cuda(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
     const char *path = NULL;
     if (nargs > 1 || (nargs == 1 && args[0] != Py_None && !PyUnicode_Check(args[0]))) {
         PyErr_SetString(PyExc_TypeError, "load_cuda([path])");
@@ -550,7 +461,7 @@ PyObject *gpu_load_cuda(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     char why[512];
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = cuda_load(path, why, sizeof why);
+    rc = ac_cuda_load(path, why, sizeof why);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         PyErr_SetString(PyExc_OSError, why);
@@ -559,7 +470,7 @@ PyObject *gpu_load_cuda(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     Py_RETURN_NONE;
 }
 
-int gpu_lane_ready(PyObject *m) {
+int acpy_gpu_lane_ready(PyObject *m) {
     struct { PyObject **at; const char *s; } names[] = {
         {&s_data, "data"}, {&s_ptr, "ptr"}, {&s_strides, "strides"}, {&s_size, "size"}, {&s_dtype, "dtype"},
         {&s_num, "num"},
@@ -567,10 +478,10 @@ int gpu_lane_ready(PyObject *m) {
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if ((*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
             return -1;
-    if (PyType_Ready(&GpuPlanType) < 0 || PyType_Ready(&GpuLaneType) < 0)
+    if (PyType_Ready(&acpy_GpuPlanType) < 0 || PyType_Ready(&acpy_GpuLaneType) < 0)
         return -1;
-    if (PyModule_AddObjectRef(m, "GpuPlan", (PyObject *)&GpuPlanType) < 0 ||
-        PyModule_AddObjectRef(m, "GpuLane", (PyObject *)&GpuLaneType) < 0)
+    if (PyModule_AddObjectRef(m, "GpuPlan", (PyObject *)&acpy_GpuPlanType) < 0 ||
+        PyModule_AddObjectRef(m, "GpuLane", (PyObject *)&acpy_GpuLaneType) < 0)
         return -1;
     return 0;
 }

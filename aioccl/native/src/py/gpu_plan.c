@@ -5,12 +5,12 @@
 
 #include <string.h>
 
-static int parse_launch(PyObject *spec, launch *out) {
+static int parse_launch(PyObject *spec, ac_launch *out) {
     PyObject *fn;
     Py_buffer args;
     if (!PyArg_ParseTuple(spec, "OIIy*i", &fn, &out->grid, &out->threads, &args, &out->epoch_at))
         return -1;
-    int ok = args.len % 8 == 0 && args.len / 8 <= MAX_ARGS && out->grid > 0 && out->threads > 0;
+    int ok = args.len % 8 == 0 && args.len / 8 <= AC_MAX_ARGS && out->grid > 0 && out->threads > 0;
     out->nargs = (int)(args.len / 8);
     ok = ok && out->epoch_at >= 0 && out->epoch_at < out->nargs;
     if (ok) {
@@ -46,10 +46,10 @@ static PyObject *GpuPlan_new(PyTypeObject *type, PyObject *args, PyObject *Py_UN
     GpuPlan *self = (GpuPlan *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    self->npieces = (int)n;
-    self->stream_form = per == 2;
-    self->l = PyMem_Calloc((size_t)(n * per), sizeof(launch));
-    if (self->l == NULL) {
+    self->p.npieces = (int)n;
+    self->p.stream_form = per == 2;
+    self->p.l = PyMem_Calloc((size_t)(n * per), sizeof(ac_launch));
+    if (self->p.l == NULL) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
@@ -61,7 +61,7 @@ static PyObject *GpuPlan_new(PyTypeObject *type, PyObject *args, PyObject *Py_UN
             return NULL;
         }
         for (Py_ssize_t j = 0; j < per; j++)
-            if (parse_launch(PyTuple_GET_ITEM(piece, j), &self->l[k * per + j]) < 0) {
+            if (parse_launch(PyTuple_GET_ITEM(piece, j), &self->p.l[k * per + j]) < 0) {
                 Py_DECREF(self);
                 return NULL;
             }
@@ -70,18 +70,18 @@ static PyObject *GpuPlan_new(PyTypeObject *type, PyObject *args, PyObject *Py_UN
 }
 
 static void GpuPlan_dealloc(GpuPlan *self) {
-    PyMem_Free(self->l);
+    PyMem_Free(self->p.l);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *GpuPlan_get_pieces(GpuPlan *self, void *Py_UNUSED(c)) { return PyLong_FromLong(self->npieces); }
+static PyObject *GpuPlan_get_pieces(GpuPlan *self, void *Py_UNUSED(c)) { return PyLong_FromLong(self->p.npieces); }
 
 static PyGetSetDef GpuPlan_getset[] = {
     {"pieces", (getter)GpuPlan_get_pieces, NULL, "how many pieces (epochs) the op takes", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-PyTypeObject GpuPlanType = {
+PyTypeObject acpy_GpuPlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "aioccl.native._core.GpuPlan",
     .tp_basicsize = sizeof(GpuPlan),

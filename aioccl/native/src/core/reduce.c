@@ -8,10 +8,10 @@
 
 size_t ac_itemsize(int dtype) {
     switch (dtype) {
-    case DT_I8: case DT_U8: return 1;
-    case DT_F16: case DT_BF16: return 2;
-    case DT_I32: case DT_U32: case DT_F32: return 4;
-    case DT_I64: case DT_U64: case DT_F64: return 8;
+    case AC_DT_I8: case AC_DT_U8: return 1;
+    case AC_DT_F16: case AC_DT_BF16: return 2;
+    case AC_DT_I32: case AC_DT_U32: case AC_DT_F32: return 4;
+    case AC_DT_I64: case AC_DT_U64: case AC_DT_F64: return 8;
     default: return 0;
     }
 }
@@ -154,17 +154,17 @@ HALF_LOOPS(bf16, ac_bf16_to_f32, ac_f32_to_bf16, isnan(fx) || fx < fy, isnan(fx)
 
 typedef void (*loop_fn)(void *, const void *, const void *, size_t);
 #define ROW(N) { N##_sum, N##_prod, N##_min, N##_max }
-static const loop_fn LOOPS[DT_LAST + 1][4] = {
-    [DT_I8] = ROW(i8),   [DT_U8] = ROW(u8),     [DT_I32] = ROW(i32), [DT_U32] = ROW(u32),
-    [DT_I64] = ROW(i64), [DT_U64] = ROW(u64),   [DT_F16] = ROW(f16), [DT_BF16] = ROW(bf16),
-    [DT_F32] = ROW(f32), [DT_F64] = ROW(f64),
+static const loop_fn LOOPS[AC_DT_LAST + 1][4] = {
+    [AC_DT_I8] = ROW(i8),   [AC_DT_U8] = ROW(u8),     [AC_DT_I32] = ROW(i32), [AC_DT_U32] = ROW(u32),
+    [AC_DT_I64] = ROW(i64), [AC_DT_U64] = ROW(u64),   [AC_DT_F16] = ROW(f16), [AC_DT_BF16] = ROW(bf16),
+    [AC_DT_F32] = ROW(f32), [AC_DT_F64] = ROW(f64),
 };
 
 int ac_combine(int op, int dtype, void *dst, const void *a, const void *b, size_t n) {
-    if (dtype < 1 || dtype > DT_LAST || op < 1 || op > OP_LAST)
+    if (dtype < 1 || dtype > AC_DT_LAST || op < 1 || op > AC_OP_LAST)
         return -1;
-    int k = op == OP_AVG ? 0 : op - 1;  /* AVG sums, and divides once at the end */
-    if (op == OP_AVG && dtype != DT_F16 && dtype != DT_BF16 && dtype != DT_F32 && dtype != DT_F64)
+    int k = op == AC_OP_AVG ? 0 : op - 1;  /* AVG sums, and divides once at the end */
+    if (op == AC_OP_AVG && dtype != AC_DT_F16 && dtype != AC_DT_BF16 && dtype != AC_DT_F32 && dtype != AC_DT_F64)
         return -1;
     LOOPS[dtype][k](dst, a, b, n);
     return 0;
@@ -172,23 +172,23 @@ int ac_combine(int op, int dtype, void *dst, const void *a, const void *b, size_
 
 int ac_scale(int dtype, void *buf, size_t n, int64_t divisor) {
     switch (dtype) {
-    case DT_F16: {
+    case AC_DT_F16: {
         float by = (float)divisor;
         for (size_t i = 0; i < n; i++) ST(uint16_t, buf, i, ac_f32_to_f16(ac_f16_to_f32(LD(uint16_t, buf, i)) / by));
         return 0;
     }
-    case DT_BF16: {
+    case AC_DT_BF16: {
         float by = ac_bf16_to_f32(ac_f32_to_bf16((float)divisor));  /* ml_dtypes divides by a bfloat16 */
         for (size_t i = 0; i < n; i++)
             ST(uint16_t, buf, i, ac_f32_to_bf16(ac_bf16_to_f32(LD(uint16_t, buf, i)) / by));
         return 0;
     }
-    case DT_F32: {
+    case AC_DT_F32: {
         float by = (float)divisor;
         for (size_t i = 0; i < n; i++) ST(float, buf, i, LD(float, buf, i) / by);
         return 0;
     }
-    case DT_F64: {
+    case AC_DT_F64: {
         double by = (double)divisor;
         for (size_t i = 0; i < n; i++) ST(double, buf, i, LD(double, buf, i) / by);
         return 0;

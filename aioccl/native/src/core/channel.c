@@ -386,7 +386,7 @@ static int advance(ac_chan *ch, int64_t until) {
         for (int64_t r = 0; r < nreads; r++)
             q += 2 + 5 * q[1] + 3;
         int64_t nscale = q[0];
-        if (ch->redop == OP_AVG)
+        if (ch->redop == AC_OP_AVG)
             for (int64_t k = 0; k < nscale; k++) {
                 const int64_t *reg = q + 1 + 3 * k;
                 ac_scale(ch->dtype, ch->buf[reg[0]] + (size_t)reg[1] * item, (size_t)(reg[2] - reg[1]),

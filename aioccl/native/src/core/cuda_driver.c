@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-const cuda_driver *cuda;
-static cuda_driver table;
+const ac_cuda_driver *ac_cuda;
+static ac_cuda_driver table;
 
 /* the versioned name first: the unversioned stream memory operations are the CUDA 11 forms */
 static void *find(void *lib, const char *name, const char *versioned) {
@@ -14,7 +14,7 @@ static void *find(void *lib, const char *name, const char *versioned) {
     return f ? f : dlsym(lib, name);
 }
 
-int cuda_load(const char *path, char *why, size_t why_len) {
+int ac_cuda_load(const char *path, char *why, size_t why_len) {
     const char *lib_name = path ? path : "libcuda.so.1";
     void *lib = dlopen(lib_name, RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) {
@@ -36,7 +36,7 @@ int cuda_load(const char *path, char *why, size_t why_len) {
         {(void **)&table.ctx_current, "cuCtxGetCurrent", NULL},
         {(void **)&table.error_name, "cuGetErrorName", NULL},
     };
-    cuda_driver got;
+    ac_cuda_driver got;
     memset(&got, 0, sizeof got);
     for (size_t k = 0; k < sizeof calls / sizeof calls[0]; k++) {
         void *f = find(lib, calls[k].name, calls[k].versioned);
@@ -48,13 +48,13 @@ int cuda_load(const char *path, char *why, size_t why_len) {
         *(void **)((char *)&got + ((char *)calls[k].slot - (char *)&table)) = f;
     }
     table = got; /* the old library stays loaded: a lane made before may still hold its functions */
-    cuda = &table;
+    ac_cuda = &table;
     return 0;
 }
 
-const char *cuda_error_name(cu_result rc, char *buf, size_t len) {
+const char *ac_cuda_error_name(cu_result rc, char *buf, size_t len) {
     const char *name = NULL;
-    if (cuda != NULL && cuda->error_name(rc, &name) == CU_SUCCESS && name != NULL)
+    if (ac_cuda != NULL && ac_cuda->error_name(rc, &name) == CU_SUCCESS && name != NULL)
         return name;
     snprintf(buf, len, "CUresult %d", rc);
     return buf;

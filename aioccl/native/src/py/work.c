@@ -4,19 +4,27 @@
 #include <structmember.h> /* PyMemberDescrObject: the slots' offsets */
 #include <time.h>
 
-static const char *const SLOTS[WORK_N_SLOTS] = {
+static const char *const SLOTS[ACPY_WORK_N_SLOTS] = {
     "op", "seq", "_lock", "_state", "_result", "_exc", "_callbacks", "_event", "_cancellable", "_on_cancel",
     "_engine_thread", "_t0", "_desc", "_probe", "event", "_next_warn", "_retrieved", "status", "_withdraw", "_home",
 };
 enum { WORK_DONE = 2 };
 
-int work_maker_init(WorkMaker *m, PyObject *type, PyObject *done_lock, PyObject *home, unsigned long thread_id) {
+int acpy_work_maker_init(acpy_work_maker *m, PyObject *type, PyObject *done_lock, PyObject *home, unsigned long thread_id) {
     if (!PyType_Check(type)) {
         PyErr_SetString(PyExc_TypeError, "the Work type must be a class");
         return -1;
     }
     PyObject *dict = ((PyTypeObject *)type)->tp_dict;
-    for (int k = 0; k < WORK_N_SLOTS; k++) {
+    /* the same slots as work.py's Work, no more: one it adds that this file does not set is refused here,
+     * when a lane is made, not left unset in every Work born done */
+    PyObject *declared = PyDict_GetItemString(dict, "__slots__");
+    if (declared == NULL || !PyTuple_Check(declared) || PyTuple_GET_SIZE(declared) != ACPY_WORK_N_SLOTS) {
+        PyErr_Format(PyExc_TypeError, "Work's __slots__ must be a tuple of the %d slots the native core sets",
+                     ACPY_WORK_N_SLOTS);
+        return -1;
+    }
+    for (int k = 0; k < ACPY_WORK_N_SLOTS; k++) {
         PyObject *d = PyDict_GetItemString(dict, SLOTS[k]);
         if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) {
             PyErr_Format(PyExc_TypeError, "Work has no slot %s", SLOTS[k]);
@@ -34,7 +42,7 @@ int work_maker_init(WorkMaker *m, PyObject *type, PyObject *done_lock, PyObject 
     return 0;
 }
 
-int work_maker_traverse(WorkMaker *m, visitproc visit, void *arg) {
+int acpy_work_maker_traverse(acpy_work_maker *m, visitproc visit, void *arg) {
     Py_VISIT(m->type);
     Py_VISIT(m->done_lock);
     Py_VISIT(m->home);
@@ -42,19 +50,19 @@ int work_maker_traverse(WorkMaker *m, visitproc visit, void *arg) {
     return 0;
 }
 
-void work_maker_clear(WorkMaker *m) {
+void acpy_work_maker_clear(acpy_work_maker *m) {
     Py_CLEAR(m->type);
     Py_CLEAR(m->done_lock);
     Py_CLEAR(m->home);
     Py_CLEAR(m->engine_thread);
 }
 
-void work_set(const WorkMaker *m, PyObject *w, int slot, PyObject *v) {
+void acpy_work_set(const acpy_work_maker *m, PyObject *w, int slot, PyObject *v) {
     PyObject **at = (PyObject **)((char *)w + m->off[slot]);
     Py_XSETREF(*at, v);
 }
 
-PyObject *work_born_done(const WorkMaker *m, PyObject *name, long long seq, PyObject *result, PyObject *desc,
+PyObject *acpy_work_born_done(const acpy_work_maker *m, PyObject *name, long long seq, PyObject *result, PyObject *desc,
                          double t0) {
     if (m->type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the Work maker is not set up");
@@ -64,7 +72,7 @@ PyObject *work_born_done(const WorkMaker *m, PyObject *name, long long seq, PyOb
     PyObject *w = t->tp_alloc(t, 0);
     if (w == NULL)
         return NULL;
-    PyObject *vals[WORK_N_SLOTS] = {
+    PyObject *vals[ACPY_WORK_N_SLOTS] = {
         Py_NewRef(name), PyLong_FromLongLong(seq), Py_NewRef(m->done_lock), PyLong_FromLong(WORK_DONE),
         Py_NewRef(result), Py_NewRef(Py_None), PyList_New(0), Py_NewRef(Py_None), Py_NewRef(Py_False),
         Py_NewRef(Py_None), Py_NewRef(m->engine_thread), PyFloat_FromDouble(t0), Py_NewRef(desc),
@@ -72,9 +80,9 @@ PyObject *work_born_done(const WorkMaker *m, PyObject *name, long long seq, PyOb
         Py_NewRef(Py_False), Py_NewRef(m->home),
     };
     int ok = 1;
-    for (int k = 0; k < WORK_N_SLOTS; k++) {
+    for (int k = 0; k < ACPY_WORK_N_SLOTS; k++) {
         ok &= vals[k] != NULL;
-        work_set(m, w, k, vals[k]);
+        acpy_work_set(m, w, k, vals[k]);
     }
     if (!ok) {
         Py_DECREF(w);
@@ -83,21 +91,21 @@ PyObject *work_born_done(const WorkMaker *m, PyObject *name, long long seq, PyOb
     return w;
 }
 
-int work_record(PyObject *record, PyObject *name, long long seq, PyObject *desc, double t0) {
-    PyObject *entry = Py_BuildValue("(OLOOd)", name, seq, desc, Py_None, work_monotonic() - t0);
+int acpy_work_record(PyObject *record, PyObject *name, long long seq, PyObject *desc, double t0) {
+    PyObject *entry = Py_BuildValue("(OLOOd)", name, seq, desc, Py_None, acpy_work_monotonic() - t0);
     PyObject *r = entry ? PyObject_CallOneArg(record, entry) : NULL;
     Py_XDECREF(entry);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
 }
 
-double work_monotonic(void) {
+double acpy_work_monotonic(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int work_attr_is(PyObject *obj, PyObject *name, PyObject *value) {
+int acpy_work_attr_is(PyObject *obj, PyObject *name, PyObject *value) {
     PyObject *v = PyObject_GetAttr(obj, name);
     if (v == NULL) {
         PyErr_Clear();
@@ -108,13 +116,13 @@ int work_attr_is(PyObject *obj, PyObject *name, PyObject *value) {
     return same;
 }
 
-int work_comm_open(PyObject *comm, PyObject *group_var, int lost_ok) {
+int acpy_work_comm_open(PyObject *comm, PyObject *group_var, int lost_ok) {
     static PyObject *s_member_lost, *s_closed; /* interned once (the GIL is held) */
     if (s_closed == NULL && ((s_member_lost = PyUnicode_InternFromString("_member_lost")) == NULL ||
                              (s_closed = PyUnicode_InternFromString("_closed")) == NULL))
         return -1;
-    if (comm != NULL && ((!lost_ok && !work_attr_is(comm, s_member_lost, Py_None)) ||
-                         !work_attr_is(comm, s_closed, Py_None)))
+    if (comm != NULL && ((!lost_ok && !acpy_work_attr_is(comm, s_member_lost, Py_None)) ||
+                         !acpy_work_attr_is(comm, s_closed, Py_None)))
         return 0;
     PyObject *group = NULL;
     if (PyContextVar_Get(group_var, Py_None, &group) < 0)

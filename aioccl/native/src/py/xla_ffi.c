@@ -21,9 +21,9 @@
 
 #include "xla/ffi/api/c_api.h"
 
-#include "channel.h"
-#include "fastpath.h"
-#include "reduce.h"
+#include "core/channel.h"
+#include "fast_lane.h"
+#include "core/reduce.h"
 #include "xla_ffi.h"
 
 enum { SITES_MAX = 4096, VARIANTS = 2, MAX_OPERANDS = 8, ON_IN = 0, ON_OUT = 1, ON_NONE = 2 };
@@ -35,11 +35,12 @@ enum { CARRY_TRIES = 64 }; /* calls of a carried op's fallback before its untagg
  * that runs it (0.12's headers say 0.5; jax 0.11 runs 0.4). */
 #define FFI_MINOR (XLA_FFI_API_MINOR < 3 ? XLA_FFI_API_MINOR : 3)
 
-static const char *const KIND_NAMES[] = {
-    "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all",
-    "scan", "barrier", "send", "recv", "sendrecv", "ppermute",
-};
-enum { KINDS = sizeof KIND_NAMES / sizeof KIND_NAMES[0] };
+/* The handlers' entry points: one per custom call target, each a kind number. Which op a kind is, and
+ * whether it is a collective, Python says once (ffi_handlers(targets), jax_ext/native_call.py's TARGETS):
+ * the names live in Python's table, not copied here. */
+enum { KINDS = 16 };
+static PyObject *kind_names[KINDS]; /* str, owned; NULL: no target */
+static int kind_collective[KINDS];   /* 1: a collective (of one rank: its input is its output) */
 
 typedef struct {
     PyObject *prog; /* the Program this member ran for this variant (owned) */
@@ -58,11 +59,6 @@ typedef struct {
     member *members;
     PyObject *fallback;
 } site;
-
-enum {
-    K_all_reduce, K_broadcast, K_reduce, K_all_gather, K_reduce_scatter, K_gather, K_scatter, K_all_to_all,
-    K_scan, K_barrier, K_send, K_recv, K_sendrecv, K_ppermute,
-};
 
 static site *sites[SITES_MAX];
 static int nsites;
@@ -156,21 +152,21 @@ static int error_text(PyObject *exc, char *msg, size_t size) {
 }
 
 /* the GIL, the site's Python fallback(pos, variant, rc, seq, order, ins, outs), the GIL given back.
- * A carried op (rc != LANE_NOT_NOW: the core took its numbers, the peers count on it) must be taken on
+ * A carried op (rc != ACPY_LANE_NOT_NOW: the core took its numbers, the peers count on it) must be taken on
  * whatever lands on the way in: a signal's exception raised before the fallback took it comes back
  * without the fallback's tag, so the fallback is called again (it takes an op once, however often it is
  * called), and that first interrupt is the call's error once the op has ended. */
 static XLA_FFI_Error *fallback(const XLA_FFI_CallFrame *cf, site *s, int pos, int variant, int rc, int64_t seq,
                                int64_t order, XLA_FFI_Buffer *const *ins, int nin, XLA_FFI_Buffer *const *outs,
                                int nout) {
-    __atomic_fetch_add(rc == LANE_NOT_NOW ? &calls_python : &calls_carried, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(rc == ACPY_LANE_NOT_NOW ? &calls_python : &calls_carried, 1, __ATOMIC_RELAXED);
     char msg[2048] = "";
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *vin = views(ins, nin), *vout = views(outs, nout), *r = NULL, *held = NULL;
     for (int tries = 0; vin != NULL && vout != NULL; tries++) {
         r = PyObject_CallFunction(s->fallback, "iiiLLOO", pos, variant, rc, (long long)seq, (long long)order, vin,
                                   vout);
-        if (r != NULL || rc == LANE_NOT_NOW || tries == CARRY_TRIES)
+        if (r != NULL || rc == ACPY_LANE_NOT_NOW || tries == CARRY_TRIES)
             break;
         PyObject *exc = take_exception();
         if (error_text(exc, msg, sizeof msg)) { /* the op was taken on and has ended: its error */
@@ -257,9 +253,9 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
     const recipe *r = &m->r[variant];
     PyObject *lane = __atomic_load_n(&m->lane, __ATOMIC_ACQUIRE); /* (set once, by a first call) */
     int64_t seq = -1, order = -1;
-    int rc = LANE_NOT_NOW;
+    int rc = ACPY_LANE_NOT_NOW;
     size_t in_len = in ? buffer_bytes(in) : 0, out_len = out ? buffer_bytes(out) : 0;
-    if (lane != NULL && kind < K_send && in_len == out_len && lane_alone(lane, &seq)) {
+    if (lane != NULL && kind_collective[kind] && in_len == out_len && acpy_lane_alone(lane, &seq)) {
         if (out_len && in->data != out->data)  /* one rank: every collective gives its input back */
             memcpy(out->data, in->data, out_len);
         __atomic_fetch_add(&calls_native, 1, __ATOMIC_RELAXED);
@@ -268,7 +264,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
     if (lane != NULL && __atomic_load_n(&r->ready, __ATOMIC_ACQUIRE)) {
         size_t alen, blen;
         void *a = pick(r->in_is, in, out, &alen), *b = pick(r->out_is, in, out, &blen);
-        rc = lane_run_native(lane, (const Program *)r->prog, a, alen, b, blen, r->dtype, r->redop, &seq, &order);
+        rc = acpy_lane_run_native(lane, (const Program *)r->prog, a, alen, b, blen, r->dtype, r->redop, &seq, &order);
         if (rc == AC_DONE) {
             __atomic_fetch_add(&calls_native, 1, __ATOMIC_RELAXED);
             return NULL;
@@ -277,14 +273,12 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
     return fallback(cf, s, pos, variant, rc, seq, order, ins, nin, outs, nout);
 }
 
-#define HANDLER(name) \
-    static XLA_FFI_Error *h_##name(XLA_FFI_CallFrame *cf) { return handle(cf, K_##name); }
-HANDLER(all_reduce) HANDLER(broadcast) HANDLER(reduce) HANDLER(all_gather) HANDLER(reduce_scatter)
-HANDLER(gather) HANDLER(scatter) HANDLER(all_to_all) HANDLER(scan) HANDLER(barrier) HANDLER(send)
-HANDLER(recv) HANDLER(sendrecv) HANDLER(ppermute)
+#define HANDLER(k) \
+    static XLA_FFI_Error *h_##k(XLA_FFI_CallFrame *cf) { return handle(cf, k); }
+HANDLER(0) HANDLER(1) HANDLER(2) HANDLER(3) HANDLER(4) HANDLER(5) HANDLER(6) HANDLER(7) HANDLER(8) HANDLER(9)
+HANDLER(10) HANDLER(11) HANDLER(12) HANDLER(13) HANDLER(14) HANDLER(15)
 static XLA_FFI_Handler *const HANDLERS[KINDS] = {
-    h_all_reduce, h_broadcast, h_reduce, h_all_gather, h_reduce_scatter, h_gather, h_scatter, h_all_to_all,
-    h_scan, h_barrier, h_send, h_recv, h_sendrecv, h_ppermute,
+    h_0, h_1, h_2, h_3, h_4, h_5, h_6, h_7, h_8, h_9, h_10, h_11, h_12, h_13, h_14, h_15,
 };
 
 /* -- the Python side: sites made and taught at lowering and at first calls, under the GIL ---------- */
@@ -307,8 +301,13 @@ static PyObject *ffi_site(PyObject *Py_UNUSED(m), PyObject *args) {
         return NULL;
     int kind = -1;
     for (int k = 0; k < KINDS; k++)
-        if (strcmp(op, KIND_NAMES[k]) == 0)
-            kind = k;
+        if (kind_names[k] != NULL) {
+            const char *name = PyUnicode_AsUTF8(kind_names[k]);
+            if (name == NULL)
+                return NULL;
+            if (strcmp(op, name) == 0)
+                kind = k;
+        }
     if (kind < 0 || n < 1 || n > 1 << 16 || !PyCallable_Check(fb)) {
         PyErr_SetString(PyExc_ValueError, "ffi_site: a known op, 1 to 65536 members, a callable fallback");
         return NULL;
@@ -337,7 +336,7 @@ static PyObject *ffi_site(PyObject *Py_UNUSED(m), PyObject *args) {
 static PyObject *ffi_member(PyObject *Py_UNUSED(m), PyObject *args) {
     PyObject *index, *lane;
     int pos;
-    if (!PyArg_ParseTuple(args, "OiO!", &index, &pos, &LaneType, &lane))
+    if (!PyArg_ParseTuple(args, "OiO!", &index, &pos, &acpy_LaneType, &lane))
         return NULL;
     site *s = site_at(index);
     if (s == NULL)
@@ -354,14 +353,14 @@ static PyObject *ffi_member(PyObject *Py_UNUSED(m), PyObject *args) {
 static PyObject *ffi_learn(PyObject *Py_UNUSED(m), PyObject *args) {
     PyObject *index, *prog;
     int pos, variant, dtype, redop, in_is, out_is;
-    if (!PyArg_ParseTuple(args, "OiiO!iiii", &index, &pos, &variant, &ProgramType, &prog, &dtype, &redop, &in_is,
+    if (!PyArg_ParseTuple(args, "OiiO!iiii", &index, &pos, &variant, &acpy_ProgramType, &prog, &dtype, &redop, &in_is,
                           &out_is))
         return NULL;
     site *s = site_at(index);
     if (s == NULL)
         return NULL;
-    if (pos < 0 || pos >= s->nmembers || variant < 0 || variant >= VARIANTS || dtype < 0 || dtype > DT_LAST ||
-        redop < 0 || redop > OP_LAST || in_is < ON_IN || in_is > ON_NONE || out_is < ON_IN || out_is > ON_NONE) {
+    if (pos < 0 || pos >= s->nmembers || variant < 0 || variant >= VARIANTS || dtype < 0 || dtype > AC_DT_LAST ||
+        redop < 0 || redop > AC_OP_LAST || in_is < ON_IN || in_is > ON_NONE || out_is < ON_IN || out_is > ON_NONE) {
         PyErr_SetString(PyExc_ValueError, "ffi_learn: an argument out of range");
         return NULL;
     }
@@ -377,11 +376,39 @@ static PyObject *ffi_learn(PyObject *Py_UNUSED(m), PyObject *args) {
     Py_RETURN_TRUE;
 }
 
-static PyObject *ffi_handlers(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
+/* ffi_handlers(targets): targets a tuple of (op name, is a collective), one kind each, in order; the same
+ * every call (the sites made name them): {op name: the capsule of its handler} */
+static PyObject *ffi_handlers(PyObject *Py_UNUSED(m), PyObject *targets) {
+    Py_ssize_t n = PyTuple_Check(targets) ? PyTuple_GET_SIZE(targets) : -1;
+    if (n < 1 || n > KINDS) {
+        PyErr_Format(PyExc_ValueError, "ffi_handlers: 1 to %d targets, each (op name, collective)", KINDS);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *t = PyTuple_GET_ITEM(targets, k);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(t, 0))) {
+            PyErr_SetString(PyExc_ValueError, "ffi_handlers: a target is (op name, collective)");
+            return NULL;
+        }
+        if (kind_names[k] != NULL && PyUnicode_Compare(kind_names[k], PyTuple_GET_ITEM(t, 0)) != 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "ffi_handlers: the targets were named otherwise before");
+            return NULL;
+        }
+    }
     PyObject *d = PyDict_New();
-    for (int k = 0; d != NULL && k < KINDS; k++) {
+    for (Py_ssize_t k = 0; d != NULL && k < n; k++) {
+        PyObject *t = PyTuple_GET_ITEM(targets, k);
+        int collective = PyObject_IsTrue(PyTuple_GET_ITEM(t, 1));
+        if (collective < 0) {
+            Py_CLEAR(d);
+            break;
+        }
+        if (kind_names[k] == NULL)
+            kind_names[k] = Py_NewRef(PyTuple_GET_ITEM(t, 0));
+        kind_collective[k] = collective;
         PyObject *cap = PyCapsule_New((void *)HANDLERS[k], NULL, NULL);
-        if (cap == NULL || PyDict_SetItemString(d, KIND_NAMES[k], cap) < 0)
+        if (cap == NULL || PyDict_SetItem(d, kind_names[k], cap) < 0)
             Py_CLEAR(d);
         Py_XDECREF(cap);
     }
@@ -399,13 +426,14 @@ static PyMethodDef ffi_methods[] = {
     {"ffi_site", ffi_site, METH_VARARGS, "ffi_site(op, members, fallback) -> index (an XLA call site)"},
     {"ffi_member", ffi_member, METH_VARARGS, "ffi_member(index, pos, lane)"},
     {"ffi_learn", ffi_learn, METH_VARARGS, "ffi_learn(index, pos, variant, program, dtype, redop, in_is, out_is)"},
-    {"ffi_handlers", ffi_handlers, METH_NOARGS, "{op: PyCapsule of its XLA FFI handler}"},
+    {"ffi_handlers", ffi_handlers, METH_O,
+     "ffi_handlers(targets): {op: PyCapsule of its XLA FFI handler}; targets: ((op, collective), ...)"},
     {"ffi_stats", ffi_stats, METH_NOARGS, "calls done natively, started natively and carried on by the engine, run through Python, with output on "
      "input; sites made"},
     {NULL, NULL, 0, NULL},
 };
 
-int xla_ffi_ready(PyObject *m) {
+int acpy_xla_ffi_ready(PyObject *m) {
     if (PyModule_AddFunctions(m, ffi_methods) < 0)
         return -1;
     PyObject *version = PyUnicode_FromFormat("%d.%d", XLA_FFI_API_MAJOR, FFI_MINOR); /* what it declares */

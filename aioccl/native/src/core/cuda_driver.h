@@ -22,16 +22,16 @@ typedef struct {
     cu_result (*stream_is_capturing)(cu_handle stream, int *status);
     cu_result (*ctx_current)(cu_handle *ctx);
     cu_result (*error_name)(cu_result rc, const char **name);
-} cuda_driver;
+} ac_cuda_driver;
 
 /* The driver, once loaded (NULL before). */
-extern const cuda_driver *cuda;
+extern const ac_cuda_driver *ac_cuda;
 
 /* Loads `path` (NULL: libcuda.so.1) and resolves every call; 0, or -1 with the reason in `why`. A later call
  * replaces the table (the tests load a stand-in). */
-int cuda_load(const char *path, char *why, size_t why_len);
+int ac_cuda_load(const char *path, char *why, size_t why_len);
 
 /* "CUDA_ERROR_..." for rc, or "CUresult <rc>" where the driver has no name for it. */
-const char *cuda_error_name(cu_result rc, char *buf, size_t len);
+const char *ac_cuda_error_name(cu_result rc, char *buf, size_t len);
 
 #endif

@@ -1,26 +1,19 @@
-/* aioccl.native._core: the CPython glue of the native core (the only file here that knows Python).
+/* Program and Channel: the Python types over the channel protocol (core/channel.h).
  *
- * Two types: Program (one rank's lowered lockstep schedule, checked once when made) and Channel (a
- * communicator's shared-memory channel: its mapped segments and the op in progress). Channel.run and
- * Channel.resume release the GIL for the whole of the protocol: staging, waiting, reading, reducing.
- * Results: an int >= 0 is done (my new step counter); a negative one is channel.h's AC_* code. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+ * Program is one rank's lowered lockstep schedule, checked once when made; Channel a communicator's
+ * shared-memory channel: its mapped segments and the op in progress. Channel.run and Channel.resume release
+ * the GIL for the whole of the protocol: staging, waiting, reading, reducing. Results: an int >= 0 is done
+ * (my new step counter); a negative one is channel.h's AC_* code. The gate's engine side (admit, finish,
+ * alarm) and the doorbells rung from C (set_bells) are Channel's methods too. */
+#include "channel_type.h"
+#include "core/reduce.h"
+
+#define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 #include <sched.h>
 #include <stddef.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-
-#include "channel.h"
-#include "fastpath.h"
-#include "gpu_lane.h"
-#include "reduce.h"
-#ifdef AIOCCL_XLA_FFI
-#include "xla_ffi.h"
-#endif
 
 /* -- Program ------------------------------------------------------------------------------------ */
 static void Program_dealloc(Program *self) {
@@ -62,7 +55,7 @@ static int Program_init(Program *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-PyTypeObject ProgramType = {
+PyTypeObject acpy_ProgramType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "aioccl.native._core.Program",
     .tp_doc = "One rank's lockstep schedule, lowered to words and checked (see channel.h)",
@@ -74,17 +67,8 @@ PyTypeObject ProgramType = {
 };
 
 /* -- Channel ------------------------------------------------------------------------------------ */
-struct ac_bell {
-    struct sockaddr_un addr;
-    socklen_t len;
-};
-
-void channel_ring(Channel *chan, uint64_t mask) {
-    for (int j = 0; mask && j < chan->ch.size && j < AC_MAX_RANKS; j++, mask >>= 1)
-        if ((mask & 1) && chan->bells != NULL && chan->bell_fd >= 0)
-            /* a full bell has rung already; a vanished peer is found by its connection */
-            (void)sendto(chan->bell_fd, "!", 1, MSG_DONTWAIT, (const struct sockaddr *)&chan->bells[j].addr,
-                         chan->bells[j].len);
+void acpy_channel_ring(Channel *chan, uint64_t mask) {
+    ac_bell_ring(chan->bell_fd, chan->bells, chan->ch.size, mask);
 }
 
 static void Channel_release(Channel *self) {
@@ -194,7 +178,7 @@ static PyObject *Channel_run(Channel *self, PyObject *const *args, Py_ssize_t na
     }
     if (!live(self))
         return NULL;
-    if (!PyObject_TypeCheck(args[0], &ProgramType)) {
+    if (!PyObject_TypeCheck(args[0], &acpy_ProgramType)) {
         PyErr_SetString(PyExc_TypeError, "run: program must be a Program");
         return NULL;
     }
@@ -215,7 +199,7 @@ static PyObject *Channel_run(Channel *self, PyObject *const *args, Py_ssize_t na
     long long seq = PyLong_AsLongLong(args[5]), order = PyLong_AsLongLong(args[6]);
     if (PyErr_Occurred())
         return NULL;
-    if (dtype < 0 || dtype > DT_LAST || redop < 0 || redop > OP_LAST)
+    if (dtype < 0 || dtype > AC_DT_LAST || redop < 0 || redop > AC_OP_LAST)
         return PyLong_FromLong(AC_UNSUITABLE);
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -287,22 +271,19 @@ static PyObject *Channel_set_bells(Channel *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "set_bells: one address per channel rank");
         return NULL;
     }
-    struct ac_bell *bells = PyMem_Calloc((size_t)n, sizeof *bells);
+    ac_bell *bells = PyMem_Calloc((size_t)n, sizeof *bells);
     if (bells == NULL)
         return PyErr_NoMemory();
     for (Py_ssize_t j = 0; j < n; j++) {
         char *buf;
         Py_ssize_t len;
         if (PyBytes_AsStringAndSize(PyList_GET_ITEM(addrs, j), &buf, &len) < 0 ||
-            (size_t)len > sizeof bells[j].addr.sun_path) {
+            ac_bell_set(&bells[j], buf, (size_t)len) < 0) {
             PyMem_Free(bells);
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "set_bells: an address too long for a unix socket");
             return NULL;
         }
-        bells[j].addr.sun_family = AF_UNIX;
-        memcpy(bells[j].addr.sun_path, buf, (size_t)len);
-        bells[j].len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)len);
     }
     PyMem_Free(self->bells);
     self->bells = bells;
@@ -402,7 +383,7 @@ static PyGetSetDef Channel_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-PyTypeObject ChannelType = {
+PyTypeObject acpy_ChannelType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "aioccl.native._core.Channel",
     .tp_doc = "A shared-memory channel's native protocol (see channel.h)",
@@ -415,96 +396,11 @@ PyTypeObject ChannelType = {
     .tp_getset = Channel_getset,
 };
 
-/* -- reductions, for tests ---------------------------------------------------------------------- */
-static PyObject *mod_combine(PyObject *Py_UNUSED(m), PyObject *args) {
-    int op, dtype;
-    Py_buffer d, a, b;
-    if (!PyArg_ParseTuple(args, "iiw*y*y*", &op, &dtype, &d, &a, &b))
-        return NULL;
-    size_t item = ac_itemsize(dtype);
-    int rc = -1;
-    if (item && d.len == a.len && d.len == b.len && d.len % (Py_ssize_t)item == 0) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = ac_combine(op, dtype, d.buf, a.buf, b.buf, (size_t)d.len / item);
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&d);
-    PyBuffer_Release(&a);
-    PyBuffer_Release(&b);
-    if (rc != 0) {
-        PyErr_SetString(PyExc_ValueError, "combine: unknown op/dtype, or buffers of different sizes");
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
-static PyObject *mod_scale(PyObject *Py_UNUSED(m), PyObject *args) {
-    int dtype;
-    long long divisor;
-    Py_buffer d;
-    if (!PyArg_ParseTuple(args, "iw*L", &dtype, &d, &divisor))
-        return NULL;
-    size_t item = ac_itemsize(dtype);
-    int rc = -1;
-    if (item && d.len % (Py_ssize_t)item == 0 && divisor > 0) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = ac_scale(dtype, d.buf, (size_t)d.len / item, divisor);
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&d);
-    if (rc != 0) {
-        PyErr_SetString(PyExc_ValueError, "scale: not a floating-point dtype");
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef module_methods[] = {
-    {"combine", mod_combine, METH_VARARGS, "combine(op, dtype, dst, a, b): dst = a op b (tests)"},
-    {"scale", mod_scale, METH_VARARGS, "scale(dtype, buf, divisor): buf /= divisor (tests)"},
-    {"load_cuda", (PyCFunction)(void (*)(void))gpu_load_cuda, METH_FASTCALL,
-     "load_cuda([path]): the CUDA driver's calls for GpuLane, from libcuda.so.1 or a stand-in library"},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef core_module = {
-    PyModuleDef_HEAD_INIT, "_core", "aioccl's native core (see aioccl/native/README.md)", -1, module_methods,
-    NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC PyInit__core(void) {
-    import_array();
-    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&ChannelType) < 0)
-        return NULL;
-    PyObject *m = PyModule_Create(&core_module);
-    if (m == NULL)
-        return NULL;
-#ifdef AIOCCL_XLA_FFI
-    if (xla_ffi_ready(m) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-#endif
-    if (fastpath_ready(m) < 0 || gpu_lane_ready(m) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    if (PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0 ||
-        PyModule_AddObjectRef(m, "Channel", (PyObject *)&ChannelType) < 0 ||
-        PyModule_AddIntConstant(m, "BLOCKED", AC_BLOCKED) < 0 ||
-        PyModule_AddIntConstant(m, "MISMATCH", AC_MISMATCH) < 0 ||
-        PyModule_AddIntConstant(m, "NOT_CLEAN", AC_NOT_CLEAN) < 0 ||
-        PyModule_AddIntConstant(m, "CORRUPT", AC_CORRUPT) < 0 ||
-        PyModule_AddIntConstant(m, "UNSUITABLE", AC_UNSUITABLE) < 0 ||
-        PyModule_AddIntConstant(m, "RING", AC_RING) < 0 ||
-        PyModule_AddIntConstant(m, "PROG_MAGIC", (long)AC_PROG_MAGIC) < 0 ||
-        PyModule_AddIntConstant(m, "CONTROL_BYTES", AC_CONTROL_BYTES) < 0 ||
-        PyModule_AddIntConstant(m, "W_CTR", AC_W_CTR) < 0 || PyModule_AddIntConstant(m, "W_SLEEP", AC_W_SLEEP) < 0 ||
-        PyModule_AddIntConstant(m, "W_GAVE_UP", AC_W_GAVE_UP) < 0 ||
-        PyModule_AddIntConstant(m, "W_DESC", AC_W_DESC) < 0 || PyModule_AddIntConstant(m, "DESC_LEN", AC_DESC_LEN) < 0 ||
-        PyModule_AddIntConstant(m, "W_HALF", AC_W_HALF) < 0 || PyModule_AddIntConstant(m, "MAX_RANKS", AC_MAX_RANKS) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+int acpy_channel_type_ready(PyObject *m) {
+    if (PyType_Ready(&acpy_ProgramType) < 0 || PyType_Ready(&acpy_ChannelType) < 0)
+        return -1;
+    if (PyModule_AddObjectRef(m, "Program", (PyObject *)&acpy_ProgramType) < 0 ||
+        PyModule_AddObjectRef(m, "Channel", (PyObject *)&acpy_ChannelType) < 0)
+        return -1;
+    return 0;
 }

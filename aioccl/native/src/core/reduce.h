@@ -10,9 +10,9 @@
 #include <stdint.h>
 
 /* dtype codes: aioccl/dtypes.py's table, in its order (0: no dtype) */
-enum { DT_I8 = 1, DT_U8, DT_I32, DT_U32, DT_I64, DT_U64, DT_F16, DT_BF16, DT_F32, DT_F64, DT_LAST = DT_F64 };
+enum { AC_DT_I8 = 1, AC_DT_U8, AC_DT_I32, AC_DT_U32, AC_DT_I64, AC_DT_U64, AC_DT_F16, AC_DT_BF16, AC_DT_F32, AC_DT_F64, AC_DT_LAST = AC_DT_F64 };
 /* reduction codes: aioccl.dtypes.ReduceOp's order (0: none) */
-enum { OP_SUM = 1, OP_PROD, OP_MIN, OP_MAX, OP_AVG, OP_LAST = OP_AVG };
+enum { AC_OP_SUM = 1, AC_OP_PROD, AC_OP_MIN, AC_OP_MAX, AC_OP_AVG, AC_OP_LAST = AC_OP_AVG };
 
 /* bytes per element of a dtype code, 0 for an unknown one */
 size_t ac_itemsize(int dtype);

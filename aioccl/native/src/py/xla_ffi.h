@@ -5,6 +5,6 @@
 #include <Python.h>
 
 /* adds ffi_site, ffi_member, ffi_learn, ffi_handlers, ffi_stats and FFI_API to the module */
-int xla_ffi_ready(PyObject *module);
+int acpy_xla_ffi_ready(PyObject *module);
 
 #endif

@@ -16,8 +16,8 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
-#include "fastpath.h"
-#include "reduce.h"
+#include "fast_lane.h"
+#include "core/reduce.h"
 #include "work.h"
 
 enum { CACHE = 64 };
@@ -33,10 +33,10 @@ typedef struct {
     PyObject_HEAD
     Channel *chan;
     PyObject *shm, *comm, *lock, *group_var, *record, *ring;
-    PyObject *ops[OP_LAST + 1];
+    PyObject *ops[AC_OP_LAST + 1];
     PyObject *name;
     PyObject *pending; /* (x, op, code, seq, order) of the op last handed to the engine, until claimed */
-    WorkMaker wm; /* its Works */
+    acpy_work_maker wm; /* its Works */
     unsigned long thread_id;
     int bf16_num, enabled;
     Py_ssize_t max_bytes;
@@ -62,11 +62,11 @@ static int Lane_traverse(Lane *self, visitproc visit, void *arg) {
     PyObject **refs[] = LANE_REFS(self);
     for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
         Py_VISIT(*refs[k]);
-    for (int k = 0; k <= OP_LAST; k++)
+    for (int k = 0; k <= AC_OP_LAST; k++)
         Py_VISIT(self->ops[k]);
     for (int k = 0; k < CACHE; k++)
         Py_VISIT(self->cache[k].prog);
-    return work_maker_traverse(&self->wm, visit, arg);
+    return acpy_work_maker_traverse(&self->wm, visit, arg);
 }
 
 static int Lane_clear(Lane *self) {
@@ -74,9 +74,9 @@ static int Lane_clear(Lane *self) {
     PyObject **refs[] = LANE_REFS(self);
     for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
         Py_CLEAR(*refs[k]);
-    for (int k = 0; k <= OP_LAST; k++)
+    for (int k = 0; k <= AC_OP_LAST; k++)
         Py_CLEAR(self->ops[k]);
-    work_maker_clear(&self->wm);
+    acpy_work_maker_clear(&self->wm);
     self->enabled = 0;
     return 0;
 }
@@ -99,15 +99,15 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
                           &done_lock, &home, &thread_id, &lock, &group_var, &record, &ring, &PyTuple_Type, &ops,
                           &bf16_num, &max_bytes, &seq, &order))
         return -1;
-    if (chan != Py_None && !PyObject_TypeCheck(chan, &ChannelType)) {
+    if (chan != Py_None && !PyObject_TypeCheck(chan, &acpy_ChannelType)) {
         PyErr_SetString(PyExc_TypeError, "Lane: channel must be a Channel, or None for a communicator of one rank");
         return -1;
     }
-    if (PyTuple_GET_SIZE(ops) != OP_LAST) {
+    if (PyTuple_GET_SIZE(ops) != AC_OP_LAST) {
         PyErr_SetString(PyExc_ValueError, "Lane: ops must hold the 5 ReduceOp members in code order");
         return -1;
     }
-    if (work_maker_init(&self->wm, work_type, done_lock, home, thread_id) < 0)
+    if (acpy_work_maker_init(&self->wm, work_type, done_lock, home, thread_id) < 0)
         return -1;
     Py_XSETREF(self->chan, chan == Py_None ? NULL : (Channel *)Py_NewRef(chan));
     Py_XSETREF(self->shm, Py_NewRef(shm));
@@ -117,7 +117,7 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
     Py_XSETREF(self->record, Py_NewRef(record));
     Py_XSETREF(self->ring, Py_NewRef(ring));
     Py_XSETREF(self->name, PyUnicode_InternFromString("all_reduce"));
-    for (int k = 1; k <= OP_LAST; k++)
+    for (int k = 1; k <= AC_OP_LAST; k++)
         Py_XSETREF(self->ops[k], Py_NewRef(PyTuple_GET_ITEM(ops, k - 1)));
     self->thread_id = thread_id;
     self->bf16_num = bf16_num;
@@ -143,7 +143,7 @@ static PyObject *Lane_take(Lane *self, PyObject *on_channel) {
 }
 
 static PyObject *Lane_learn(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyObject_TypeCheck(args[2], &ProgramType)) {
+    if (nargs != 3 || !PyObject_TypeCheck(args[2], &acpy_ProgramType)) {
         PyErr_SetString(PyExc_TypeError, "learn(count, dtype, program)");
         return NULL;
     }
@@ -165,25 +165,25 @@ static int dtype_of(Lane *self, PyArrayObject *a) {
     if (PyArray_ISBYTESWAPPED(a))
         return 0;
     if (d->type_num == self->bf16_num)
-        return DT_BF16;
+        return AC_DT_BF16;
     switch (d->kind) {
-    case 'i': return size == 1 ? DT_I8 : size == 4 ? DT_I32 : size == 8 ? DT_I64 : 0;
-    case 'u': return size == 1 ? DT_U8 : size == 4 ? DT_U32 : size == 8 ? DT_U64 : 0;
-    case 'f': return size == 2 ? DT_F16 : size == 4 ? DT_F32 : size == 8 ? DT_F64 : 0;
+    case 'i': return size == 1 ? AC_DT_I8 : size == 4 ? AC_DT_I32 : size == 8 ? AC_DT_I64 : 0;
+    case 'u': return size == 1 ? AC_DT_U8 : size == 4 ? AC_DT_U32 : size == 8 ? AC_DT_U64 : 0;
+    case 'f': return size == 2 ? AC_DT_F16 : size == 4 ? AC_DT_F32 : size == 8 ? AC_DT_F64 : 0;
     default: return 0;
     }
 }
 
 static int redop_of(Lane *self, PyObject *op) {
     if (op == NULL)
-        return OP_SUM;
-    for (int k = 1; k <= OP_LAST; k++)
+        return AC_OP_SUM;
+    for (int k = 1; k <= AC_OP_LAST; k++)
         if (op == self->ops[k])
             return k;
     if (!PyUnicode_CheckExact(op))
         return 0;
     PyObject *names[] = {NULL, s_sum, s_prod, s_min, s_max, s_avg};
-    for (int k = 1; k <= OP_LAST; k++)
+    for (int k = 1; k <= AC_OP_LAST; k++)
         if (op == names[k] || PyUnicode_Compare(op, names[k]) == 0)
             return k;
     PyErr_Clear();
@@ -200,7 +200,7 @@ static int channel_idle(Lane *self) {
     Py_ssize_t n = PyObject_Size(q);
     Py_DECREF(q);
     PyErr_Clear();
-    return n == 0 && work_attr_is(self->shm, s_pumping, Py_False) && work_attr_is(self->shm, s_broken, Py_None);
+    return n == 0 && acpy_work_attr_is(self->shm, s_pumping, Py_False) && acpy_work_attr_is(self->shm, s_broken, Py_None);
 }
 
 static int lock_call(PyObject *lock, PyObject *method, PyObject *arg) {
@@ -217,18 +217,18 @@ static PyObject *record_done(Lane *self, PyArrayObject *x, PyObject *give, long 
     PyObject *desc = Py_BuildValue("(nOOO)", count, (PyObject *)PyArray_DESCR(x), self->ops[redop], Py_None);
     if (desc == NULL)
         return NULL;
-    PyObject *result = work_born_done(&self->wm, self->name, seq, give, desc, t0);
-    if (result != NULL && work_record(self->record, self->name, seq, desc, t0) < 0)
+    PyObject *result = acpy_work_born_done(&self->wm, self->name, seq, give, desc, t0);
+    if (result != NULL && acpy_work_record(self->record, self->name, seq, desc, t0) < 0)
         Py_CLEAR(result);
     Py_DECREF(desc);
     return result;
 }
 
 static PyObject *alone(Lane *self, PyArrayObject *x, PyObject *give, Py_ssize_t count, int redop) {
-    int open = work_comm_open(self->comm, self->group_var, self->chan == NULL);
+    int open = acpy_work_comm_open(self->comm, self->group_var, self->chan == NULL);
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
-    return record_done(self, x, give, __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED), count, redop, work_monotonic());
+    return record_done(self, x, give, __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED), count, redop, acpy_work_monotonic());
 }
 
 static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -239,7 +239,7 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     if (!PyArray_CHKFLAGS(x, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED))
         Py_RETURN_NONE;
     int dtype = dtype_of(self, x), redop = redop_of(self, nargs >= 2 ? args[1] : NULL);
-    if (!dtype || !redop || (redop == OP_AVG && dtype != DT_F16 && dtype != DT_BF16 && dtype != DT_F32 && dtype != DT_F64))
+    if (!dtype || !redop || (redop == AC_OP_AVG && dtype != AC_DT_F16 && dtype != AC_DT_BF16 && dtype != AC_DT_F32 && dtype != AC_DT_F64))
         Py_RETURN_NONE;
     Py_ssize_t nbytes = PyArray_NBYTES(x), count = PyArray_SIZE(x);
     if (self->chan == NULL && nbytes > 0)  /* one rank: the reduction of x alone is x, in place (an average too) */
@@ -254,7 +254,7 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     if (!ch->size || ch->active || (uint64_t)prog->words[8] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes ||
         (uint64_t)prog->words[9] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes)
         Py_RETURN_NONE;
-    int open = work_comm_open(self->comm, self->group_var, self->chan == NULL);
+    int open = acpy_work_comm_open(self->comm, self->group_var, self->chan == NULL);
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
     int borrowed = 0;
@@ -279,7 +279,7 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
         goto out;
     }
     long long seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
-    double t0 = work_monotonic();
+    double t0 = acpy_work_monotonic();
     void *data = PyArray_DATA(x);
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -307,7 +307,7 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
         Py_DECREF(r);
     }
     if (ac_gate_done(&self->chan->gate, order))  /* the engine holds an op that waited: wake it */
-        channel_ring(self->chan, (uint64_t)1 << ch->rank);
+        acpy_channel_ring(self->chan, (uint64_t)1 << ch->rank);
     result = record_done(self, x, give, seq, count, redop, t0);
 out:
     if (borrowed) {
@@ -330,17 +330,17 @@ out:
     return result;
 }
 
-int lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in_len, void *out, size_t out_len,
+int acpy_lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in_len, void *out, size_t out_len,
                     int dtype, int redop, int64_t *seq, int64_t *order) {
     Lane *self = (Lane *)obj;
     if (!__atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE))
-        return LANE_NOT_NOW;
+        return ACPY_LANE_NOT_NOW;
     if (self->chan == NULL)
-        return LANE_NOT_NOW;
+        return ACPY_LANE_NOT_NOW;
     if (prog->rank != self->chan->ch.rank || prog->size != self->chan->ch.size)
-        return LANE_NOT_NOW;
+        return ACPY_LANE_NOT_NOW;
     if (!ac_gate_claim(&self->chan->gate, order))
-        return LANE_NOT_NOW;
+        return ACPY_LANE_NOT_NOW;
     ac_chan *ch = &self->chan->ch;
     *seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
     if (!ch->size || ch->active) {  /* (the gate rules this out) the numbers are taken: the engine runs it */
@@ -351,8 +351,8 @@ int lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in_len,
     /* The caller's thread (XLA's) waits for the op anyway: go on waiting here, yielding the CPU, rather than
      * hand a late peer's op to the engine at once (a hand-off costs ~100 us); the engine takes over after
      * NATIVE_WAIT_S, or at once when it raised the alarm, and owns deadlines and failures from there. */
-    double until = rc == AC_BLOCKED ? work_monotonic() + NATIVE_WAIT_S : 0.0;
-    while (rc == AC_BLOCKED && work_monotonic() < until && !ac_gate_alarmed(&self->chan->gate) &&
+    double until = rc == AC_BLOCKED ? acpy_work_monotonic() + NATIVE_WAIT_S : 0.0;
+    while (rc == AC_BLOCKED && acpy_work_monotonic() < until && !ac_gate_alarmed(&self->chan->gate) &&
            __atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE)) {
         sched_yield();
         rc = ac_resume(ch);
@@ -366,14 +366,14 @@ int lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in_len,
         ch->ring = 0;
         if (ac_gate_done(&self->chan->gate, *order))
             ring |= (uint64_t)1 << ch->rank;
-        channel_ring(self->chan, ring);
+        acpy_channel_ring(self->chan, ring);
         return AC_DONE;
     }
     ac_gate_drop(&self->chan->gate);
     return rc;
 }
 
-int lane_alone(PyObject *obj, int64_t *seq) {
+int acpy_lane_alone(PyObject *obj, int64_t *seq) {
     Lane *self = (Lane *)obj;
     if (self->chan != NULL || !__atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE))
         return 0;
@@ -425,10 +425,10 @@ static PyGetSetDef Lane_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-PyTypeObject LaneType = {
+PyTypeObject acpy_LaneType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "aioccl.native._core.Lane",
-    .tp_doc = "A communicator's counters and its small all_reduce in C (see fastpath.c)",
+    .tp_doc = "A communicator's counters and its small all_reduce in C (see fast_lane.c)",
     .tp_basicsize = sizeof(Lane),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -440,7 +440,7 @@ PyTypeObject LaneType = {
     .tp_getset = Lane_getset,
 };
 
-int fastpath_ready(PyObject *m) {
+int acpy_fast_lane_ready(PyObject *m) {
     struct { PyObject **at; const char *s; } names[] = {
         {&s_queue, "queue"}, {&s_pumping, "_pumping"},
         {&s_broken, "broken"}, {&s_acquire, "acquire"},
@@ -450,7 +450,7 @@ int fastpath_ready(PyObject *m) {
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if ((*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
             return -1;
-    if (PyType_Ready(&LaneType) < 0)
+    if (PyType_Ready(&acpy_LaneType) < 0)
         return -1;
-    return PyModule_AddObjectRef(m, "Lane", (PyObject *)&LaneType);
+    return PyModule_AddObjectRef(m, "Lane", (PyObject *)&acpy_LaneType);
 }

@@ -5,9 +5,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-extern PyTypeObject GpuLaneType, GpuPlanType;
-int gpu_lane_ready(PyObject *module);
+extern PyTypeObject acpy_GpuLaneType, acpy_GpuPlanType;
+int acpy_gpu_lane_ready(PyObject *module);
 /* load_cuda([path]): the driver's calls from libcuda.so.1, or from `path` (a stand-in) */
-PyObject *gpu_load_cuda(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *acpy_gpu_load_cuda(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif
