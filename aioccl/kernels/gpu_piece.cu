@@ -22,7 +22,7 @@ extern "C" __global__ void __launch_bounds__(512) NAME(
     const int b = blockIdx.x, tid = threadIdx.x;
     u32* own_flags = (u32*)bases[rank];
     const u32 e = epoch_host ? epoch_host : ((volatile u32*)own_flags)[b] + 1u;
-    const long long half = AIOCCL_HEADER_BYTES + (long long)(e & 1u) * half_bytes;
+    const long long half = PIECE_HEADER_BYTES + (long long)(e & 1u) * half_bytes;
     const long long step = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)b * blockDim.x + tid;
     const long long units = n / W, rest = units * W;
@@ -36,7 +36,7 @@ extern "C" __global__ void __launch_bounds__(512) NAME(
             aioccl_copy(src, dst, units, first, step, al);
             for (long long i = rest + first; i < n; i += step) dst[i] = src[i];
         }
-        if (tid == 0) ((volatile u64*)(bases[rank] + AIOCCL_FP_OFFSET))[e & 1u] = fp;
+        if (tid == 0) ((volatile u64*)(bases[rank] + PIECE_FP_OFFSET))[e & 1u] = fp;
     }
     if (phase & 2) {
         __syncthreads();
@@ -49,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(512) NAME(
                 if ((++spins & 255u) == 0u) {
                     if (err[0] != 0) { give_up = 1; break; }
                     if ((long long)(aioccl_now_ns() - t0) > timeout_ns) {
-                        aioccl_fail(err, AIOCCL_ERR_TIMEOUT, (u32)tid, e, (u32)kind); give_up = 1; break;
+                        aioccl_fail(err, PIECE_ERR_TIMEOUT, (u32)tid, e, (u32)kind); give_up = 1; break;
                     }
                 }
             }
@@ -57,8 +57,8 @@ extern "C" __global__ void __launch_bounds__(512) NAME(
     }
     if (phase & 4) {
         __syncthreads();
-        if (tid < nranks && ((volatile u64*)(bases[tid] + AIOCCL_FP_OFFSET))[e & 1u] != fp) {
-            aioccl_fail(err, AIOCCL_ERR_MISMATCH, (u32)tid, e, (u32)kind); give_up = 1;
+        if (tid < nranks && ((volatile u64*)(bases[tid] + PIECE_FP_OFFSET))[e & 1u] != fp) {
+            aioccl_fail(err, PIECE_ERR_MISMATCH, (u32)tid, e, (u32)kind); give_up = 1;
         }
         __syncthreads();
         if (give_up) return;

@@ -1,7 +1,7 @@
 // What every piece kernel uses (gpu_piece.cu): acquire and release flags, the clock, 16-byte units of data
 // moved UNROLL at a time per thread, and the error word. Compiled once per module, before the kernels;
-// kernels/gpu_piece.py puts before it the scratch layout's constants (AIOCCL_HEADER_BYTES, AIOCCL_FP_OFFSET,
-// AIOCCL_ERR_*, UNROLL) and the float16/bfloat16 conversions of kernels/gpu.py.
+// kernels/gpu_piece.py puts before it the scratch layout's constants (PIECE_HEADER_BYTES, PIECE_FP_OFFSET,
+// PIECE_ERR_*, UNROLL) and the float16/bfloat16 conversions of kernels/gpu.py.
 typedef unsigned int u32;
 typedef unsigned long long u64;
 __device__ __forceinline__ u32 aioccl_ld_acquire(const u32* p) {

@@ -57,8 +57,8 @@ _MACROS = ("T", "NAME", "COMBINE", "SCALE")
 def _prelude() -> str:
     """What each module starts with: the scratch layout's constants (from here, never copied into the CUDA
     files), the float16/bfloat16 conversions, and what every kernel uses."""
-    defines = {"AIOCCL_HEADER_BYTES": HEADER_BYTES, "AIOCCL_FP_OFFSET": FP_OFFSET, "AIOCCL_ERR_TIMEOUT": ERR_TIMEOUT,
-               "AIOCCL_ERR_MISMATCH": ERR_MISMATCH, "UNROLL": UNROLL}
+    defines = {"PIECE_HEADER_BYTES": HEADER_BYTES, "PIECE_FP_OFFSET": FP_OFFSET, "PIECE_ERR_TIMEOUT": ERR_TIMEOUT,
+               "PIECE_ERR_MISMATCH": ERR_MISMATCH, "UNROLL": UNROLL}
     return ("".join(f"#define {k} {v}\n" for k, v in defines.items()) + HALF_CONVERT + BF16_CONVERT
             + COMMON_FILE.read_text())
 
