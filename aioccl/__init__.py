@@ -6,10 +6,7 @@
 
 import sys as _sys
 
-from . import (
-    error_file,
-    gpu,  # the probe only: cupy is imported by the first GPU buffer, never here
-)
+from . import error_file, gpu
 from .bootstrap.unique_id import UniqueId
 from .communicator import Communicator
 from .dtypes import SUPPORTED_DTYPES, ReduceOp

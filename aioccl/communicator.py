@@ -31,10 +31,10 @@ from .bootstrap.unique_id import UniqueId
 from .buffers import Buf, same_device
 from .collectives import CollectiveOps
 from .dtypes import ReduceOp, dtype_code
-from .engine import shm_native
 from .engine.engine import Engine
 from .engine.op import Op
-from .engine.shm_channel import ShmChannel
+from .engine.shm import native as shm_native
+from .engine.shm.channel import ShmChannel
 from .engine.view import CommView
 from .envvars import check_timeout, env_int, env_timeout
 from .errors import CommAborted, InvalidArgument, PeerLost
@@ -49,7 +49,7 @@ from .recovery import on_member_lost
 from .topology import Topology
 from .tracking import OpTracking
 from .transport.ib.connection import IbConnection
-from .transport.shm_pair import ShmPairConnection
+from .transport.shm.pair import ShmPairConnection
 from .tuning import Tuning
 from .work import Work
 
@@ -365,7 +365,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
             # the private group for its host side: a collective, issued now, at the same point on every rank
             side = self.split(0)
             self._gpu = GpuRunner(Owner(self.rank, self.world_size, self.local_world_size, f"{self._view.ctx:x}",
-                                        self._engine, side, self._recorder._ring.append, self._publish_gpu_lane))
+                                        self._engine, side, self._recorder.entries.append, self._publish_gpu_lane))
         return self._gpu
 
     def _publish_gpu_lane(self, lane: Any) -> None:
@@ -382,7 +382,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
     async def _open_channel(self, timeout: float, what: str) -> None:
         """A new child's shared-memory channel, when its ranks share one host (on the engine loop; every
         member calls it at the same point, before any op on the child)."""
-        from .engine.shm_setup import setup
+        from .engine.shm.setup import setup
 
         self._shm = await setup(self._engine, self._view, timeout, what)
         self._forget_plans()  # schedules chosen before: sockets

@@ -21,15 +21,15 @@ import numpy as np
 from . import native
 from .algorithms.table import BY_NAME
 from .dtypes import ReduceOp, dtype_code
-from .engine import shm_native
 from .engine.op import Op
+from .engine.shm import native as shm_native
 from .group import current_group
 from .work import BORN_DONE_LOCK, Work
 
 if TYPE_CHECKING:
     from .algorithms.schedule import Schedule
     from .engine.engine import Engine
-    from .engine.shm_channel import ShmChannel
+    from .engine.shm.channel import ShmChannel
     from .engine.view import CommView
     from .errors import PeerLost
     from .introspection import FlightRecorder
@@ -76,10 +76,10 @@ class FastLane:
             return
         placement = self._engine.placement
         counters = self._counters
-        ring = functools.partial(shm_native.ring_mask, shm) if shm is not None else None
+        ring_bells = functools.partial(shm_native.ring_bells, shm) if shm is not None else None
         self._lane = self._counters = core.Lane(
             shm.native if shm is not None else None, shm, self, Work, BORN_DONE_LOCK, placement, placement.thread_id,
-            placement.lock, current_group, self._recorder._ring.append, ring, tuple(ReduceOp),
+            placement.lock, current_group, self._recorder.entries.append, ring_bells, tuple(ReduceOp),
             np.dtype(ml_dtypes.bfloat16).num, self._native_max, counters.seq, counters.order)
         if self._closed is not None or self._member_lost is not None:
             self._lane.enabled = False  # (a member lost while the channel was set up)

@@ -3,10 +3,10 @@
 A hang in a collective library is almost always one rank that issued
 something else, or nothing, a few calls back. So every op is described
 when it is issued (op, sequence number, count, dtype, root), and the last
-``AIOCCL_FLIGHT_RECORDER`` (64) finished ops are kept in a bounded ring that a
+``AIOCCL_FLIGHT_RECORDER`` (64) finished ops are kept in a bounded record that a
 ``CollectiveTimeout`` carries in its message and the
 log prints. Nothing here is on the data path: a description is one short
-string per op, and the ring is a ``deque`` with ``maxlen``.
+string per op, and the record is a ``deque`` with ``maxlen``.
 """
 
 from __future__ import annotations
@@ -72,12 +72,12 @@ class FlightRecorder:
 
     def __init__(self, size: int | None = None) -> None:
         size = recorder_size() if size is None else size
-        self._ring: deque[tuple[str, int, Any, BaseException | None, float]] = deque(maxlen=max(1, size))
+        self.entries: deque[tuple[str, int, Any, BaseException | None, float]] = deque(maxlen=max(1, size))
 
     def add(self, work: Work[Any]) -> None:
         """Called for every op: keeps the raw facts; ``lines()`` formats them."""
-        self._ring.append((work.op, work.seq, work._desc, work._exc, time.monotonic() - work._t0))
+        self.entries.append((work.op, work.seq, work._desc, work._exc, time.monotonic() - work._t0))
 
     def lines(self) -> list[str]:
         return [f"{op} seq {seq} ({describe(desc)}): {'ok' if exc is None else type(exc).__name__} "
-                f"in {took * 1e3:.1f} ms" for op, seq, desc, exc, took in list(self._ring)]
+                f"in {took * 1e3:.1f} ms" for op, seq, desc, exc, took in list(self.entries)]

@@ -46,7 +46,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_P2P_EAGER", "1048576", "p2p", "largest point-to-point payload sent without a rendezvous"),
     Knob("AIOCCL_SEND_QUEUE", "4194304", "p2p", "per peer, bytes of queued sends past which comm.drain() waits"),
     Knob("AIOCCL_UNEXPECTED_BYTES", "67108864", "p2p", "per peer, bytes held for receives not posted yet"),
-    Knob("AIOCCL_SHM_RING", "4194304", "shm", "bytes of each direction's ring between two same-host ranks"),
+    Knob("AIOCCL_SHM_RING", "4194304", "shm", "bytes of each direction's FIFO between two same-host ranks"),
     Knob("AIOCCL_SHM_HEAP", "268435456", "shm", "bytes of registered-buffer heap per rank (comm.alloc)"),
     Knob("AIOCCL_SHM_SPIN_US", "100", "shm", "microseconds a waiting rank spins before it parks"),
     Knob("AIOCCL_LOOP_SLICE_US", "200", "engine", "longest run of a channel's steps before it hands the loop back"),
@@ -104,13 +104,16 @@ def unknown(env: Mapping[str, str]) -> list[str]:
 
 def check(env: Mapping[str, str]) -> list[str]:
     """The error each knob's own parser raises for the values set now (none when all parse)."""
-    from .engine import rendezvous, shm_setup
+    from .engine.p2p import rendezvous
+    from .engine.shm import setup as shm_setup
     from .envvars import env_timeout
     from .errors import AiocclError
     from .gpu import runner as gpu_runner
     from .introspection import recorder_size
-    from .transport import shm, shm_pair_setup, tcp
+    from .transport import tcp
     from .transport.ib import setup as ib_setup
+    from .transport.shm import pair_setup as shm_pair_setup
+    from .transport.shm import segment as shm
     from .tuning import Tuning
     from .watchdog import watchdog_seconds
 

@@ -25,7 +25,7 @@ from .work import Work, completed
 if TYPE_CHECKING:
     from .communicator import Communicator
     from .engine.engine import Engine
-    from .engine.shm_channel import ShmChannel
+    from .engine.shm.channel import ShmChannel
     from .engine.view import CommView
 
 _log = log.get("COLL")

@@ -72,7 +72,7 @@ def fast_lane(comm: Communicator) -> Any:
 
 
 def channel(comm: Communicator) -> Any:
-    """``comm``'s shared-memory channel (``engine/shm_channel.py``), or None when its ranks span hosts."""
+    """``comm``'s shared-memory channel (``engine/shm/channel.py``), or None when its ranks span hosts."""
     return comm._shm
 
 

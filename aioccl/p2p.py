@@ -15,8 +15,8 @@ import numpy as np
 
 from .buffers import Buf, adapt, byte_view, need_writable
 from .dtypes import dtype_code
-from .engine.point_to_point import start_drain, start_probe, start_recv, start_recv_any, start_send
-from .engine.probes import Message as Message
+from .engine.p2p.probes import Message as Message
+from .engine.p2p.starts import start_drain, start_probe, start_recv, start_recv_any, start_send
 from .engine.receives import Status as Status
 from .errors import InvalidArgument
 from .work import Work

@@ -2,7 +2,7 @@
 
 A mixin of ``Communicator``. Choosing (the tuner's cost model, the schedule's construction) costs more
 than an 8-byte op's data, so ``_collective`` looks a call up here first. A same-host communicator's
-small lockstep schedule is also lowered for the native core (``engine/shm_native.py``), and an in-place
+small lockstep schedule is also lowered for the native core (``engine/shm/native.py``), and an in-place
 all_reduce's program handed to the fast lane.
 """
 
@@ -17,10 +17,10 @@ from .algorithms.schedule import Schedule
 from .algorithms.shm import shm_plan
 from .algorithms.table import BY_NAME
 from .dtypes import dtype_code
-from .engine import shm_native
+from .engine.shm import native as shm_native
 
 if TYPE_CHECKING:
-    from .engine.shm_channel import ShmChannel
+    from .engine.shm.channel import ShmChannel
     from .tuning import Tuning
 
 PLAN_CACHE = 256  # distinct calls (collective, count, dtype, root, placement) whose schedules a communicator keeps

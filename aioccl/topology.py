@@ -68,5 +68,5 @@ def of(comm: Any) -> Topology:
 
 def _transport(comm: Any, peer: int) -> str:
     kind: str = comm.transport_to(peer)
-    lanes = getattr(comm._engine.conns.get(comm._view.ranks[peer]), "lanes", None)
-    return f"{kind}({lanes.parts} streams)" if kind == "tcp" and lanes is not None else kind
+    stripes = getattr(comm._engine.conns.get(comm._view.ranks[peer]), "stripes", None)
+    return f"{kind}({stripes.parts} streams)" if kind == "tcp" and stripes is not None else kind

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from aioccl import Communicator
-from aioccl.engine import shm_native
+from aioccl.engine.shm import native as shm_native
 
 from . import _compat, native_call
 from ._primitive import (

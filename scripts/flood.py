@@ -12,8 +12,8 @@ threads each. Targets: ``--port`` (fixed TCP ports),
 ``--port-dir`` (the newest ``*.port`` file in it, re-read as they appear: a
 root started later), and with ``--pids`` whatever those processes listen on, found
 in /proc again every 0.2 s: their TCP listeners (the root, the bootstrap
-gates) and their ``@aioccl-bell-*`` datagram sockets. ``--target`` picks
-which: ``root`` (the port files and ``--port``), ``gates`` (the pids' TCP
+acceptors) and their ``@aioccl-bell-*`` datagram sockets. ``--target`` picks
+which: ``root`` (the port files and ``--port``), ``acceptors`` (the pids' TCP
 listeners but those), ``bells``, or ``all``.
 
 Prints ``FLOOD DONE`` and the counts per mode at the end (or on SIGTERM).
@@ -57,7 +57,7 @@ class Targets:
         tcp: set[int] = set()
         if self.ns.target in ("root", "all"):
             tcp |= fixed
-        if self.ns.target in ("gates", "all"):
+        if self.ns.target in ("acceptors", "all"):
             tcp |= listeners - fixed
         with self.lock:
             self.tcp = sorted(tcp)
@@ -164,7 +164,7 @@ def main() -> None:
     p.add_argument("--port", type=int, nargs="*", default=[])
     p.add_argument("--port-dir", default=None)
     p.add_argument("--pids", type=int, nargs="*", default=[])
-    p.add_argument("--target", choices=("root", "gates", "bells", "all"), default="all")
+    p.add_argument("--target", choices=("root", "acceptors", "bells", "all"), default="all")
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--holders", type=int, default=20, help="silent connections held at once, at most")

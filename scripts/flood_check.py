@@ -9,17 +9,17 @@ Phases, each with its own sprayer (``flood.py``, as fast as it can):
    flooded;
 1. (no flood) a warm-up round; then each rank records its open fds and RSS;
 2. rounds under a flood of, in turn, the round's root, the ranks' bootstrap
-   gates, the doorbells (``--transport tcp``: no shared memory and 3 TCP
-   streams per pair, so the gates admit every pair's lanes too; no
+   acceptors, the doorbells (``--transport tcp``: no shared memory and 3 TCP
+   streams per pair, so the acceptors admit every pair's stripe sockets too; no
    doorbells). Each round, rank 0 starts a root
    (``UniqueId.new``), the ranks form a communicator through it (the last
-   rank comes ``--late`` s after the others, so gates and root are open
+   rank comes ``--late`` s after the others, so acceptors and root are open
    under the flood), run ``--ops`` all_reduces and all_gathers checked
    element by element, and close it;
 3. (the flood stopped) each rank records its fds and RSS again: they must be
    what they were before the flood (fds equal; RSS within ``--rss-slack-mib``).
    Meanwhile a thread sampled both every 10 ms: the peaks show the bound held
-   the whole time (at most the root's and a gate's handshake queues more fds).
+   the whole time (at most the root's and an acceptor's handshake queues more fds).
 
 Prints one JSON line per rank and ``FLOOD CHECK PASSED`` or the reason it failed.
 """
@@ -41,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOOD = ROOT / "scripts" / "flood.py"
-TARGETS = {"shm": ("root", "gates", "bells"), "tcp": ("root", "gates")}
+TARGETS = {"shm": ("root", "acceptors", "bells"), "tcp": ("root", "acceptors")}
 TRANSPORT_ENV = {"shm": {}, "tcp": {"AIOCCL_SHM_DISABLE": "1", "AIOCCL_NSOCKS": "3"}}
 
 
@@ -162,8 +162,8 @@ def _wait_all(d: Path, pattern: str, n: int, procs: list[subprocess.Popen[str]],
 
 
 def run(ns: argparse.Namespace) -> int:
+    from aioccl.bootstrap.mesh import MAX_HANDSHAKES as MAX_GATE
     from aioccl.bootstrap.ports import reserve
-    from aioccl.bootstrap.rendezvous import MAX_HANDSHAKES as MAX_GATE
     from aioccl.bootstrap.root import MAX_HANDSHAKES as MAX_ROOT
 
     d = Path(tempfile.mkdtemp(prefix="aioccl-flood-"))

@@ -44,7 +44,7 @@ def loopback_port():
 # one of them running alone; the order of the rest is kept
 LONG_FIRST = ("test_sim.py::test_tuner_within", "test_soak.py", "test_bad_network.py", "test_jax_mpi4jax_parity.py",
               "test_torch_suite.py", "test_jax_ext.py::test_mesh", "test_collectives_multiprocess.py::test_matrix",
-              "test_kill_stress.py", "test_lanes.py", "test_torch_backend.py", "test_packaging.py", "test_flood.py",
+              "test_kill_stress.py", "test_stripes.py", "test_torch_backend.py", "test_packaging.py", "test_flood.py",
               "test_mismatch_race.py")
 
 

@@ -2,7 +2,7 @@
 
 The end-to-end check is ``scripts/flood_check.py``: real ranks bootstrap and
 compute while ``scripts/flood.py`` floods the world's root, each round's root,
-the ranks' gates and their doorbells in turn.
+the ranks' acceptors and their doorbells in turn.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from aioccl.bootstrap import admission, auth, rendezvous
+from aioccl.bootstrap import admission, auth, mesh
 from aioccl.bootstrap.admission import Admission, DropLog
 from aioccl.errors import BootstrapError
 
@@ -27,11 +27,11 @@ from conftest import ROOT
 
 @pytest.mark.parametrize("ranks, transport", [(3, "shm"), (4, "tcp")])
 def test_real_ranks_bootstrap_and_compute_exactly_under_a_flood_of_every_port(ranks, transport):
-    """Over tcp each pair opens 3 streams, so the flooded gates admit the lanes too."""
+    """Over tcp each pair opens 3 streams, so the flooded acceptors admit the stripe sockets too."""
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "flood_check.py"), "--ranks", str(ranks),
                           "--ops", "40", "--transport", transport], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "FLOOD CHECK PASSED" in out.stdout, out.stdout[-3000:] + out.stderr[-5000:]
-    for phase in ("world root", "root", "gates") + (("bells",) if transport == "shm" else ()):
+    for phase in ("world root", "root", "acceptors") + (("bells",) if transport == "shm" else ()):
         line = next(x for x in out.stdout.splitlines() if x.startswith(f"{phase}: "))
         hits = sum(int(v) for k, v in (kv.split("=") for kv in line.split() if "=" in kv) if "failed" not in k
                    and "refused" not in k)
@@ -131,7 +131,7 @@ async def test_a_rank_evicted_mid_handshake_dials_again_and_gets_in():
             conn.close()
 
     async with _serve(evict_twice_then_serve) as port:
-        sock = await rendezvous._meet("127.0.0.1", port, secret, time.monotonic() + 10, "rank 3",
+        sock = await mesh._meet("127.0.0.1", port, secret, time.monotonic() + 10, "rank 3",
                                       {"rank": 1, "comm_id": 5}, rank=1)
         sock.close()
         for _ in range(100):
@@ -151,12 +151,12 @@ async def test_a_port_held_by_another_program_fails_at_once_naming_it():
         t0 = time.monotonic()
         with pytest.raises(BootstrapError, match=f"the root at 127.0.0.1:{port}: server did not speak the aioccl "
                                                  "handshake: something else listens on that port"):
-            await rendezvous._meet("127.0.0.1", port, b"s" * 16, time.monotonic() + 30, "the root", {}, rank=2)
+            await mesh._meet("127.0.0.1", port, b"s" * 16, time.monotonic() + 30, "the root", {}, rank=2)
         assert time.monotonic() - t0 < 2
 
 
 async def test_a_silent_listener_is_tried_until_the_deadline_and_named(monkeypatch):
-    monkeypatch.setattr(rendezvous, "ATTEMPT_S", 0.3)
+    monkeypatch.setattr(mesh, "ATTEMPT_S", 0.3)
     held: list[socket.socket] = []
 
     async def silent(conn: socket.socket, n: int) -> None:
@@ -167,7 +167,7 @@ async def test_a_silent_listener_is_tried_until_the_deadline_and_named(monkeypat
             t0 = time.monotonic()
             with pytest.raises(BootstrapError, match=f"no handshake with the root at 127.0.0.1:{port} before the "
                                                      "deadline in [2-9] tries.*never sent aioccl's challenge"):
-                await rendezvous._meet("127.0.0.1", port, b"s" * 16, time.monotonic() + 1.5, "the root", {}, rank=2)
+                await mesh._meet("127.0.0.1", port, b"s" * 16, time.monotonic() + 1.5, "the root", {}, rank=2)
             assert time.monotonic() - t0 < 3
             assert len(held) >= 2
     finally:

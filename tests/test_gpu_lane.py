@@ -2,8 +2,8 @@
 
 No GPU here: ``tests/native/standin_cuda.c`` is built into a library that answers the driver calls the
 lane makes and records them, so each test checks exactly what would reach the GPU, in what order, with
-which kernel arguments and epochs: both forms, the event and the bounded ring, the checks that send a call
-the general way, driver errors, cross-stream ordering, and several threads issuing at once."""
+which kernel arguments and epochs: both forms, the event and the bounded window of ops in flight, the
+checks that send a call the general way, driver errors, cross-stream ordering, and several threads issuing at once."""
 
 from __future__ import annotations
 
@@ -267,7 +267,7 @@ def test_the_ring_is_bounded_the_oldest_waited_for_and_free_events_reused(driver
     assert lane.oldest() is None and lane.tracked == 0
     del first
     ev = None
-    for k in range(1025, 1025 + 1024):  # around the ring again: every event free now, reused
+    for k in range(1025, 1025 + 1024):  # around the window again: every event free now, reused
         ev = lane.enqueue(plan, STREAM, k, 1, 5.0, None, True)
         del ev
     assert Event.made == made + 1025

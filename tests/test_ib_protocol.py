@@ -72,7 +72,7 @@ def test_receiver_hands_chunks_on_in_order_and_returns_credits():
     with pytest.raises(ProtocolError, match="not expected"):
         rx.on_write(1, 1)  # a duplicate
     with pytest.raises(ProtocolError, match="not expected"):
-        rx.on_write(3 + 4, 1)  # beyond the ring
+        rx.on_write(3 + 4, 1)  # beyond the FIFO
     assert rx.on_write(3, 1) == [(3, 1)]
 
 
@@ -105,7 +105,7 @@ def _run(sizes: list[int], slot: int, nslots: int, seed: int) -> None:
     """Frames through the windows with completions in random order; every byte checked."""
     rng = random.Random(seed)
     tx, rx = SendWindow(nslots), RecvWindow(nslots)
-    ring = bytearray(nslots * slot)
+    fifo = bytearray(nslots * slot)
     got: list[tuple[Header, bytes]] = []
     targets: dict[int, bytearray] = {}
 
@@ -137,13 +137,13 @@ def _run(sizes: list[int], slot: int, nslots: int, seed: int) -> None:
         if move == "send":
             slot_i, imm = tx.take()
             data = chunks.pop(0)
-            ring[slot_i * slot:slot_i * slot + len(data)] = data  # the RDMA write places the bytes
+            fifo[slot_i * slot:slot_i * slot + len(data)] = data  # the RDMA write places the bytes
             in_flight.append((slot_i, imm, data))
             pending_done.append(slot_i)
         elif move == "land":
             slot_i, imm, data = in_flight.pop(rng.randrange(len(in_flight)))  # reordered completion
             for s, nbytes in rx.on_write(imm, len(data)):
-                reasm.feed(memoryview(ring)[s * slot:s * slot + nbytes])
+                reasm.feed(memoryview(fifo)[s * slot:s * slot + nbytes])
                 rx.release()
             credit = rx.credit_due()
             if credit is not None:

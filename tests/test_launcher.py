@@ -95,7 +95,7 @@ def _wait_gone(pids: list[int], within: float) -> None:
 
 
 def _segments() -> set[str]:
-    from aioccl.transport.shm import SHM_DIR
+    from aioccl.transport.shm.segment import SHM_DIR
 
     return shm_segments() if os.path.isdir(SHM_DIR) else set()
 

@@ -61,7 +61,7 @@ class SlowLink:
     def __init__(self, conn: Any, hold: Callable[[int], float]) -> None:
         self.conn, self.hold = conn, hold
         self.send0, self.control0 = conn.send, getattr(conn, "send_control", None)
-        self.lanes: tuple[deque[Any], deque[Any]] = (deque(), deque())  # data and control; notices
+        self.queues: tuple[deque[Any], deque[Any]] = (deque(), deque())  # data and control; notices
         self.pumps: list[asyncio.Task[None] | None] = [None, None]
         conn.send = self.send
         if self.control0 is not None:
@@ -76,10 +76,10 @@ class SlowLink:
         loop = asyncio.get_running_loop()
         kind = unpack(header[:HEADER_SIZE]).kind
         lane = int(kind in NOTICES)
-        self.lanes[lane].append((loop.time() + self.hold(kind), header, payload, fut))
+        self.queues[lane].append((loop.time() + self.hold(kind), header, payload, fut))
         pump = self.pumps[lane]
         if pump is None or pump.done():
-            self.pumps[lane] = loop.create_task(self._drain(self.lanes[lane]))
+            self.pumps[lane] = loop.create_task(self._drain(self.queues[lane]))
 
     async def send(self, header: bytes, payload: Any) -> None:
         fut = asyncio.get_running_loop().create_future()

@@ -122,7 +122,7 @@ def test_the_core_under_address_and_undefined_behaviour_sanitizers(tmp_path):
     run = subprocess.run([str(exe), "20000", str(standin)], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0"})
     assert run.returncode == 0 and "native core checks passed" in run.stdout, run.stdout + run.stderr
-    assert "launch ring checks passed" in run.stdout, run.stdout
+    assert "launcher checks passed" in run.stdout, run.stdout
     assert "runtime error" not in run.stderr and "AddressSanitizer" not in run.stderr, run.stderr
 
 

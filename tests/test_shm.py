@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import aioccl
-from aioccl.transport.shm import SHM_DIR, segment_name, sweep_stale
+from aioccl.transport.shm.segment import SHM_DIR, segment_name, sweep_stale
 
 from conftest import WORKERS, close_all, launch, make_comms, orphaned_segments, shm_segments
 

@@ -1,4 +1,4 @@
-"""Shared memory as a transport between two ranks: the byte ring alone, then p2p, child communicators
+"""Shared memory as a transport between two ranks: the byte FIFO alone, then p2p, child communicators
 and a lost peer over it in real processes."""
 
 from __future__ import annotations
@@ -12,38 +12,38 @@ import numpy as np
 import pytest
 
 from aioccl.transport.cma import PeerMemory, cookie
-from aioccl.transport.shm_ring import ByteRing, ring_bytes
+from aioccl.transport.shm.fifo import ByteFifo, fifo_bytes
 
 from conftest import ROOT, WORKERS, orphaned_segments, shm_segments
 
 
 def test_a_ring_carries_a_byte_stream_exactly_across_wrap_arounds():
     cap = 256
-    ring = ByteRing(bytearray(ring_bytes(cap)), 0, cap)
+    fifo = ByteFifo(bytearray(fifo_bytes(cap)), 0, cap)
     rng = np.random.default_rng(5)
     stream = rng.integers(0, 256, 20_000, dtype=np.uint8)
     out = np.full(stream.size, 0xEE, np.uint8)  # poisoned
     wrote = read = 0
     while read < stream.size:
         k = int(rng.integers(1, 300))
-        n = ring.write(memoryview(stream[wrote:wrote + k]))
+        n = fifo.write(memoryview(stream[wrote:wrote + k]))
         assert n == min(k, stream.size - wrote, cap - (wrote - read))  # all that fits, never more
         wrote += n
-        assert ring.available() == wrote - read and ring.free() == cap - (wrote - read)
+        assert fifo.available() == wrote - read and fifo.free() == cap - (wrote - read)
         k = int(rng.integers(1, 300))
-        got = ring.read_into(memoryview(out[read:read + k]))
+        got = fifo.read_into(memoryview(out[read:read + k]))
         assert got == min(k, wrote - read)
         read += got
     assert (out == stream).all()
-    assert ring.write(memoryview(bytes(cap))) == cap and ring.write(memoryview(b"x")) == 0  # full
-    assert not ring.producer_blocked()
-    ring.set_blocked(True)
-    assert ring.producer_blocked()
+    assert fifo.write(memoryview(bytes(cap))) == cap and fifo.write(memoryview(b"x")) == 0  # full
+    assert not fifo.producer_blocked()
+    fifo.set_blocked(True)
+    assert fifo.producer_blocked()
 
 
 def test_a_ring_refuses_a_capacity_it_cannot_align():
     with pytest.raises(ValueError, match="multiple of 64"):
-        ByteRing(bytearray(1024), 0, 100)
+        ByteFifo(bytearray(1024), 0, 100)
 
 
 def run(scenario: str, n: int, **env: str) -> subprocess.CompletedProcess[str]:
@@ -60,7 +60,7 @@ CMA_HERE = PeerMemory.open(cookie()) is not None  # may this process read its ow
 @pytest.mark.parametrize(("n", "cma"), [(2, "1"), (3, "1"), (2, "0")])
 def test_point_to_point_runs_over_shared_memory_pairs_bit_exact(n, cma):
     """Every size on every pair at once; a message over the eager limit is read in place out of the
-    sender's memory (cross-memory attach) where the kernel allows it, else it crosses the ring."""
+    sender's memory (cross-memory attach) where the kernel allows it, else it crosses the FIFO."""
     p = run("p2p", n, AIOCCL_SHM_CMA=cma)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     reads = [int(m) for m in re.findall(r" p2p 7 sizes, (\d+) read in place", p.stdout)]
@@ -71,7 +71,7 @@ def test_point_to_point_runs_over_shared_memory_pairs_bit_exact(n, cma):
 @pytest.mark.parametrize("cma", ["1", "0"])
 def test_collectives_over_pairs_send_large_messages_as_offers_read_in_place(cma):
     """Collectives on messages (ring, chain) over shared-memory pairs: a message of 1 MiB or more is offered
-    and read in place where the kernel allows it (one copy, not two through the ring); exact either way."""
+    and read in place where the kernel allows it (one copy, not two through the FIFO); exact either way."""
     p = run("coll_offers", 3, AIOCCL_SHM_CMA=cma, AIOCCL_ALGO="ring,chain")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     reads = [int(m) for m in re.findall(r" coll_offers, (\d+) read in place", p.stdout)]
@@ -158,7 +158,7 @@ def test_a_root_running_ahead_is_held_back_by_the_peers_budget():
 def test_the_offer_handshake_never_lets_a_read_overlap_a_withdrawn_send():
     """Offers and takers in one process (it reads its own memory by pid): each order of take and
     withdraw, a stale look at a reused slot, and a full table."""
-    from aioccl.engine.offers import DECLINED, READ, SLOTS, Offer, Taker
+    from aioccl.engine.p2p.offers import DECLINED, READ, SLOTS, Offer, Taker
     from aioccl.transport.cma import PeerMemory
 
     mem, taker = PeerMemory(os.getpid()), Taker()

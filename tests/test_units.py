@@ -161,7 +161,7 @@ def test_shm_tuner_picks_by_size_and_ranks_and_obeys_overrides():
 
 
 def test_heap_first_fit_and_coalescing():
-    from aioccl.transport.shm_heap import ALIGN, Heap
+    from aioccl.transport.shm.heap import ALIGN, Heap
 
     h = Heap(4096, 16 * ALIGN)
     a, b, c = h.alloc(1), h.alloc(ALIGN + 1), h.alloc(ALIGN)
@@ -178,7 +178,7 @@ def test_heap_first_fit_and_coalescing():
 
 
 def test_shm_settings_parse_and_reject():
-    from aioccl.engine.shm_setup import settings
+    from aioccl.engine.shm.setup import settings
 
     s = settings({"AIOCCL_SHM_DISABLE": "1", "AIOCCL_SHM_BUFFSIZE": "10000"})
     assert s["disabled"] and s["half"] == 9984
@@ -189,7 +189,7 @@ def test_shm_settings_parse_and_reject():
 
 
 def test_a_waiting_rank_spins_yielding_by_default_and_purely_only_when_asked_and_there_is_a_core_to_spare():
-    from aioccl.transport.shm import wait_policy
+    from aioccl.transport.shm.segment import wait_policy
 
     cpus = len(os.sched_getaffinity(0))
     assert wait_policy({"AIOCCL_SHM_SPIN_US": "5"}, 2) == (pytest.approx(5e-6), True)
@@ -268,7 +268,7 @@ def test_a_timeouts_chain_is_followed_to_the_silent_ranks():
     from aioccl.engine.blame import Reports, follow
     from aioccl.transport.frames import TIMEOUT
 
-    # a ring 0 -> 1 -> 2 -> 3 -> 4 (4 and 5 cut off): each waits for its left neighbour; 4 and 5 said nothing
+    # a FIFO 0 -> 1 -> 2 -> 3 -> 4 (4 and 5 cut off): each waits for its left neighbour; 4 and 5 said nothing
     reports = {1: [0], 2: [1], 3: [2], 0: [5]}
     assert follow([2], reports, me=3) == ([5], [0, 1, 2])
     assert follow([0], {**reports, 1: [0]}, me=1) == ([5], [0])

@@ -19,7 +19,7 @@ after every peer has published ``s - 1``; since every rank finishes its
 reads of step ``s - 2`` before it publishes ``s - 1``, a slot is never
 overwritten while someone reads it, with no extra synchronisation. The
 first step of every op waits for all ranks, which also lets every rank check
-that all issued the same op (see ``aioccl.engine.shm_executor``).
+that all issued the same op (see ``aioccl.engine.shm.channel``).
 
 Algorithms (``cap`` = slot half in elements; larger ops run in chunks):
 

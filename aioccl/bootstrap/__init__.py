@@ -1,4 +1,4 @@
-"""Forming a communicator: unique id, authenticated handshake, rendezvous, interfaces."""
+"""Forming a communicator: unique id, authenticated handshake, meeting at the root and the mesh, interfaces."""
 
 from .unique_id import UniqueId
 

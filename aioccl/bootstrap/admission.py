@@ -1,7 +1,7 @@
 """Admission at a listening socket: what a flood of strangers may cost (nothing a real peer needs).
 
-Every listening socket aioccl opens (the root's, each rank's bootstrap gate,
-through which data connections, lanes and shared-memory side channels come)
+Every listening socket aioccl opens (the root's, each rank's bootstrap acceptor,
+through which data connections, their stripe sockets and shared-memory side channels come)
 admits connections the same way:
 
 - a stranger must send its first bytes (the answer to our challenge) within

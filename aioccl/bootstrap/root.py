@@ -1,4 +1,4 @@
-"""The rendezvous root: gathers every rank's address, then hands everyone the table.
+"""The root every rank meets first: gathers every rank's address, then hands everyone the table.
 
 One root serves one communicator. It runs on its own daemon thread and
 event loop (like NCCL's bootstrap root thread), so it keeps serving no matter

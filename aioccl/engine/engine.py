@@ -17,42 +17,36 @@ from typing import Any
 import numpy as np
 
 from .. import log
-from ..bootstrap.rendezvous import Table, rendezvous
+from ..bootstrap import mesh
+from ..bootstrap.mesh import Table
 from ..bootstrap.sockio import Closed
 from ..bootstrap.unique_id import UniqueId
 from ..errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument, PeerLost
 from ..placement import Placement
-from ..transport import shm_pair_setup as pair_setup
-from ..transport.frames import (
-    HEADER_SIZE,
-    MISMATCH,
-    NOTICE,
-    PAUSE,
-    PROBE,
-    Header,
-)
+from ..transport.frames import HEADER_SIZE, MISMATCH, NOTICE, PAUSE, PROBE, Header
 from ..transport.ib import setup as ib_setup
 from ..transport.ib.connection import IbConnection
 from ..transport.ib.port import Port
 from ..transport.pairing import TRANSPORTS, connect_all, tcp_streams
 from ..transport.pairing import hello as streams_hello
-from ..transport.shm import LoopBell
-from ..transport.shm_pair import PairHub, ShmPairConnection
+from ..transport.shm import pair_setup
+from ..transport.shm.pair import PairHub, ShmPairConnection
+from ..transport.shm.segment import LoopBell
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
 from ..transport.wiring import Wiring
 from ..tuning import Tuning
 from ..watchdog import Watchdog, report_unfinished, watchdog_seconds
 from . import blame
-from .backpressure import SendQueue, send_queue_limit
 from .executor import drive, execute
 from .mailbox import Mailbox
 from .notices import Active, Fingerprint, failure_frame
 from .op import Op
-from .point_to_point import net_spin_s
+from .p2p.backpressure import SendQueue, send_queue_limit
+from .p2p.rendezvous import eager_limit, unexpected_budget
+from .p2p.starts import net_spin_s
 from .pool import BufferPool
-from .rendezvous import eager_limit, unexpected_budget
-from .shm_channel import ShmChannel
-from .shm_setup import setup as channel_setup
+from .shm.channel import ShmChannel
+from .shm.setup import setup as channel_setup
 from .view import CommView
 
 _log = log.get("PROXY")
@@ -65,7 +59,7 @@ def _check_agreement(table: Table) -> None:
     for name in sorted({k for p in table.peers for k in p.get("agreed", {})}):
         values = [p.get("agreed", {}).get(name) for p in table.peers]
         if len(set(values)) > 1:
-            for sock in [*table.conns.values(), *(s for lane in table.lanes.values() for s in lane)]:
+            for sock in [*table.conns.values(), *(s for stripe in table.stripes.values() for s in stripe)]:
                 sock.close()
             by_value: dict[str, list[int]] = {}
             for r, v in enumerate(values):
@@ -116,7 +110,7 @@ class Engine:
         setups = [make() for make in TRANSPORTS]
         hellos = {k: v for row in setups for k, v in row.hello().items()}
         agreed = Tuning.from_env(os.environ).agreed()
-        self.table = await rendezvous(uid, rank, size, timeout, {**hellos, "agreed": agreed, **streams_hello()},
+        self.table = await mesh.join(uid, rank, size, timeout, {**hellos, "agreed": agreed, **streams_hello()},
                                       tcp_streams(ib_setup.settings().net))
         _check_agreement(self.table)
         wiring = Wiring(self.loop, rank, self.table.comm_id, self.table.conns, self.mailbox, liveness, timeout)
@@ -127,7 +121,7 @@ class Engine:
             elif isinstance(row, pair_setup.PairSetup):
                 self.pair_hub = row.hub
         for peer, sock in self.table.conns.items():
-            conn = (made.get(peer) or TcpConnection(sock, peer, self.mailbox, liveness, self.table.lanes.get(peer)))
+            conn = (made.get(peer) or TcpConnection(sock, peer, self.mailbox, liveness, self.table.stripes.get(peer)))
             if isinstance(conn, TcpConnection) and self.placement.kind == "inline":
                 conn.share_loop()  # the caller's loop: small pieces, so its timers and tasks wait little
             conn.start()

@@ -39,13 +39,13 @@ from ..errors import CollectiveMismatch
 from ..kernels import UFUNCS, combine, scale
 from ..transport.frames import COFFER, COLL, unpack
 from ..transport.frames import pack as pack_header
-from .offers import Offer
 from .op import Op, Progress, Wait
-from .rendezvous import OFFER_MIN, OFFER_TAIL, SEND_DATA, data
+from .p2p.offers import Offer
+from .p2p.rendezvous import OFFER_MIN, OFFER_TAIL, SEND_DATA, data
 
 if TYPE_CHECKING:
     from .services import EngineServices
-    from .shm_channel import ShmChannel
+    from .shm.channel import ShmChannel
     from .view import CommView
 
 Yield = Wait | Awaitable[Any]

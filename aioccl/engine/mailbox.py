@@ -48,12 +48,12 @@ from ..transport.frames import (
 from .blame import Reports
 from .notice_handling import NoticeHandling
 from .notices import Active, Fingerprint
-from .p2p_posting import PointToPointPosting
+from .p2p.posting import PointToPointPosting
+from .p2p.probes import Probes
+from .p2p.rendezvous import Rendezvous
+from .p2p.wildcards import Wildcards
 from .pool import BufferPool
-from .probes import Probes
 from .receives import Budget, Early, Posted, drop_unfinished
-from .rendezvous import Rendezvous
-from .wildcards import Wildcards
 
 _log = log.get("COLL")
 _net_log = log.get("NET")

@@ -14,12 +14,12 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..bootstrap.rendezvous import Table
+    from ..bootstrap.mesh import Table
     from ..placement import Placement
-    from ..transport.shm import LoopBell
-    from .backpressure import SendQueue
+    from ..transport.shm.segment import LoopBell
     from .mailbox import Mailbox
     from .op import Op
+    from .p2p.backpressure import SendQueue
     from .pool import BufferPool
     from .view import CommView
 

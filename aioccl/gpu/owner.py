@@ -24,5 +24,5 @@ class Owner:
     comm_id: str  # the communicator's context, as errors name it (hex)
     engine: Any  # launch, spawn, placement
     side: Work[Any]  # the private group (a split of the owner, issued by every rank at the same point)
-    record: Callable[[tuple[Any, ...]], None]  # the flight recorder's ring: (op, seq, desc, exc, took)
+    record: Callable[[tuple[Any, ...]], None]  # into the flight recorder: (op, seq, desc, exc, took)
     publish_lane: Callable[[Any], None]  # the owner's collectives call this lane first (None: none)

@@ -1,7 +1,7 @@
 """Reading a same-host peer's memory in place: Linux cross-memory attach (``process_vm_readv``).
 
 A large point-to-point message between two ranks on one host would
-otherwise cross the pair's byte ring: two copies (into the ring, out of it)
+otherwise cross the pair's byte FIFO: two copies (into the FIFO, out of it)
 and half the memory bandwidth. With cross-memory attach the receiver copies
 straight from the sender's buffer into its posted receive, one copy, as
 Open MPI's shared-memory transport does.
@@ -11,7 +11,7 @@ The kernel allows it between processes of one user unless Yama's
 means the peer only if both share a pid namespace. So each side proves it
 at pair set-up: it reads a random *cookie* at an address the peer announced
 and uses the pair only if the value is the one announced (``PeerMemory.open``).
-Where that fails, messages take the ring as before.
+Where that fails, messages take the FIFO as before.
 
 A few words of the peer's memory can also be written (``write``): the
 rendezvous uses that to mark an offer taken before reading it, so a sender

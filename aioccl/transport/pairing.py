@@ -15,10 +15,10 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from ..bootstrap.rendezvous import Streams
-from . import shm_pair_setup as pair_setup
+from ..bootstrap.mesh import Streams
 from .ib import setup as ib_setup
-from .lanes import streams_setting
+from .shm import pair_setup
+from .stripes import streams_setting
 from .wiring import Wiring
 
 

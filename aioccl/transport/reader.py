@@ -1,6 +1,6 @@
 """The reader every stream transport shares: a header, then its payload straight into its target.
 
-A two-state machine over any ``recv_into`` (a socket's, a ring's): read the
+A two-state machine over any ``recv_into`` (a socket's, a FIFO's): read the
 48-byte header, ask the sink (the engine's mailbox) where the payload goes,
 read the payload into that memory (the user's array when its receive is
 posted, a pooled buffer otherwise), tell the sink it is done. No task and no
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .frames import BYE, BYE_ABORT, HEADER_SIZE, Header, unpack
-from .shm_ring import HEAD, TAIL, ByteRing
+from .shm.fifo import HEAD, TAIL, ByteFifo
 
 
 class Sink(Protocol):
@@ -23,7 +23,7 @@ class Sink(Protocol):
 
 
 class Striper(Protocol):
-    """Where a large frame's parts go when it is striped over several streams (``.lanes``)."""
+    """Where a large frame's parts go when it is striped over several streams (``.stripes``)."""
 
     def striped(self, nbytes: int) -> bool: ...
     def receive(self, target: memoryview, done: Callable[[], None]) -> tuple[memoryview, Callable[[], None]]: ...
@@ -36,7 +36,7 @@ class FrameReader:
         self.peer, self.sink = peer, sink
         self.bye_received = False
         self.aborted = False  # the peer's last words said it called abort(): no crash
-        self.stripe: Striper | None = None  # a connection's lanes, when it has some
+        self.stripe: Striper | None = None  # a connection's stripes, when it has some
         self._hbuf = bytearray(HEADER_SIZE)
         self._hview = memoryview(self._hbuf)
         self._view = self._hview  # where the bytes being read go: the header, or a payload target
@@ -63,11 +63,11 @@ class FrameReader:
                 done()
         return budget
 
-    def feed_ring(self, ring: ByteRing, budget: int) -> int:
-        """``feed`` from a byte ring. A frame published whole (and not wrapping around the ring's end)
-        is taken straight from the ring's memory: its header unpacked in place, its payload copied once,
+    def feed_fifo(self, fifo: ByteFifo, budget: int) -> int:
+        """``feed`` from a byte FIFO. A frame published whole (and not wrapping around the FIFO's end)
+        is taken straight from the FIFO's memory: its header unpacked in place, its payload copied once,
         the tail moved once. That is a small message's path; the rest goes through ``feed``."""
-        ctl, data, cap = ring.ctl, ring.data, ring.cap
+        ctl, data, cap = fifo.ctl, fifo.data, fifo.cap
         while budget > 0 and self._done is None and not self._got:
             tail = ctl[TAIL]
             avail, at = ctl[HEAD] - tail, tail % cap
@@ -89,7 +89,7 @@ class FrameReader:
             done()
         if budget <= 0 or ctl[HEAD] == ctl[TAIL]:
             return budget
-        return self.feed(ring.read_into, budget)
+        return self.feed(fifo.read_into, budget)
 
     def _bye(self, h: Header) -> None:
         if h.op == BYE_ABORT:

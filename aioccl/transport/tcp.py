@@ -25,9 +25,9 @@ from .. import log
 from ..bootstrap.sockio import Closed
 from ..envvars import env_float
 from .frames import BYE, SAID_ABORT, Header, abort_words, unpack
-from .lanes import Lanes
 from .reader import FrameReader, Sink
-from .shm import stop_reader
+from .shm.segment import stop_reader
+from .stripes import Stripes
 
 _log = log.get("NET")
 # A large payload goes to the kernel a slice at a time, the loop handed back whenever the writes have held
@@ -68,13 +68,13 @@ def watch_liveness(sock: socket.socket, timeout: float) -> None:
 
 
 class TcpConnection:
-    """``lanes``: the pair's extra streams (``aioccl.transport.lanes``), none for one stream."""
+    """``stripes``: the pair's extra streams (``aioccl.transport.stripes``), none for one stream."""
 
     def __init__(self, sock: socket.socket, peer: int, sink: Sink, liveness: float | None = None,
-                 lanes: list[socket.socket] | None = None) -> None:
+                 stripes: list[socket.socket] | None = None) -> None:
         self.sock = sock
         if liveness is not None:
-            for s in [sock, *(lanes or ())]:
+            for s in [sock, *(stripes or ())]:
                 if s.family in (socket.AF_INET, socket.AF_INET6):
                     watch_liveness(s, liveness)
         self.peer = peer
@@ -85,9 +85,9 @@ class TcpConnection:
         self.closed = False
         self._reading = False
         self.reader = FrameReader(peer, sink)
-        self.lanes = Lanes(lanes, self._lose) if lanes else None
-        if self.lanes is not None:
-            self.reader.stripe = self.lanes
+        self.stripes = Stripes(stripes, self._lose) if stripes else None
+        if self.stripes is not None:
+            self.reader.stripe = self.stripes
         self._control = bytearray()  # control frames (failure notices) waiting for the socket
         self._said_bye = False  # a graceful close's BYE went out: abort() then adds no last words
         self.write_slice, self.read_budget = PRIVATE_SLICES  # share_loop() for an engine on the caller's loop
@@ -104,18 +104,18 @@ class TcpConnection:
     async def send(self, header: bytes, payload: memoryview | None) -> None:
         if self.closed:
             raise Closed("connection already closed")
-        lanes = self.lanes
-        if lanes is not None and payload is not None and lanes.striped(len(payload)):
-            await self._send_striped(lanes, header, payload)
+        stripes = self.stripes
+        if stripes is not None and payload is not None and stripes.striped(len(payload)):
+            await self._send_striped(stripes, header, payload)
             return
         async with self._lock:
             await self._write(header, payload)
 
-    async def _send_striped(self, lanes: Lanes, header: bytes, payload: memoryview) -> None:
-        """The header and part 0 on this stream, the other parts on the lanes, all at once. The parts
-        are queued to the lanes under this stream's lock, so lanes carry them in their headers' order."""
+    async def _send_striped(self, stripes: Stripes, header: bytes, payload: memoryview) -> None:
+        """The header and part 0 on this stream, the other parts on the stripes, all at once. The parts
+        are queued to the stripes under this stream's lock, so stripes carry them in their headers' order."""
         async with self._lock:
-            first, rest = lanes.send(payload)
+            first, rest = stripes.send(payload)
             try:
                 await self._write(header, first)
             except BaseException:
@@ -242,12 +242,12 @@ class TcpConnection:
 
     def _lose(self, e: BaseException) -> None:
         self._stop_reading()
-        lanes = self.lanes
-        if lanes is not None and lanes.busy() and self.bye_received and isinstance(e, Closed) and not self.closed:
-            lanes.on_idle = lambda: self._lose(e)  # a peer that said goodbye: its last parts are still coming
+        stripes = self.stripes
+        if stripes is not None and stripes.busy() and self.bye_received and isinstance(e, Closed) and not self.closed:
+            stripes.on_idle = lambda: self._lose(e)  # a peer that said goodbye: its last parts are still coming
             return
-        if lanes is not None:
-            lanes.stop()
+        if stripes is not None:
+            stripes.stop()
         if not self.closed:
             self.closed = True
             graceful = self.bye_received and isinstance(e, Closed)
@@ -272,7 +272,7 @@ class TcpConnection:
         data while it is (a send blocked on it still ends at its op's deadline, naming the peer)."""
         if self.liveness is None or self.closed or self.sock.family not in (socket.AF_INET, socket.AF_INET6):
             return
-        for s in [self.sock, *(lane.sock for lane in (self.lanes.lanes if self.lanes else ()))]:
+        for s in [self.sock, *(stripe.sock for stripe in (self.stripes.stripes if self.stripes else ()))]:
             try:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 0 if paused else int(self.liveness * 1000))
             except (OSError, AttributeError):
@@ -304,8 +304,8 @@ class TcpConnection:
                 pass
         self.closed = True
         self._stop_reading()
-        if self.lanes is not None:
-            self.lanes.close()
+        if self.stripes is not None:
+            self.stripes.close()
         try:
             self.sock.close()
         except OSError:

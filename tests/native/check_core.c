@@ -1,12 +1,12 @@
 /* The native core's own tests, in C: built with AddressSanitizer and UndefinedBehaviorSanitizer and run by
- * tests/test_native.py. Ranks are threads over segments laid out as aioccl/transport/shm.py lays them out.
+ * tests/test_native.py. Ranks are threads over segments laid out as aioccl/transport/shm/segment.py lays them out.
  *
  *   protocol: n ranks run many all_reduce/all_gather ops back to back (spinning briefly, resuming when
  *             blocked), every element checked; a mismatched call is found on every rank;
  *   fuzz:     the readers of shared memory (channel set-up, descriptors, registered offsets, programs)
  *             fed random and hostile contents: every run ends in an allowed code, never outside a mapping;
  *   halves:   float16 and bfloat16 conversions round-trip every value;
- *   launch:   the GPU launch ring against the stand-in driver given as argv[2] (check_launch.c).
+ *   launch:   the GPU launcher against the stand-in driver given as argv[2] (check_launch.c).
  * Only core/ is linked: the pure-C layer builds and runs without Python's headers or library. */
 #define _GNU_SOURCE
 #include <math.h>
@@ -129,7 +129,7 @@ static void *rank_main(void *arg) {
             CHECK(rc == AC_MISMATCH);
             continue;
         }
-        CHECK(rc == AC_DONE || rc == AC_RING);
+        CHECK(rc == AC_DONE || rc == AC_BELLS);
         for (int i = 0; i < count; i++) {
             if (gather) {
                 for (int j = 0; j < w->n; j++)
@@ -227,7 +227,7 @@ static void test_fuzz_channel(int iterations) {
             }
         }
         int rc = ac_run(&ch, prog, len, in, sizeof in, out, sizeof out, AC_DT_F32, gather ? 0 : AC_OP_SUM, it, it);
-        CHECK(rc == AC_DONE || rc == AC_RING || rc == AC_BLOCKED || rc == AC_MISMATCH || rc == AC_CORRUPT ||
+        CHECK(rc == AC_DONE || rc == AC_BELLS || rc == AC_BLOCKED || rc == AC_MISMATCH || rc == AC_CORRUPT ||
               rc == AC_NOT_CLEAN);
         outcomes[-rc]++;
         ac_reset(&ch);
@@ -261,7 +261,7 @@ static void test_fuzz_programs(int iterations) {
         size_t lens[3] = {w.len, w.len, w.len};
         CHECK(ac_chan_init(&ch, 0, 3, w.seg, lens, 0, 0) == 0);
         int rc = ac_run(&ch, p, len, in, sizeof in, out, sizeof out, AC_DT_F32, AC_OP_SUM, it, it);
-        CHECK(rc <= 0 && rc >= AC_RING);
+        CHECK(rc <= 0 && rc >= AC_BELLS);
         ac_chan_free(&ch);
     }
     /* also programs the lowering would make, with one word broken */

@@ -1,4 +1,4 @@
-/* The GPU launch ring (core/launch.c) without Python and without a GPU: the core's driver table is loaded
+/* The GPU launcher (core/launch.c) without Python and without a GPU: the core's driver table is loaded
  * from tests/native/standin_cuda.c, which records every call, so these checks see what would reach the GPU.
  * Part of check_core (tests/test_native.py builds both with AddressSanitizer and UBSan). */
 #define _GNU_SOURCE
@@ -57,7 +57,7 @@ static void test_stream_form(void) {
     ac_plan p = make_plan(2, 1);
     int slot = ac_launcher_reserve(&l);
     CHECK(slot == 0 && l.count == 1);
-    l.ring[slot].event = H(7);
+    l.inflight[slot].event = H(7);
     reset();
     unsigned epoch = 0;
     ac_driver_error de = ac_launcher_launch(&l, &p, H(0x51), H(7), 12, 3, 2.5, &epoch);
@@ -82,13 +82,13 @@ static void test_stream_form(void) {
     double timeout;
     CHECK(ac_launcher_recent(&l, 41, &seq, &kind, &timeout) && seq == 12 && kind == 3 && timeout == 2.5);
     CHECK(!ac_launcher_recent(&l, 43, &seq, &kind, &timeout));
-    /* the ring: the op stays until its event completes */
+    /* in flight: the op stays until its event completes */
     CHECK(ac_launcher_oldest(&l)->seq == 12 && ac_launcher_retire(&l) == -1);
     complete_all();
     CHECK(ac_launcher_retire(&l) == slot && l.count == 0 && ac_launcher_oldest(&l) == NULL);
     /* the next op on another stream first waits for the last op's event */
     slot = ac_launcher_reserve(&l);
-    l.ring[slot].event = H(8);
+    l.inflight[slot].event = H(8);
     reset();
     de = ac_launcher_launch(&l, &p, H(0x52), H(8), 13, 3, 2.5, &epoch);
     CHECK(de.rc == CU_SUCCESS && epoch == 44 && log_()[0].call == 5 && log_()[0].handle == H(7) &&
@@ -113,7 +113,7 @@ static void test_stream_form(void) {
     ac_launcher_destroy(&l);
 }
 
-static void test_spin_form_and_the_ring_bound(void) {
+static void test_spin_form_and_the_window_bound(void) {
     ac_launcher l;
     unsigned long long flags[2] = {0x100, 0x200};
     CHECK(ac_launcher_init(&l, 0, 0, 2, flags, 0) == 0);
@@ -131,7 +131,7 @@ static void test_spin_form_and_the_ring_bound(void) {
     for (int k = 0; k < AC_TRACKED; k++) {
         int slot = ac_launcher_reserve(&l);
         CHECK(slot == k);
-        l.ring[slot].event = H(100 + k);
+        l.inflight[slot].event = H(100 + k);
         ac_launcher_track(&l, slot, 1, k, 0, 1.0, 1.0, 0);
     }
     CHECK(ac_launcher_reserve(&l) == -1);
@@ -186,7 +186,7 @@ static void test_threads(void) {
 
 void test_launcher(const char *standin) {
     if (standin == NULL) {
-        printf("launch ring: skipped (no stand-in driver given)\n");
+        printf("launcher: skipped (no stand-in driver given)\n");
         return;
     }
     char why[512];
@@ -202,7 +202,7 @@ void test_launcher(const char *standin) {
     CHECK(count && log_ && reset && fail && complete_all && set_nargs);
     set_nargs(2); /* the stand-in reads this many argument slots of each launch */
     test_stream_form();
-    test_spin_form_and_the_ring_bound();
+    test_spin_form_and_the_window_bound();
     test_threads();
-    printf("launch ring checks passed\n");
+    printf("launcher checks passed\n");
 }

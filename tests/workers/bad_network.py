@@ -61,7 +61,7 @@ async def one(comm: aioccl.Communicator, i: int) -> bool:
         x = np.arange(n * 10, dtype=np.int32) + 1000 * r
         await comm.all_to_all(x, timeout=t)
         return bool((x == np.concatenate([np.arange(r * 10, r * 10 + 10) + 1000 * j for j in range(n)])).all())
-    if BIG_P2P:  # kind 7: 3 MiB and a few bytes to the next host's rank, striped when the pair has lanes
+    if BIG_P2P:  # kind 7: 3 MiB and a few bytes to the next host's rank, striped when the pair has stripe sockets
         size = (3 << 20) + i % 5
         right, left = (r + comm.local_world_size) % n, (r - comm.local_world_size) % n
         got = np.full(size, 255, np.uint8)

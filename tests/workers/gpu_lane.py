@@ -117,7 +117,7 @@ def host_time(comm: aioccl.Communicator) -> tuple[float, float, float]:
         comm.all_reduce(x, "max")
         single.append((time.perf_counter() - t0) * 1e6)
     s.synchronize()
-    inside = [took * 1e6 for op, _, _, exc, took in list(comm._recorder._ring)[-200:] if op == "all_reduce"]
+    inside = [took * 1e6 for op, _, _, exc, took in list(comm._recorder.entries)[-200:] if op == "all_reduce"]
     return float(np.median(sets)), float(np.median(single)), float(np.median(inside))
 
 

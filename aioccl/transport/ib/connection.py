@@ -1,7 +1,7 @@
 """One peer over an RC queue pair: the same frame transport as ``tcp.py``, moved by RDMA writes.
 
 Memory: one region per connection, registered once at setup, holding my
-receive ring (the peer writes into it), my send staging (one slot per ring
+receive FIFO (the peer writes into it), my send staging (one slot per FIFO
 slot), and small buffers for credit messages. A payload that lies in a
 region this engine registered (``comm.alloc``, scratch) is written straight
 from where it lies (zero copy), and ``send`` returns only once those writes
@@ -59,9 +59,9 @@ class IbConnection:
         self.closed = False
         self.error: str | None = None
         self._credit_slots = send_depth(nslots) - nslots
-        ring = nslots * slot
-        self._staging = ring
-        self._ctrl_recv = 2 * ring
+        fifo = nslots * slot
+        self._staging = fifo
+        self._ctrl_recv = 2 * fifo
         self._ctrl_send = self._ctrl_recv + recv_depth(nslots) * CREDIT.size
         self.mem = np.zeros(self._ctrl_send + self._credit_slots * CREDIT.size, dtype=np.uint8)
         self.mv = self.mem.data
@@ -75,18 +75,18 @@ class IbConnection:
         self._written = 0
         self._credits_out = 0
         self._credit_seq = 0
-        self.remote_ring = 0
+        self.remote_fifo = 0
         self.remote_rkey = 0
         port.handlers[conn_id] = self
         for i in range(recv_depth(nslots)):
             self._post_recv(i)
 
-    def ring_info(self) -> dict[str, int]:
-        return {"ring": self.mem.ctypes.data, "rkey": self.region.rkey}
+    def fifo_info(self) -> dict[str, int]:
+        return {"fifo": self.mem.ctypes.data, "rkey": self.region.rkey}
 
-    def connect(self, remote: Endpoint, ring: int, rkey: int) -> None:
+    def connect(self, remote: Endpoint, fifo: int, rkey: int) -> None:
         self.qp.connect(remote)
-        self.remote_ring, self.remote_rkey = ring, rkey
+        self.remote_fifo, self.remote_rkey = fifo, rkey
 
     def start(self) -> None:
         self.side.start()
@@ -118,7 +118,7 @@ class IbConnection:
                     pieces = [Piece(self.region, base, at - base)] if at > base else []
                     pieces.append(Piece(direct, addr + off - direct.addr, k))
                 self._post(self.qp.post_write_imm, wr_id(self.id, KIND_WRITE, slot), pieces,
-                           self.remote_ring + slot * self.slot, self.remote_rkey, imm)
+                           self.remote_fifo + slot * self.slot, self.remote_rkey, imm)
                 self._posted += 1
             if direct is not None:
                 last = self._posted

@@ -17,7 +17,7 @@ import threading
 from typing import Protocol
 
 from ... import log
-from ..shm import stop_reader
+from ..shm.segment import stop_reader
 from .protocol import split_wr_id
 from .verbs import Completion, Device, Region
 

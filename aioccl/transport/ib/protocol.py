@@ -1,6 +1,6 @@
 """The ib transport's protocol, as pure state machines (no verbs, no loop, no clock).
 
-A connection is one RC queue pair per peer pair. Each side owns a *ring* of
+A connection is one RC queue pair per peer pair. Each side owns a *FIFO* of
 ``nslots`` receive slots of ``slot`` bytes, registered for remote write; the
 peer learns its address and key at setup. A frame (the 48-byte header of
 ``..frames`` and its payload) travels as one or more *chunks*, one RDMA
@@ -122,7 +122,7 @@ class RecvWindow:
             raise ProtocolError(f"chunk {imm} is not expected (next is {self.next & MASK32}, "
                                 f"{self.nslots} slots)")
         if (self.next + ahead) - self.freed >= self.nslots:
-            raise ProtocolError(f"chunk {imm} overran the ring: the sender ignored its credits")
+            raise ProtocolError(f"chunk {imm} overran the FIFO: the sender ignored its credits")
         self._early[ahead] = nbytes
         due: list[tuple[int, int]] = []
         while 0 in self._early:

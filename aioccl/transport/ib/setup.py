@@ -12,7 +12,7 @@ Choice, per pair, made identically on both sides from the rendezvous table
   side is an error that names the rank and its reason.
 
 Bring-up of one pair, two JSON messages each way on the pair's socket:
-(1) my queue pair's endpoint, my ring's address and key, my slot settings;
+(1) my queue pair's endpoint, my FIFO's address and key, my slot settings;
 (2) whether connecting (INIT -> RTR -> RTS) worked here. The pair uses ib only
 if both said yes; otherwise it falls back to TCP with a warning (an error
 under ``AIOCCL_NET=ib``).
@@ -125,7 +125,7 @@ async def connect(w: Wiring, peers: set[int], v: Verdict, s: Settings) -> tuple[
             if port is not None:
                 conn = IbConnection(port, j + 1, j, w.sink, sock, port.device.create_qp(depth),
                                     s.nslots, s.slot, w.liveness)
-                mine: dict[str, Any] = {"ep": conn.qp.endpoint().to_json(), **conn.ring_info(),
+                mine: dict[str, Any] = {"ep": conn.qp.endpoint().to_json(), **conn.fifo_info(),
                                         "nslots": s.nslots, "slot": s.slot}
             else:
                 mine = {"fail": err}
@@ -142,7 +142,7 @@ async def connect(w: Wiring, peers: set[int], v: Verdict, s: Settings) -> tuple[
         if ok:
             assert conn is not None
             try:
-                conn.connect(Endpoint.from_json(theirs["ep"]), int(theirs["ring"]), int(theirs["rkey"]))
+                conn.connect(Endpoint.from_json(theirs["ep"]), int(theirs["fifo"]), int(theirs["rkey"]))
             except Exception as e:
                 ok, err = False, f"connecting the queue pair failed: {e!r}"
         await send_json(sock, {"ok": ok, "why": err})

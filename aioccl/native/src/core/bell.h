@@ -1,4 +1,4 @@
-/* Doorbells rung from C: a datagram to a parked rank's unix socket wakes its engine (transport/shm.py's
+/* Doorbells rung from C: a datagram to a parked rank's unix socket wakes its engine (transport/shm/segment.py's
  * LoopBell listens). A bell that is full has rung already; a vanished peer is found by its connection. */
 #ifndef AIOCCL_BELL_H
 #define AIOCCL_BELL_H

@@ -181,7 +181,7 @@ static void publish(ac_chan *ch, int64_t s) {
     __atomic_store_n(&ctl(ch, ch->rank)[AC_W_CTR], s, __ATOMIC_SEQ_CST);  /* a full fence on x86 */
     for (int j = 0; j < ch->size; j++)
         if (j != ch->rank && __atomic_load_n(&ctl(ch, j)[AC_W_SLEEP], __ATOMIC_SEQ_CST))
-            ch->ring |= 1ULL << j;
+            ch->bells |= 1ULL << j;
 }
 
 /* -- reading ------------------------------------------------------------------------------------ */
@@ -312,7 +312,7 @@ static int finish(ac_chan *ch) {
     for (int j = 0; j < ch->size; j++)  /* a rank gave this op (or a later one) up: not mine to decide */
         if (load_acq(&ctl(ch, j)[AC_W_GAVE_UP]) > ch->order)
             return AC_NOT_CLEAN;
-    return ch->ring ? AC_RING : AC_DONE;
+    return ch->bells ? AC_BELLS : AC_DONE;
 }
 
 static int advance(ac_chan *ch, int64_t until) {
@@ -430,7 +430,7 @@ int ac_run(ac_chan *ch, const int64_t *prog, size_t prog_len, void *inp, size_t 
     ch->step_index = 0;
     ch->phase = 0;
     ch->first = 1;
-    ch->ring = 0;
+    ch->bells = 0;
     ch->active = 1;
     ch->base = ac_step(ch);
     ch->in_off = prog[2] ? heap_offset(ch, inp, in_len) : -1;
@@ -448,6 +448,6 @@ int ac_resume(ac_chan *ch) {
         snprintf(ch->error, sizeof ch->error, "no native op in progress on this channel");
         return AC_CORRUPT;
     }
-    ch->ring = 0;
+    ch->bells = 0;
     return advance(ch, now_ns() + ch->spin_ns);
 }

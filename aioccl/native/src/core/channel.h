@@ -1,7 +1,7 @@
 /* The lockstep protocol of a same-host communicator's shared-memory channel, in native code.
  *
  * The same protocol as aioccl/engine/executor.py runs for a schedule's lockstep steps (and the same
- * segment layout, aioccl/transport/shm.py), so a native op and a Python op interleave on one channel
+ * segment layout, aioccl/transport/shm/segment.py), so a native op and a Python op interleave on one channel
  * and a rank on either path meets its peers on the other. Per step s (counting up, never reset):
  *
  *   stage  copy my regions into my slot half s % 2 (once every peer has published s - 1),
@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* segment layout: int64 word indices of the control page (aioccl/transport/shm.py) */
+/* segment layout: int64 word indices of the control page (aioccl/transport/shm/segment.py) */
 #define AC_CONTROL_BYTES 4096
 #define AC_W_HALF 2
 #define AC_W_HEAP 3
@@ -48,7 +48,7 @@ enum {
     AC_NOT_CLEAN = -3, /* done, but some rank gave up this op or a later one: the caller decides */
     AC_CORRUPT = -4,   /* a peer's memory holds an impossible value (ac_chan.error) */
     AC_UNSUITABLE = -5,/* this op cannot run here (buffers too small for the program): nothing was sent */
-    AC_RING = -6,      /* done, and parked peers need their doorbell (ac_chan.ring); else as AC_DONE */
+    AC_BELLS = -6,      /* done, and parked peers need their doorbell (ac_chan.bells); else as AC_DONE */
 };
 
 /* buffers of an op, by the schedule's names */
@@ -81,7 +81,7 @@ typedef struct {
     int blocked_phase;              /* 0: before staging (all peers, s - 1), 1: the step's wait, 2: the
                                        closing step of a zero-copy op (all peers) */
     int peer;                       /* AC_MISMATCH: the rank whose descriptor differs */
-    uint64_t ring;                  /* channel ranks parked on their doorbell when I published */
+    uint64_t bells;                 /* channel ranks parked on their doorbell when I published: to ring */
     char error[160];                /* AC_CORRUPT: what was wrong */
     uint8_t *spill;                 /* a reduction's accumulator when its destination is also an input */
     size_t spill_len;
@@ -94,7 +94,7 @@ int ac_chan_init(ac_chan *ch, int rank, int size, uint8_t *const *segs, const si
                  int64_t spin_ns, int yield_cpu);
 void ac_chan_free(ac_chan *ch);
 
-/* A program is one rank's lockstep schedule, lowered by aioccl/engine/shm_native.py:
+/* A program is one rank's lockstep schedule, lowered by aioccl/engine/shm/native.py:
  *   header: [AC_PROG_MAGIC, nsteps, zero_copy, divisor, code, algo, count, root, max IN, max OUT]
  *   per step: nstage, (buf, start, stop, slot) x nstage; nwait, rank x nwait;
  *             nreads, per read: kind (0 fetch, 1 reduce), nsrc, (rank, buf, start, stop, slot) x nsrc,

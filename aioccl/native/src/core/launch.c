@@ -1,4 +1,4 @@
-/* The GPU launch ring (launch.h). */
+/* The GPU launcher (launch.h). */
 #include "launch.h"
 
 #include <sched.h>
@@ -63,7 +63,7 @@ static ac_driver_error launch_locked(ac_launcher *s, ac_plan *p, cu_handle strea
     }
     if (ev != NULL) {
         CALL("cuEventRecord", ac_cuda->event_record(ev, stream));
-        s->last_ev = ev; /* (the ring holds its event until the ring comes round to it again) */
+        s->last_ev = ev; /* (its in-flight slot holds the event until the slot is reused) */
         s->last_stream = stream;
     }
 #undef CALL
@@ -80,23 +80,23 @@ ac_driver_error ac_launcher_launch(ac_launcher *l, ac_plan *p, cu_handle stream,
 }
 
 ac_tracked *ac_launcher_oldest(ac_launcher *l) {
-    return l->count > 0 ? &l->ring[(l->head - l->count + AC_TRACKED) % AC_TRACKED] : NULL;
+    return l->count > 0 ? &l->inflight[(l->head - l->count + AC_TRACKED) % AC_TRACKED] : NULL;
 }
 
 int ac_launcher_retire(ac_launcher *l) {
     ac_tracked *t = ac_launcher_oldest(l);
     if (t == NULL || t->state == AC_SLOT_RESERVED ||
         (t->state == AC_SLOT_LAUNCHED && ac_cuda->event_query(t->event) == CU_NOT_READY))
-        return -1; /* (any other answer: the event will never say more; the op is over for the ring) */
+        return -1; /* (any other answer: the event will never say more; the op is over for the window) */
     l->count--;
-    return (int)(t - l->ring);
+    return (int)(t - l->inflight);
 }
 
 int ac_launcher_reserve(ac_launcher *l) {
     if (l->count == AC_TRACKED)
         return -1;
     int slot = l->head;
-    l->ring[slot].state = AC_SLOT_RESERVED;
+    l->inflight[slot].state = AC_SLOT_RESERVED;
     l->head = (l->head + 1) % AC_TRACKED;
     l->count++;
     return slot;
@@ -111,7 +111,7 @@ void ac_launcher_unreserve(ac_launcher *l, int slot) {
 
 void ac_launcher_track(ac_launcher *l, int slot, int ok, long long seq, int kind, double timeout, double deadline,
                        unsigned epoch) {
-    ac_tracked *t = &l->ring[slot];
+    ac_tracked *t = &l->inflight[slot];
     t->state = ok ? AC_SLOT_LAUNCHED : AC_SLOT_FAILED;
     t->seq = seq;
     t->kind = kind;

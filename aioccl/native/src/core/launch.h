@@ -1,11 +1,11 @@
-/* The GPU launch ring (launch.c): a GPU op's kernel launches on its stream, with their epochs, its CUDA
- * event, and a bounded ring of the ops in flight, through the driver's calls (cuda_driver.h). Pure C: the
- * CPython layer (py/gpu_lane.c) owns the Python objects that go with a ring slot (the event object the
+/* The GPU launcher (launch.c): a GPU op's kernel launches on its stream, with their epochs, its CUDA
+ * event, and a bounded window of the ops in flight, through the driver's calls (cuda_driver.h). Pure C: the
+ * CPython layer (py/gpu_lane.c) owns the Python objects that go with an in-flight slot (the event object the
  * slot's handle belongs to, the op's buffers) and finds them by the slot's index.
  *
  * Spin form: a piece is one kernel (it derives its epoch from its own flag). Stream form: publish, a flag
  * write of the epoch, a wait on every peer's flag, consume. Every op waits for the previous op's event
- * when it goes on another stream, so a communicator's ops reach the GPU in one order. The ring keeps each
+ * when it goes on another stream, so a communicator's ops reach the GPU in one order. The window keeps each
  * op's event, deadline and epoch for the engine's watch (`oldest`); `recent` names the op of an epoch,
  * read without the mutex. */
 #ifndef AIOCCL_LAUNCH_H
@@ -57,8 +57,8 @@ typedef struct {
     cu_handle last_stream, last_ev;                     /* the last tracked op's stream (compared only) and event */
     unsigned epoch;                                     /* pieces launched so far (atomic) */
     pthread_mutex_t mu;                                 /* launches: one op's pieces at a time, in epoch order */
-    int head, count;                                    /* tracked ops: ring[(head - count) % AC_TRACKED] the oldest */
-    ac_tracked ring[AC_TRACKED];
+    int head, count;                                    /* tracked ops: inflight[(head - count) % AC_TRACKED] the oldest */
+    ac_tracked inflight[AC_TRACKED];
     ac_recent_op recent[AC_RECENT];
 } ac_launcher;
 
@@ -84,7 +84,7 @@ void ac_launcher_track(ac_launcher *l, int slot, int ok, long long seq, int kind
                        unsigned epoch);
 /* The oldest tracked op, or NULL. */
 ac_tracked *ac_launcher_oldest(ac_launcher *l);
-/* Waits until a full ring's oldest op may end: its event (launched), or a yield (another thread is still
+/* Waits until a full window's oldest op may end: its event (launched), or a yield (another thread is still
  * launching it). Blocking: call without the GIL, with what was read of the slot before. */
 void ac_launcher_wait(cu_handle event, int launched);
 /* The op that ran piece `epoch`: 1 and its seq, kind and timeout; 0 when that epoch is too old. */

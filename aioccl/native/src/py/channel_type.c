@@ -67,7 +67,7 @@ PyTypeObject acpy_ProgramType = {
 };
 
 /* -- Channel ------------------------------------------------------------------------------------ */
-void acpy_channel_ring(Channel *chan, uint64_t mask) {
+void acpy_channel_ring_bells(Channel *chan, uint64_t mask) {
     ac_bell_ring(chan->bell_fd, chan->bells, chan->ch.size, mask);
 }
 
@@ -147,7 +147,7 @@ static int live(Channel *self) {
 
 /* the result of run/resume as Python sees it */
 static PyObject *outcome(Channel *self, int rc) {
-    if (rc == AC_DONE || rc == AC_RING || rc == AC_NOT_CLEAN || rc == AC_MISMATCH || rc == AC_CORRUPT)
+    if (rc == AC_DONE || rc == AC_BELLS || rc == AC_NOT_CLEAN || rc == AC_MISMATCH || rc == AC_CORRUPT)
         for (int k = 0; k < 3; k++)
             Py_CLEAR(self->held[k]);
     if (rc == AC_CORRUPT)
@@ -210,7 +210,7 @@ static PyObject *Channel_run(Channel *self, PyObject *const *args, Py_ssize_t na
             Py_XSETREF(self->held[k], Py_NewRef(args[k]));
     }
     self->last = rc;
-    if (rc != AC_DONE && rc != AC_RING && rc != AC_UNSUITABLE)
+    if (rc != AC_DONE && rc != AC_BELLS && rc != AC_UNSUITABLE)
         Py_XSETREF(self->pending, Py_NewRef(args[7]));
     return outcome(self, rc);
 }
@@ -297,10 +297,10 @@ static PyObject *Channel_claim(Channel *self, PyObject *Py_UNUSED(ignored)) {
     return p;
 }
 
-static PyObject *Channel_take_ring(Channel *self, PyObject *Py_UNUSED(ignored)) {
-    uint64_t ring = self->ch.ring;
-    self->ch.ring = 0;
-    return PyLong_FromUnsignedLongLong(ring);
+static PyObject *Channel_take_bells(Channel *self, PyObject *Py_UNUSED(ignored)) {
+    uint64_t bells = self->ch.bells;
+    self->ch.bells = 0;
+    return PyLong_FromUnsignedLongLong(bells);
 }
 
 static PyObject *Channel_descriptors(Channel *self, PyObject *Py_UNUSED(ignored)) {
@@ -359,7 +359,7 @@ static PyMethodDef Channel_methods[] = {
     {"reset", (PyCFunction)Channel_reset, METH_NOARGS, "forget the op in progress"},
     {"close", (PyCFunction)Channel_close, METH_NOARGS, "release the segments' buffers"},
     {"claim", (PyCFunction)Channel_claim, METH_NOARGS, "the owner of an op run() left unfinished, or None; cleared"},
-    {"take_ring", (PyCFunction)Channel_take_ring, METH_NOARGS, "channel ranks to ring (a bit mask), cleared"},
+    {"take_bells", (PyCFunction)Channel_take_bells, METH_NOARGS, "channel ranks to ring (a bit mask), cleared"},
     {"descriptors", (PyCFunction)Channel_descriptors, METH_NOARGS, "every rank's descriptor of the op"},
     {"admit", (PyCFunction)Channel_admit, METH_O, "admit(order): may the engine run that op now (else it holds it)"},
     {"finish", (PyCFunction)Channel_finish, METH_NOARGS, "an op the engine admitted has ended"},

@@ -34,6 +34,6 @@ extern PyTypeObject acpy_ChannelType, acpy_ProgramType;
 int acpy_channel_type_ready(PyObject *module);
 
 /* Ring the doorbells of the channel ranks in `mask` (without the GIL; a no-op before bells are set). */
-void acpy_channel_ring(Channel *chan, uint64_t mask);
+void acpy_channel_ring_bells(Channel *chan, uint64_t mask);
 
 #endif

@@ -6,7 +6,7 @@
  * sequence number, so the caller goes the general way. It takes the op's sequence number and channel
  * order (the Lane owns the communicator's counters), runs the protocol with the GIL released, and
  * returns the done Work with its flight-recorder entry made. An op that must wait longer than a spin
- * comes back as (x, op, code, seq, order) for the engine to carry on with (aioccl/engine/shm_native.py). */
+ * comes back as (x, op, code, seq, order) for the engine to carry on with (aioccl/engine/shm/native.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <sched.h>
@@ -32,7 +32,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     Channel *chan;
-    PyObject *shm, *comm, *lock, *group_var, *record, *ring;
+    PyObject *shm, *comm, *lock, *group_var, *record, *ring_bells;
     PyObject *ops[AC_OP_LAST + 1];
     PyObject *name;
     PyObject *pending; /* (x, op, code, seq, order) of the op last handed to the engine, until claimed */
@@ -55,7 +55,7 @@ static void Lane_clear_cache(Lane *self) {
 }
 
 /* the lane and its communicator hold each other: the cycle collector must see the lane's references */
-#define LANE_REFS(self) {&(self)->shm, &(self)->comm, &(self)->lock, &(self)->group_var, &(self)->record, &(self)->ring, &(self)->name, \
+#define LANE_REFS(self) {&(self)->shm, &(self)->comm, &(self)->lock, &(self)->group_var, &(self)->record, &(self)->ring_bells, &(self)->name, \
     &(self)->pending, (PyObject **)&(self)->chan}
 
 static int Lane_traverse(Lane *self, visitproc visit, void *arg) {
@@ -87,16 +87,16 @@ static void Lane_dealloc(Lane *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Lane(channel, shm, comm, work_type, done_lock, home, thread_id, lock, group_var, record, ring, ops,
+/* Lane(channel, shm, comm, work_type, done_lock, home, thread_id, lock, group_var, record, ring_bells, ops,
  *      bf16_num, max_bytes, seq, order) */
 static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
-    PyObject *chan, *shm, *comm, *work_type, *done_lock, *home, *lock, *group_var, *record, *ring, *ops;
+    PyObject *chan, *shm, *comm, *work_type, *done_lock, *home, *lock, *group_var, *record, *ring_bells, *ops;
     unsigned long thread_id;
     int bf16_num;
     Py_ssize_t max_bytes;
     long long seq, order;
     if (!PyArg_ParseTuple(args, "OOOO!OOkOOOOO!inLL", &chan, &shm, &comm, &PyType_Type, &work_type,
-                          &done_lock, &home, &thread_id, &lock, &group_var, &record, &ring, &PyTuple_Type, &ops,
+                          &done_lock, &home, &thread_id, &lock, &group_var, &record, &ring_bells, &PyTuple_Type, &ops,
                           &bf16_num, &max_bytes, &seq, &order))
         return -1;
     if (chan != Py_None && !PyObject_TypeCheck(chan, &acpy_ChannelType)) {
@@ -115,7 +115,7 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
     Py_XSETREF(self->lock, Py_NewRef(lock));
     Py_XSETREF(self->group_var, Py_NewRef(group_var));
     Py_XSETREF(self->record, Py_NewRef(record));
-    Py_XSETREF(self->ring, Py_NewRef(ring));
+    Py_XSETREF(self->ring_bells, Py_NewRef(ring_bells));
     Py_XSETREF(self->name, PyUnicode_InternFromString("all_reduce"));
     for (int k = 1; k <= AC_OP_LAST; k++)
         Py_XSETREF(self->ops[k], Py_NewRef(PyTuple_GET_ITEM(ops, k - 1)));
@@ -288,7 +288,7 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     if (rc == AC_BLOCKED)
         for (int k = 0; k < 3; k++)
             Py_XSETREF(self->chan->held[k], Py_NewRef(k ? (PyObject *)x : (PyObject *)prog));
-    if (rc != AC_DONE && rc != AC_RING) {
+    if (rc != AC_DONE && rc != AC_BELLS) {
         ac_gate_drop(&self->chan->gate);  /* the engine admits it in order (its number is next) */
         /* the engine carries on with it (and submits it, in order); kept here until the caller claims it,
          * so a signal that interrupts the caller before then cannot lose the op (it is adopted instead) */
@@ -297,17 +297,17 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
         result = self->pending ? Py_NewRef(self->pending) : NULL;
         goto out;
     }
-    if (rc == AC_RING) {
-        PyObject *mask = PyLong_FromUnsignedLongLong(ch->ring);
-        ch->ring = 0;
-        PyObject *r = mask ? PyObject_CallOneArg(self->ring, mask) : NULL;
+    if (rc == AC_BELLS) {
+        PyObject *mask = PyLong_FromUnsignedLongLong(ch->bells);
+        ch->bells = 0;
+        PyObject *r = mask ? PyObject_CallOneArg(self->ring_bells, mask) : NULL;
         Py_XDECREF(mask);
         if (r == NULL)
             goto out;
         Py_DECREF(r);
     }
     if (ac_gate_done(&self->chan->gate, order))  /* the engine holds an op that waited: wake it */
-        acpy_channel_ring(self->chan, (uint64_t)1 << ch->rank);
+        acpy_channel_ring_bells(self->chan, (uint64_t)1 << ch->rank);
     result = record_done(self, x, give, seq, count, redop, t0);
 out:
     if (borrowed) {
@@ -361,12 +361,12 @@ int acpy_lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in
         ac_gate_drop(&self->chan->gate);
         return rc;
     }
-    if (rc == AC_DONE || rc == AC_RING) {
-        uint64_t ring = rc == AC_RING ? ch->ring : 0;
-        ch->ring = 0;
+    if (rc == AC_DONE || rc == AC_BELLS) {
+        uint64_t bells = rc == AC_BELLS ? ch->bells : 0;
+        ch->bells = 0;
         if (ac_gate_done(&self->chan->gate, *order))
-            ring |= (uint64_t)1 << ch->rank;
-        acpy_channel_ring(self->chan, ring);
+            bells |= (uint64_t)1 << ch->rank;
+        acpy_channel_ring_bells(self->chan, bells);
         return AC_DONE;
     }
     ac_gate_drop(&self->chan->gate);

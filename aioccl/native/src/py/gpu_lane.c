@@ -4,15 +4,15 @@
  * Python builds an op's launches once per call site (buffers, count, dtype, op, stream) as a GpuPlan:
  * each launch's function, grid and arguments, packed. The lane runs a plan: it takes the op's epochs,
  * launches each piece (spin form: one kernel; stream form: publish, a flag write, a wait per peer,
- * consume), records the op's CUDA event, and keeps the op in a bounded ring (its event, deadline and
- * buffers) that the engine's watch reads (`oldest`), and its epochs in a ring that names a kernel's
+ * consume), records the op's CUDA event, and keeps the op in a bounded window of ops in flight (its event, deadline
+ * and buffers) that the engine's watch reads (`oldest`), and its epochs in a table that names a kernel's
  * failure (`recent`). `run` is the whole op for a call seen before: argument checks, sequence number,
  * plan, launches, a Work born done with its event, the flight recorder; None sends the caller the
  * general way (a new call, another device's context, a capturing stream, a failure to report, a group
  * open, the lane switched off: its owner does that when the communicator closes, shrinks or loses a rank).
  *
- * The launches, the ring and the epochs are core/launch.c's (pure C); this file owns the Python objects
- * that go with a ring slot: the event object whose handle the slot records (reused once nobody else holds
+ * The launches, the window and the epochs are core/launch.c's (pure C); this file owns the Python objects
+ * that go with an in-flight slot: the event object whose handle the slot records (reused once nobody else holds
  * it) and the op's buffers, kept until the slot retires. The driver calls are made with the GIL released,
  * under the launcher's mutex: ops on one communicator get their epochs and reach their streams in one
  * order, whatever thread issues them. */
@@ -41,7 +41,7 @@ typedef struct {
     cu_handle ctx;
     long long seq; /* atomic */
     long long ran; /* ops run() did */
-    PyObject *event[AC_TRACKED], *keep[AC_TRACKED]; /* per ring slot: its event object, the op's buffers */
+    PyObject *event[AC_TRACKED], *keep[AC_TRACKED]; /* per in-flight slot: its event object, the op's buffers */
     ac_launcher launch;
 } GpuLane;
 
@@ -160,7 +160,7 @@ static int drop_done(GpuLane *s) {
  * slot is in use). With the GIL: two threads never take one slot. */
 static int reserve(GpuLane *s, PyObject *keep) {
     ac_launcher *l = &s->launch;
-    if (l->count >= AC_TRACKED / 2 && l->head % 32 == 0) /* a look every 32 ops keeps the ring half empty */
+    if (l->count >= AC_TRACKED / 2 && l->head % 32 == 0) /* a look every 32 ops keeps the window half empty */
         drop_done(s);
     int slot;
     while ((slot = ac_launcher_reserve(l)) < 0) { /* the budget: the oldest must end first (its deadline bounds
@@ -186,7 +186,7 @@ static int reserve(GpuLane *s, PyObject *keep) {
             return -1;
         }
         Py_XSETREF(s->event[slot], ev);
-        l->ring[slot].event = h;
+        l->inflight[slot].event = h;
     }
     Py_XSETREF(s->keep[slot], Py_NewRef(keep));
     return slot;
@@ -198,7 +198,7 @@ static PyObject *enqueue(GpuLane *s, GpuPlan *p, cu_handle stream, long long seq
     int slot = -1;
     if (track && (slot = reserve(s, keep)) < 0)
         return NULL;
-    cu_handle ev = slot >= 0 ? s->launch.ring[slot].event : NULL;
+    cu_handle ev = slot >= 0 ? s->launch.inflight[slot].event : NULL;
     ac_driver_error de;
     unsigned epoch;
     Py_BEGIN_ALLOW_THREADS
@@ -431,7 +431,7 @@ static PyGetSetDef GpuLane_getset[] = {
     {"epoch", (getter)GpuLane_get_epoch, NULL, "pieces launched so far (the device's count, graphs aside)", NULL},
     {"seq", (getter)GpuLane_get_seq, NULL, "the sequence number the next op takes", NULL},
     {"ran", (getter)GpuLane_get_ran, NULL, "ops run() did, from the call to the done Work", NULL},
-    {"tracked", (getter)GpuLane_get_tracked, NULL, "ops in the ring (not yet seen done)", NULL},
+    {"tracked", (getter)GpuLane_get_tracked, NULL, "ops in flight (not yet seen done)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 
-from . import _gpu
+from tests.fakecupy.cupy.cuda import _gpu
 
 
 def _word(ptr: int) -> ctypes.c_uint32:

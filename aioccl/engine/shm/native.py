@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import log, native
-from ..algorithms.schedule import IN, OUT, Fetch, Schedule
-from ..envvars import env_int
-from ..errors import AiocclError
-from ..transport.shm import layout_differs
-from .executor import ALGO_CODES, _mismatch
-from .op import Op, Wait
+from ... import log, native
+from ...algorithms.schedule import IN, OUT, Fetch, Schedule
+from ...envvars import env_int
+from ...errors import AiocclError
+from ...transport.shm.segment import layout_differs
+from ..executor import ALGO_CODES, _mismatch
+from ..op import Op, Wait
 
 if TYPE_CHECKING:
-    from .shm_channel import ShmChannel
+    from .channel import ShmChannel
 
 _log = log.get("SHM")
 DEFAULT_MAX_BYTES = 256 << 10  # measured crossover: docs/benchmarks.md, "The native core"
@@ -140,8 +140,8 @@ def run(ch: ShmChannel, op: Op[np.ndarray]) -> bool:
         op.native = None
         ch.begin(op)
         return False
-    if rc == core.RING:
-        _ring(ch, nat)
+    if rc == core.BELLS:
+        _ring_bells(ch, nat)
         op.work._set_result(op.result())
         return True
     carry_on(ch, op, rc)
@@ -178,8 +178,8 @@ def _carry_on(ch: ShmChannel, op: Op[np.ndarray], rc: int) -> Generator[Wait, No
     finished = False
     try:
         while True:
-            _ring(ch, nat)
-            if rc >= 0 or rc in (core.RING, core.NOT_CLEAN):  # NOT_CLEAN: the channel asks the verdict
+            _ring_bells(ch, nat)
+            if rc >= 0 or rc in (core.BELLS, core.NOT_CLEAN):  # NOT_CLEAN: the channel asks the verdict
                 finished = True
                 return
             if rc == core.MISMATCH:
@@ -199,12 +199,12 @@ def _carry_on(ch: ShmChannel, op: Op[np.ndarray], rc: int) -> Generator[Wait, No
             nat.reset()
 
 
-def _ring(ch: ShmChannel, nat: Any) -> None:
+def _ring_bells(ch: ShmChannel, nat: Any) -> None:
     """Ring the doorbells of the peers the core found parked when it published."""
-    ring_mask(ch, nat.take_ring())
+    ring_bells(ch, nat.take_bells())
 
 
-def ring_mask(ch: ShmChannel, mask: int) -> None:
+def ring_bells(ch: ShmChannel, mask: int) -> None:
     """Ring the doorbells of the peers in ``mask`` (bit j: the channel's j-th rank)."""
     j = 0
     while mask:

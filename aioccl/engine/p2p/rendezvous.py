@@ -18,7 +18,7 @@ a read from overlapping a sender that has given up).
 A collective's large message to such a peer goes the same way (``send_offered``):
 its header (fingerprint and all) comes as a COFFER frame whose payload is the
 offer, and it is matched like any collective frame; the receiver reads the
-data in place (one copy instead of two through the pair's ring).
+data in place (one copy instead of two through the pair's FIFO).
 
 This module keeps both sides' state; the mailbox routes the frames here.
 """
@@ -31,12 +31,12 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from ..envvars import env_int
-from ..errors import AiocclError, PeerLost
-from ..transport.cma import PeerMemory
-from ..transport.frames import CTS, RDATA, RDONE, RTS, Header
+from ...envvars import env_int
+from ...errors import AiocclError, PeerLost
+from ...transport.cma import PeerMemory
+from ...transport.frames import CTS, RDATA, RDONE, RTS, Header
+from ..receives import Posted
 from .offers import DECLINED, OFFER, READ, Taker
-from .receives import Posted
 
 if TYPE_CHECKING:
     pass
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 SEND_DATA, WAS_READ, WAS_DECLINED = 0, 1, 2  # a sender's answer: CTS, RDONE (read in place), RDONE (declined)
 DEFAULT_EAGER = 1 << 20
 DEFAULT_UNEXPECTED = 64 << 20
-# a collective message this large to a peer that can read our memory goes as an offer. Below it the ring's two
+# a collective message this large to a peer that can read our memory goes as an offer. Below it the FIFO's two
 # copies beat the offer's round trip: rail's 1 MiB all_reduce on 2x2 namespace hosts took 1.51 ms with offers
 # from 256 KiB and 1.20 ms from 1 MiB; 16 and 64 MiB unchanged (docs/benchmarks.md, "Several hosts")
 OFFER_MIN = 1 << 20

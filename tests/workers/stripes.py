@@ -21,8 +21,8 @@ async def main() -> None:
     ck = Checker(comm.rank)
     n, r = comm.world_size, comm.rank
     conn = comm._engine.conns[(r + 1) % n]
-    lanes = getattr(conn, "lanes", None)
-    ck.true(f"3 streams to each peer (got {conn!r})", lanes is not None and lanes.parts == 3)
+    stripes = getattr(conn, "stripes", None)
+    ck.true(f"3 streams to each peer (got {conn!r})", stripes is not None and stripes.parts == 3)
     pairs = comm.topology().pairs
     ck.true(f"the topology says so: {pairs}", set(pairs.values()) == {"tcp(3 streams)"})
     # chunks of 4 MiB per message: sizes just under, at and over the striping threshold, and ragged ones
@@ -55,7 +55,7 @@ async def main() -> None:
         ck.same(f"concurrent all_reduce {k}", x, want)
     await comm.close()
     if not ck.failures:
-        print("lanes ok", flush=True)
+        print("stripes ok", flush=True)
     ck.finish(f"rank {r}")
 
 

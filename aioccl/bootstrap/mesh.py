@@ -8,7 +8,7 @@
    connection is authenticated too, then names its comm id, its rank and
    which of the pair's streams it is (a pair may use several: ``streams``).
 
-A connection that breaks before it is proven (a root or gate under a flood
+A connection that breaks before it is proven (a root or acceptor under a flood
 evicts, resets or never answers) is tried again with backoff until the
 deadline: a flood delays a rank, it does not fail it. Only answers that
 cannot change are final: a refused secret, a port held by a program that does
@@ -58,7 +58,7 @@ class Table:
     comm_id: int
     peers: list[dict[str, Any]]  # per rank: addr, port, host, pid
     conns: dict[int, socket.socket]  # peer rank -> authenticated data socket
-    lanes: dict[int, list[socket.socket]]  # peer rank -> its extra streams, when the pair has several
+    stripes: dict[int, list[socket.socket]]  # peer rank -> its extra streams, when the pair has several
 
 
 Streams = Callable[[list[dict[str, Any]], int, int], int]  # (table, rank i, rank j) -> streams, same both ways
@@ -94,7 +94,7 @@ async def _connect(host: str, port: int, deadline: float, what: str, stale: str 
     raise BootstrapError(f"could not connect to {what} at {host}:{port}: {last}")
 
 
-class Gate:
+class Acceptor:
     """This rank's listening socket, served from the moment it is bound.
 
     Every connection is authenticated concurrently, under ``admission.py``'s
@@ -163,7 +163,7 @@ class Gate:
             self._arrived.set()
 
 
-async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float,
+async def join(uid: UniqueId, rank: int, world_size: int, timeout: float,
                      extra: dict[str, Any] | None = None, streams: Streams | None = None) -> Table:
     """``extra`` joins this rank's entry in the table every rank gets (e.g. what transports it can use);
     ``streams`` says from that table how many connections each pair opens (one when not given)."""
@@ -174,7 +174,7 @@ async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float,
     listener.listen(max(128, world_size))
     listener.setblocking(False)
     _log.info("rank %d: listening for peers on %s:%d", rank, addr, listener.getsockname()[1])
-    gate = Gate(listener, uid.secret, rank)
+    acceptor = Acceptor(listener, uid.secret, rank)
     try:
         hello = {"rank": rank, "world_size": world_size, "addr": addr, "port": listener.getsockname()[1],
                  "host": host_identity(), "pid": os.getpid(), **(extra or {})}
@@ -183,10 +183,10 @@ async def rendezvous(uid: UniqueId, rank: int, world_size: int, timeout: float,
             raise BootstrapError(f"rank {rank}: the root refused: {reply.get('error')}")
         comm_id, peers = int(reply["comm_id"]), reply["peers"]
         _log.info("rank %d: got the table of %d ranks (comm %x)", rank, len(peers), comm_id)
-        conns, lanes = await _mesh(gate, uid.secret, comm_id, rank, peers, deadline, streams)
-        return Table(comm_id, peers, conns, lanes)
+        conns, stripes = await _mesh(acceptor, uid.secret, comm_id, rank, peers, deadline, streams)
+        return Table(comm_id, peers, conns, stripes)
     finally:
-        gate.close()
+        acceptor.close()
         listener.close()
 
 
@@ -202,12 +202,12 @@ async def _ask_root(uid: UniqueId, rank: int, hello: dict[str, Any], deadline: f
                 return cast("dict[str, Any]", await recv_json(root))
         except ConnectionError as e:  # (Closed included) the root is gone or dropped us: join again
             if time.monotonic() >= deadline:
-                raise BootstrapError(f"rank {rank}: rendezvous with the root {uid.host}:{uid.port} failed: "
+                raise BootstrapError(f"rank {rank}: meeting the root {uid.host}:{uid.port} failed: "
                                      f"{e!r}") from e
             _log.info("rank %d: the root's connection broke while it gathered the ranks (%r); joining again",
                       rank, e)
         except (OSError, TimeoutError) as e:
-            raise BootstrapError(f"rank {rank}: rendezvous with the root {uid.host}:{uid.port} failed: {e!r}") from e
+            raise BootstrapError(f"rank {rank}: meeting the root {uid.host}:{uid.port} failed: {e!r}") from e
         finally:
             root.close()
 
@@ -244,9 +244,10 @@ async def _meet(host: str, port: int, secret: bytes, deadline: float, what: str,
             delay = min(delay * 2, 1.0)
 
 
-async def _mesh(gate: Gate, secret: bytes, comm_id: int, rank: int, peers: list[dict[str, Any]], deadline: float,
+async def _mesh(acceptor: Acceptor, secret: bytes, comm_id: int, rank: int, peers: list[dict[str, Any]],
+                deadline: float,
                 streams: Streams | None) -> tuple[dict[int, socket.socket], dict[int, list[socket.socket]]]:
-    """Dial every lower rank; the gate admits every higher one (each as many streams as the pair uses)."""
+    """Dial every lower rank; the acceptor admits every higher one (each as many streams as the pair uses)."""
     n = len(peers)
     count = {j: streams(peers, rank, j) if streams is not None else 1 for j in range(n) if j != rank}
     got: dict[tuple[int, int], socket.socket] = {}
@@ -257,18 +258,18 @@ async def _mesh(gate: Gate, secret: bytes, comm_id: int, rank: int, peers: list[
                                      {"comm_id": comm_id, "rank": rank, **({"stream": stream} if stream else {})},
                                      rank=rank)
 
-    gate.expect(comm_id, {(j, s) for j in range(rank + 1, n) for s in range(count[j])})
+    acceptor.expect(comm_id, {(j, s) for j in range(rank + 1, n) for s in range(count[j])})
     try:
         async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
-            accepted, *_ = await asyncio.gather(gate.arrived(), *(dial(j, s) for j in range(rank)
+            accepted, *_ = await asyncio.gather(acceptor.arrived(), *(dial(j, s) for j in range(rank)
                                                                    for s in range(count[j])))
         got.update(cast("dict[tuple[int, int], socket.socket]", accepted))
     except (TimeoutError, BootstrapError, OSError, auth.AuthError, Closed) as e:
-        for sk in [*got.values(), *gate.conns.values()]:
+        for sk in [*got.values(), *acceptor.conns.values()]:
             sk.close()
-        have = {*got, *gate.conns}
+        have = {*got, *acceptor.conns}
         missing = sorted(j for j in count if any((j, s) not in have for s in range(count[j])))
         raise BootstrapError(f"rank {rank}: could not connect to ranks {missing}: {e!r}") from e
     conns = {j: sk for (j, s), sk in got.items() if s == 0}
-    lanes = {j: [got[j, s] for s in range(1, count[j])] for j in count if count[j] > 1}
-    return conns, lanes
+    stripes = {j: [got[j, s] for s in range(1, count[j])] for j in count if count[j] > 1}
+    return conns, stripes

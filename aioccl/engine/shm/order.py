@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from .op import Op
+    from ..op import Op
 
 
 class IssueOrder:

@@ -27,8 +27,8 @@ import asyncio
 from collections import deque
 from collections.abc import Iterator
 
-from ..errors import PeerLost
-from .receives import Early, Posted
+from ...errors import PeerLost
+from ..receives import Early, Posted
 
 
 class Wildcards:

@@ -1,22 +1,22 @@
-"""One same-host peer over shared memory: the frame transport of ``tcp.py``, moved through two byte rings.
+"""One same-host peer over shared memory: the frame transport of ``tcp.py``, moved through two byte FIFOs.
 
-Each direction of the pair is a ``ByteRing`` in the *receiver's* segment.
-``send`` writes header and payload into the ring as the bytes fit (a payload
-larger than the ring streams through it, so a pair's memory is the ring's
+Each direction of the pair is a ``ByteFifo`` in the *receiver's* segment.
+``send`` writes header and payload into the FIFO as the bytes fit (a payload
+larger than the FIFO streams through it, so a pair's memory is the FIFO's
 size whatever the message), and rings the receiver's bell. The receiver's
-bell wakes the ``PairHub``, which pumps every ring of the process through the
+bell wakes the ``PairHub``, which pumps every FIFO of the process through the
 same two-state reader as TCP: read a header, ask the sink (the mailbox) where
 the payload goes, copy it there, tell the sink it is done.
 
-A sender that finds the ring full marks it *blocked* and waits; the reader
-rings the sender's bell when it frees space in a blocked ring. Both sides
+A sender that finds the FIFO full marks it *blocked* and waits; the reader
+rings the sender's bell when it frees space in a blocked FIFO. Both sides
 also re-check every ``POLL_S`` while they wait, so a wake-up lost to store
 reordering between the flag and the counters costs a millisecond, never a
 hang.
 
-The pair's bootstrap socket stays open beside the rings as a side channel,
+The pair's bootstrap socket stays open beside the FIFOs as a side channel,
 as for ib: it carries the goodbye, and its end (EOF, or the kernel's verdict)
-reports a crashed peer at once. Before a loss is reported the rings are
+reports a crashed peer at once. Before a loss is reported the FIFOs are
 drained, so frames the peer wrote before it went (a failure notice, the last
 data of a graceful close) are never overtaken by the news of its end.
 """
@@ -26,14 +26,14 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from .. import log
-from ..bootstrap.sockio import Closed
-from .cma import PeerMemory
-from .frames import BYE, SAID_ABORT, Header, abort_words
-from .reader import FrameReader, SideChannel, Sink
-from .shm import LoopBell, Segment
-from .shm_ring import BLOCKED, HEAD, TAIL, ByteRing, fence
-from .tcp import TcpConnection
+from ... import log
+from ...bootstrap.sockio import Closed
+from ..cma import PeerMemory
+from ..frames import BYE, SAID_ABORT, Header, abort_words
+from ..reader import FrameReader, SideChannel, Sink
+from ..tcp import TcpConnection
+from .fifo import BLOCKED, HEAD, TAIL, ByteFifo, fence
+from .segment import LoopBell, Segment
 
 _log = log.get("SHM")
 POLL_S = 0.001
@@ -45,7 +45,7 @@ def bell_address(comm_id: int, rank: int) -> bytes:
 
 
 class PairHub:
-    """This rank's bell for all its shared-memory pairs: a wake-up pumps every inbound ring and
+    """This rank's bell for all its shared-memory pairs: a wake-up pumps every inbound FIFO and
     releases every sender that waits for space."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, comm_id: int, rank: int) -> None:
@@ -53,9 +53,9 @@ class PairHub:
         self.bell = LoopBell(loop, comm_id, rank, bell_address)
         self.bell.listeners.append(self._on_bell)
         self.conns: list[ShmPairConnection] = []
-        self.spin_s = 0.0  # how long a receive may spin on a ring before it waits for the bell
+        self.spin_s = 0.0  # how long a receive may spin on a FIFO before it waits for the bell
         self.yield_cpu = True  # and whether it yields the CPU between looks (shm.wait_policy)
-        self.segment: Segment | None = None  # mine, holding my inbound rings; closed with the hub
+        self.segment: Segment | None = None  # mine, holding my inbound FIFOs; closed with the hub
 
     def start(self) -> None:
         self.bell.start()
@@ -78,16 +78,16 @@ class PairHub:
 
 
 class ShmPairConnection:
-    def __init__(self, hub: PairHub, peer: int, sink: Sink, sock: socket.socket, tx: ByteRing, rx: ByteRing,
+    def __init__(self, hub: PairHub, peer: int, sink: Sink, sock: socket.socket, tx: ByteFifo, rx: ByteFifo,
                  liveness: float | None, segment: Segment | None = None) -> None:
         self.hub, self.peer, self.sink, self.tx, self.rx = hub, peer, sink, tx, rx
         self.loop = hub.loop
         self.side = TcpConnection(sock, peer, SideChannel("shared-memory", self._side_ended), liveness)
-        self.segment = segment  # the peer's, holding my outbound ring: closed when this connection ends
+        self.segment = segment  # the peer's, holding my outbound FIFO: closed when this connection ends
         self.closed = False
         self.paused = False  # by the receiver's budget (pause_reading)
         self._lock = asyncio.Lock()
-        self._space = asyncio.Event()  # set by the reader's bell when it freed space in a blocked ring
+        self._space = asyncio.Event()  # set by the reader's bell when it freed space in a blocked FIFO
         self._waiting = False
         self._control = bytearray()
         self._said_bye = False
@@ -123,14 +123,14 @@ class ShmPairConnection:
         return True
 
     def _notify(self) -> None:
-        """Ring the peer's bell, unless it is spinning on this ring: then it sees the frame anyway, and a
+        """Ring the peer's bell, unless it is spinning on this FIFO: then it sees the frame anyway, and a
         bell would only cost a system call here and a wake-up there (Dekker: publish, fence, look)."""
         fence()
         if not self.tx.consumer_watching():
             self.hub.ring(self.peer)
 
     def watch(self, on: bool) -> None:
-        """This rank spins on the inbound ring (``on``), or stops; after stopping, it reads what came."""
+        """This rank spins on the inbound FIFO (``on``), or stops; after stopping, it reads what came."""
         self.rx.set_watching(on)
         if not on:
             fence()
@@ -144,7 +144,7 @@ class ShmPairConnection:
             if n:
                 off += n
                 continue
-            self.hub.ring(self.peer)  # the ring is full: the reader must drain it before more fits
+            self.hub.ring(self.peer)  # the FIFO is full: the reader must drain it before more fits
             await self._wait_for_space()
 
     async def _wait_for_space(self) -> None:
@@ -196,7 +196,7 @@ class ShmPairConnection:
 
     # -- receiving -------------------------------------------------------------
     def pause_reading(self, paused: bool) -> None:
-        """Backpressure from the receiver's budget: while paused the ring fills and the peer's sends wait."""
+        """Backpressure from the receiver's budget: while paused the FIFO fills and the peer's sends wait."""
         self.paused = paused
         if not paused:
             self.pump()
@@ -208,7 +208,7 @@ class ShmPairConnection:
         ctl = self.rx.ctl
         before = ctl[HEAD] != ctl[TAIL]
         try:
-            budget = self.reader.feed_ring(self.rx, READ_BUDGET)
+            budget = self.reader.feed_fifo(self.rx, READ_BUDGET)
         except ValueError as e:  # a corrupt header: the stream cannot be trusted any more
             self._ended(e, False)
             return
@@ -276,5 +276,5 @@ class ShmPairConnection:
 
 
 def _bytes(payload: memoryview) -> memoryview:
-    """A flat byte view, so the ring can slice it where a frame's bytes stop fitting."""
+    """A flat byte view, so the FIFO can slice it where a frame's bytes stop fitting."""
     return payload if payload.format == "B" and payload.ndim == 1 else payload.cast("B")

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..dtypes import dtype_from_code
-from ..errors import PeerLost
-from ..transport.frames import RTS, Header
+from ...dtypes import dtype_from_code
+from ...errors import PeerLost
+from ...transport.frames import RTS, Header
 
 if TYPE_CHECKING:
-    from ..work import Work
+    from ...work import Work
 
 
 class Message(NamedTuple):

@@ -1,4 +1,4 @@
-"""Which peer pairs go over shared memory, and bringing their rings up over the bootstrap sockets.
+"""Which peer pairs go over shared memory, and bringing their FIFOs up over the bootstrap sockets.
 
 Choice, per pair, made identically on both sides from the rendezvous table:
 shared memory when the two ranks share a host (equal host identity, which
@@ -6,9 +6,9 @@ includes the network namespace) and both can use it (``hello`` says why
 not: ``AIOCCL_SHM_DISABLE``, not x86, no ``/dev/shm``), unless the pair goes
 over ib (``AIOCCL_NET=ib`` puts every pair there).
 
-Bring-up: each rank makes one segment holding an inbound ring for each of its
+Bring-up: each rank makes one segment holding an inbound FIFO for each of its
 shared-memory peers, then, per pair, two JSON messages each way on the
-pair's socket: (1) my segment's name and where the peer's ring lies in it;
+pair's socket: (1) my segment's name and where the peer's FIFO lies in it;
 (2) whether mapping the peer's segment worked here. The pair uses shared
 memory only if both said yes; otherwise it stays on TCP, with a warning.
 Afterwards the segment is unlinked: it lives exactly as long as its mappings,
@@ -23,23 +23,23 @@ import platform
 from collections.abc import Mapping
 from typing import Any
 
-from .. import log
-from ..bootstrap.sockio import recv_json, send_json
-from ..envvars import env_int
-from .cma import PeerMemory, cookie
-from .shm import CONTROL_BYTES, SHM_DIR, Segment, segment_name, sweep_stale, wait_policy
-from .shm_pair import PairHub, ShmPairConnection
-from .shm_ring import ByteRing, ring_bytes
-from .wiring import Wiring
+from ... import log
+from ...bootstrap.sockio import recv_json, send_json
+from ...envvars import env_int
+from ..cma import PeerMemory, cookie
+from ..wiring import Wiring
+from .fifo import ByteFifo, fifo_bytes
+from .pair import PairHub, ShmPairConnection
+from .segment import CONTROL_BYTES, SHM_DIR, Segment, segment_name, sweep_stale, wait_policy
 
 _log = log.get("SHM")
 DEFAULT_RING = 4 << 20
-PAIR_SALT = 0x5041495252494E47  # keeps the ring segments' names apart from the collectives' segments
-TSO_MACHINES = ("x86_64", "AMD64", "i686", "i386")  # the rings rely on total store order
+PAIR_SALT = 0x5041495252494E47  # keeps the FIFO segments' names apart from the collectives' segments
+TSO_MACHINES = ("x86_64", "AMD64", "i686", "i386")  # the FIFOs rely on total store order
 
 
 def ring_capacity(env: Mapping[str, str] = os.environ) -> int:
-    """``AIOCCL_SHM_RING``: bytes of each direction's ring between two same-host ranks."""
+    """``AIOCCL_SHM_RING``: bytes of each direction's FIFO between two same-host ranks."""
     return env_int(env, "AIOCCL_SHM_RING", DEFAULT_RING, 4096, 1 << 30) // 64 * 64
 
 
@@ -66,14 +66,14 @@ def choose(peers: list[dict[str, Any]], rank: int, exclude: set[int]) -> set[int
 
 async def connect(w: Wiring, peers: set[int],
                   env: Mapping[str, str] = os.environ) -> tuple[PairHub | None, dict[int, ShmPairConnection]]:
-    """Bring up a ring pair to each of ``peers``; returns the bell and the pairs that made it."""
+    """Bring up a FIFO pair to each of ``peers``; returns the bell and the pairs that made it."""
     if not peers:
         return None, {}
     comm_id, liveness, timeout = w.comm_id, w.liveness, w.timeout
     cap = ring_capacity(env)
     order = sorted(peers)
-    slot = {j: i for i, j in enumerate(order)}  # where each peer's inbound ring lies in my segment
-    half = -(-len(order) * ring_bytes(cap) // 2 // 64) * 64
+    slot = {j: i for i, j in enumerate(order)}  # where each peer's inbound FIFO lies in my segment
+    half = -(-len(order) * fifo_bytes(cap) // 2 // 64) * 64
     mine: Segment | None = None
     hub: PairHub | None = None
     why_not = ""
@@ -84,31 +84,31 @@ async def connect(w: Wiring, peers: set[int],
         hub.segment = mine
         hub.spin_s, hub.yield_cpu = wait_policy(env, 1 + len(order))
     except OSError as e:
-        why_not = f"could not set up my rings: {e}"
+        why_not = f"could not set up my FIFOs: {e}"
     conns: dict[int, ShmPairConnection] = {}
 
     async def pair(j: int) -> None:
         sock = w.socks[j]
         err = why_not
-        offer: dict[str, Any] = ({"seg": mine.name, "off": CONTROL_BYTES + slot[j] * ring_bytes(cap), "cap": cap,
+        offer: dict[str, Any] = ({"seg": mine.name, "off": CONTROL_BYTES + slot[j] * fifo_bytes(cap), "cap": cap,
                                   "cma": cookie()} if mine is not None and hub is not None else {"fail": why_not})
         await send_json(sock, offer)
         theirs = await recv_json(sock)
-        tx: ByteRing | None = None
+        tx: ByteFifo | None = None
         theirs_seg: Segment | None = None
         if "fail" in theirs:
             err = f"rank {j}: {theirs['fail']}"
         elif mine is not None:
             try:
                 theirs_seg = Segment.open(str(theirs["seg"]))
-                tx = ByteRing(memoryview(theirs_seg.mm), int(theirs["off"]), int(theirs["cap"]))
+                tx = ByteFifo(memoryview(theirs_seg.mm), int(theirs["off"]), int(theirs["cap"]))
             except (OSError, ValueError, KeyError) as e:
-                err = f"could not map rank {j}'s rings: {e}"
+                err = f"could not map rank {j}'s FIFOs: {e}"
         await send_json(sock, {"ok": tx is not None, "why": err})
         answer = await recv_json(sock)
         if tx is not None and answer.get("ok"):
             assert mine is not None and hub is not None
-            rx = ByteRing(memoryview(mine.mm), offer["off"], cap)
+            rx = ByteFifo(memoryview(mine.mm), offer["off"], cap)
             conn = conns[j] = ShmPairConnection(hub, j, w.sink, sock, tx, rx, liveness, segment=theirs_seg)
             conn.memory = PeerMemory.open(theirs.get("cma"))
             return
@@ -140,7 +140,7 @@ async def connect(w: Wiring, peers: set[int],
         elif mine is not None:
             mine.close()
     if conns:
-        _log.info("rank %d: shared memory to %d peer(s), %d KiB rings each way", w.rank, len(conns), cap >> 10)
+        _log.info("rank %d: shared memory to %d peer(s), %d KiB FIFOs each way", w.rank, len(conns), cap >> 10)
     return hub, conns
 
 

@@ -1,6 +1,6 @@
-"""A single-producer, single-consumer byte ring in shared memory: the stream under a shared-memory pair.
+"""A single-producer, single-consumer byte FIFO in shared memory: the stream under a shared-memory pair.
 
-One ring carries one direction of one pair of ranks, and behaves like the
+One FIFO carries one direction of one pair of ranks, and behaves like the
 byte stream of a socket: the producer writes whatever fits and publishes it,
 the consumer reads whatever has been published. Frames (header + payload)
 are laid on it exactly as on TCP, so the same reader state machine serves.
@@ -10,13 +10,13 @@ Layout, from ``base``::
     [head: u64][pad to 64]   bytes ever published (written by the producer only)
     [tail: u64][pad to 64]   bytes ever consumed (written by the consumer only)
     [blocked: u64][pad]      1 while the producer waits for space (it wants a bell)
-    [watching: u64][pad]     1 while the consumer spins on the ring (it needs no bell)
+    [watching: u64][pad]     1 while the consumer spins on the FIFO (it needs no bell)
     [data: cap bytes]
 
 Each counter has its own cache line and one writer; an aligned 8-byte store
 is atomic on x86, and total store order makes the data visible before the
 head that publishes it (shared memory is enabled on x86 only, see
-``shm_setup.TSO_MACHINES``).
+``pair_setup.TSO_MACHINES``).
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ def fence() -> None:
     _fence_lock.release()
 
 
-def ring_bytes(cap: int) -> int:
-    """Bytes one ring of capacity ``cap`` takes in a segment."""
+def fifo_bytes(cap: int) -> int:
+    """Bytes one FIFO of capacity ``cap`` takes in a segment."""
     return CTRL_BYTES + cap
 
 
-class ByteRing:
-    """One end's view of a ring (both ends construct the same view over their own mapping).
+class ByteFifo:
+    """One end's view of a FIFO (both ends construct the same view over their own mapping).
 
     Plain memoryviews, not numpy: a frame of a small message is a few dozen bytes, and a memoryview
     slice assignment copies them in a fraction of the time numpy takes to set up a copy (large
@@ -52,14 +52,14 @@ class ByteRing:
 
     def __init__(self, buf: memoryview | bytearray, base: int, cap: int) -> None:
         if cap <= 0 or cap % 64:
-            raise ValueError(f"ring capacity must be a positive multiple of 64, got {cap}")
+            raise ValueError(f"FIFO capacity must be a positive multiple of 64, got {cap}")
         mv = memoryview(buf).cast("B")
         self.ctl = mv[base:base + CTRL_BYTES].cast("Q")
         self.data = mv[base + CTRL_BYTES:base + CTRL_BYTES + cap]
         self.cap = cap
 
     def release(self) -> None:
-        """Let go of the shared memory (so its mapping can be closed): the ring is then empty and full."""
+        """Let go of the shared memory (so its mapping can be closed): the FIFO is then empty and full."""
         ctl, data = self.ctl, self.data
         self.ctl = memoryview(bytearray(CTRL_BYTES)).cast("Q")
         self.data = memoryview(bytearray(0))
@@ -98,7 +98,7 @@ class ByteRing:
             ctl[HEAD] = head
 
     def _put(self, head: int, part: bytes | memoryview) -> int:
-        """Copy ``part`` into the ring at ``head`` (wrapping around its end); returns the new head,
+        """Copy ``part`` into the FIFO at ``head`` (wrapping around its end); returns the new head,
         not yet published."""
         n, cap = len(part), self.cap
         at = head % cap

@@ -10,7 +10,7 @@ process share one doorbell (its engine's ``LoopBell``).
 Waiting, the part that decides latency:
 
 1. *spin*: re-read the peers' counters for up to ``AIOCCL_SHM_SPIN_US``,
-   yielding the CPU between reads (``AIOCCL_SHM_YIELD``; ``transport/shm.py``'s
+   yielding the CPU between reads (``AIOCCL_SHM_YIELD``; ``transport/shm/segment.py``'s
    ``wait_policy`` says why);
    a small op usually completes here, synchronously, inside the call that
    issued it (the engine runs it at once when launched on its own loop);
@@ -41,23 +41,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import log
-from ..envvars import env_int
-from ..errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted
-from ..transport.shm import SLEEP, LoopBell, Segment, usable_cpus
-from ..transport.shm_ring import fence
-from . import shm_native
-from .executor import execute
-from .notices import passed_on
-from .op import Op, Wait
-from .pool import BufferPool
-from .shm_memory import ChannelMemory
-from .shm_order import IssueOrder
-from .shm_verdict import Verdicts, timeout_maker
+from ... import log
+from ...envvars import env_int
+from ...errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted
+from ...transport.shm.fifo import fence
+from ...transport.shm.segment import SLEEP, LoopBell, Segment, usable_cpus
+from ..executor import execute
+from ..notices import passed_on
+from ..op import Op, Wait
+from ..pool import BufferPool
+from . import native as shm_native
+from .memory import ChannelMemory
+from .order import IssueOrder
+from .verdict import Verdicts, timeout_maker
 
 if TYPE_CHECKING:
-    from .services import EngineServices
-    from .view import CommView
+    from ..services import EngineServices
+    from ..view import CommView
 
 _log = log.get("SHM")
 RECHECK_S = 0.005  # backup re-check while parked; wake-ups come from the doorbell

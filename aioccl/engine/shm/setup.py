@@ -23,21 +23,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import log
-from ..algorithms import plan
-from ..algorithms.table import BY_NAME
-from ..dtypes import ReduceOp, dtype_code
-from ..envvars import env_int
-from ..errors import CollectiveTimeout
-from ..transport.shm import SHM_DIR, LoopBell, Segment, segment_name, sweep_stale, wait_policy
-from ..work import Work
-from .executor import drive, execute
-from .op import Op, Progress
-from .shm_channel import ShmChannel
-from .view import CommView
+from ... import log
+from ...algorithms import plan
+from ...algorithms.table import BY_NAME
+from ...dtypes import ReduceOp, dtype_code
+from ...envvars import env_int
+from ...errors import CollectiveTimeout
+from ...transport.shm.segment import SHM_DIR, LoopBell, Segment, segment_name, sweep_stale, wait_policy
+from ...work import Work
+from ..executor import drive, execute
+from ..op import Op, Progress
+from ..view import CommView
+from .channel import ShmChannel
 
 if TYPE_CHECKING:
-    from .services import EngineServices
+    from ..services import EngineServices
 
 _log = log.get("SHM")
 DEFAULT_HALF = 1 << 20

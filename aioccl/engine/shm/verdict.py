@@ -31,12 +31,12 @@ import fcntl
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CollectiveTimeout
-from ..transport.shm import GAVE_UP, VERDICT_AT, VERDICT_LEN, VERDICTS
-from ..transport.shm_ring import fence
+from ...errors import CollectiveTimeout
+from ...transport.shm.fifo import fence
+from ...transport.shm.segment import GAVE_UP, VERDICT_AT, VERDICT_LEN, VERDICTS
 
 if TYPE_CHECKING:
-    from .op import Op
+    from ..op import Op
 
 OK, TIMEOUT = 1, 2
 

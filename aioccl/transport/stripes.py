@@ -6,16 +6,16 @@ by flow, a shaper or a switch's hashing may cap each flow. Like NCCL's
 ``NCCL_NSOCKS_PERTHREAD``, a pair of ranks on different hosts may open
 ``AIOCCL_NSOCKS`` streams: the connection's own (the *primary*, which
 carries every header and every small message) and ``AIOCCL_NSOCKS - 1``
-*lanes* that carry nothing but payload bytes.
+*stripes* that carry nothing but payload bytes.
 
-A frame of ``STRIPE_MIN`` bytes or more is cut into ``1 + lanes`` parts by
+A frame of ``STRIPE_MIN`` bytes or more is cut into ``1 + stripes`` parts by
 ``bounds`` (a pure function of its size, so both sides cut alike): part 0
-follows the header on the primary, part ``i`` goes on lane ``i``, with no
-header of its own. Each lane carries the parts of striped frames in the
+follows the header on the primary, part ``i`` goes on stripe ``i``, with no
+header of its own. Each stripe carries the parts of striped frames in the
 order their headers went on the primary, so a receiver that read a header
-knows where the next bytes of every lane go: it queues one slice of the
-frame's target per lane, and each lane's receiving thread reads only the
-slices queued (so a lane's bytes wait in the kernel, not in memory, until
+knows where the next bytes of every stripe go: it queues one slice of the
+frame's target per stripe, and each stripe's receiving thread reads only the
+slices queued (so a stripe's bytes wait in the kernel, not in memory, until
 their header arrives). The frame is done when its last part is.
 """
 
@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 
 from ..envvars import env_int
 
-STRIPE_MIN = 1 << 20  # smaller frames go whole on the primary stream: striping costs a thread handoff per lane
+STRIPE_MIN = 1 << 20  # smaller frames go whole on the primary stream: striping costs a thread handoff per stripe
 ALIGN = 4096  # parts start on page boundaries of the target
 MAX_STREAMS = 16
 DEFAULT_STREAMS = 1  # measured: docs/benchmarks.md, "The socket path"
@@ -62,10 +62,10 @@ class _Joint:
             self.done()
 
 
-class Lane:
+class StripeSocket:
     """One extra stream, driven by two threads of its own: one receives the parts queued by ``expect``,
     one sends the parts given to ``send``. A thread blocked in ``recv_into`` or ``sendall`` holds no
-    GIL, so the copies into and out of the kernel of several lanes (and of the event loop's own
+    GIL, so the copies into and out of the kernel of several stripes (and of the event loop's own
     stream) run on several cores at once, as NCCL's socket helper threads do."""
 
     def __init__(self, sock: socket.socket, on_error: Callable[[BaseException], None],
@@ -83,7 +83,7 @@ class Lane:
     def _start(self) -> None:
         if not self._threads:
             for fn in (self._receiving, self._sending):
-                t = threading.Thread(target=fn, name=f"aioccl-lane-{fn.__name__[1:]}", daemon=True)
+                t = threading.Thread(target=fn, name=f"aioccl-stripe-{fn.__name__[1:]}", daemon=True)
                 t.start()
                 self._threads.append(t)
 
@@ -107,7 +107,7 @@ class Lane:
             try:
                 while got < size:
                     n = self.sock.recv_into(view[got:])
-                    if n == 0:  # never a goodbye: the peer's bye waits for its lanes' parts to be read
+                    if n == 0:  # never a goodbye: the peer's bye waits for its stripes' parts to be read
                         raise ConnectionResetError("a stream closed by the peer mid-message")
                     got += n
             except OSError as e:
@@ -167,17 +167,17 @@ def _settle(fut: asyncio.Future[None], e: BaseException | None) -> None:
             fut.set_exception(e)
 
 
-class Lanes:
-    """The lanes of one connection: striping on send, reassembly on receive."""
+class Stripes:
+    """The stripes of one connection: striping on send, reassembly on receive."""
 
     def __init__(self, socks: list[socket.socket], on_error: Callable[[BaseException], None]) -> None:
-        self.lanes = [Lane(s, on_error, self._drained) for s in socks]
-        self.parts = 1 + len(self.lanes)
-        self.on_idle: Callable[[], None] | None = None  # once every lane has read all it expects
+        self.stripes = [StripeSocket(s, on_error, self._drained) for s in socks]
+        self.parts = 1 + len(self.stripes)
+        self.on_idle: Callable[[], None] | None = None  # once every stripe has read all it expects
 
     def busy(self) -> bool:
         """Are parts of a striped frame still to be read?"""
-        return any(lane.pending and not lane.dead for lane in self.lanes)
+        return any(stripe.pending and not stripe.dead for stripe in self.stripes)
 
     def _drained(self) -> None:
         if self.on_idle is not None and not self.busy():
@@ -188,27 +188,28 @@ class Lanes:
         return nbytes >= STRIPE_MIN
 
     def receive(self, target: memoryview, done: Callable[[], None]) -> tuple[memoryview, Callable[[], None]]:
-        """A striped frame's header was read: queue its lane parts; returns where part 0 goes."""
+        """A striped frame's header was read: queue its stripe parts; returns where part 0 goes."""
         cuts = bounds(len(target), self.parts)
         joint = _Joint(self.parts, done)
-        for lane, (lo, hi) in zip(self.lanes, cuts[1:], strict=True):
-            lane.expect(target[lo:hi], joint)
+        for stripe, (lo, hi) in zip(self.stripes, cuts[1:], strict=True):
+            stripe.expect(target[lo:hi], joint)
         lo, hi = cuts[0]
         return target[lo:hi], joint.part_done
 
     def send(self, payload: memoryview) -> tuple[memoryview, asyncio.Future[list[None]]]:
-        """Queue parts 1.. of a striped payload, one per lane; returns part 0 (for the connection's own
+        """Queue parts 1.. of a striped payload, one per stripe; returns part 0 (for the connection's own
         stream) and the future of the rest. Called under the connection's lock, before the frame's
-        header is written, so every lane carries parts in their headers' order."""
+        header is written, so every stripe carries parts in their headers' order."""
         cuts = bounds(len(payload), self.parts)
-        rest = asyncio.gather(*(lane.send(payload[lo:hi]) for lane, (lo, hi) in zip(self.lanes, cuts[1:], strict=True)))
+        rest = asyncio.gather(*(stripe.send(payload[lo:hi])
+                                for stripe, (lo, hi) in zip(self.stripes, cuts[1:], strict=True)))
         return payload[:cuts[0][1]], rest
 
     def stop(self) -> None:
-        """The connection is lost: nothing the lanes receive from here on is reported."""
-        for lane in self.lanes:
-            lane.dead = True
+        """The connection is lost: nothing the stripes receive from here on is reported."""
+        for stripe in self.stripes:
+            stripe.dead = True
 
     def close(self) -> None:
-        for lane in self.lanes:
-            lane.close()
+        for stripe in self.stripes:
+            stripe.close()

@@ -4,7 +4,7 @@ Between two ranks on one host that may read each other's memory
 (``transport/cma.py``), a rendezvous RTS carries an *offer*: where the data
 lies in the sender, and a slot of this process's offer table. The receiver
 copies the data straight into its posted receive (one copy, none through
-the ring) and answers RDONE instead of CTS.
+the FIFO) and answers RDONE instead of CTS.
 
 The danger is a sender that gives up at its deadline and hands its buffer
 back to the user while a receiver reads it. So both sides mark the slot
@@ -29,8 +29,8 @@ import threading
 
 import numpy as np
 
-from ..transport.cma import PeerMemory, address
-from ..transport.shm_ring import fence
+from ...transport.cma import PeerMemory, address
+from ...transport.shm.fifo import fence
 
 OFFER = struct.Struct("<QQq")  # an RTS's payload: data address, slot address, the offer's serial number
 SLOTS = 1024

@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ..envvars import env_int
+from ...envvars import env_int
 
 if TYPE_CHECKING:
     pass

@@ -1,13 +1,13 @@
 """Starting a point-to-point op (a send, a receive, a probe, a drain): at once when it can, else as a wait
 under its deadline.
 
-A small send to a shared-memory pair is written into the ring (to a TCP
+A small send to a shared-memory pair is written into the FIFO (to a TCP
 peer, into the socket) inside the call that issued it, and a receive first
-looks at the ring and spins on it briefly (``AIOCCL_SHM_SPIN_US``; over TCP
+looks at the FIFO and spins on it briefly (``AIOCCL_SHM_SPIN_US``; over TCP
 it reads the socket for up to ``AIOCCL_NET_SPIN_US``) when the engine runs
 inline on this loop: a ping-pong then completes without a task, a timer or a
 wake-up through the kernel per message. Everything else (a full or busy
-ring, an ib peer, a receive whose message is late) takes the general path:
+FIFO, an ib peer, a receive whose message is late) takes the general path:
 a send task under the op's deadline, or a receive that two callbacks finish
 (its message, or its deadline).
 
@@ -23,26 +23,26 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..envvars import env_int
-from ..errors import AiocclError, CollectiveTimeout
-from ..transport.frames import P2P
-from ..transport.frames import pack as pack_header
-from ..transport.shm_pair import ShmPairConnection
-from ..transport.shm_ring import HEAD, TAIL
-from ..transport.tcp import TcpConnection
-from ..work import Work
+from ...envvars import env_int
+from ...errors import AiocclError, CollectiveTimeout
+from ...transport.frames import P2P
+from ...transport.frames import pack as pack_header
+from ...transport.shm.fifo import HEAD, TAIL
+from ...transport.shm.pair import ShmPairConnection
+from ...transport.tcp import TcpConnection
+from ...work import Work
+from ..receives import Early
 from . import rendezvous
 from .offers import OFFER, Offer
 from .probes import Message, Probe
-from .receives import Early
 from .wildcards import earliest
 
 DEFAULT_NET_SPIN_US = 50
 MAX_STREAM_SPIN_S = 0.02  # a receive spins past its spin time while a frame streams in, but no longer than this
 
 if TYPE_CHECKING:
-    from .services import EngineServices
-    from .view import CommView
+    from ..services import EngineServices
+    from ..view import CommView
 
 
 def start_send(eng: EngineServices, comm: CommView, peer: int, tag: int, payload: memoryview, dtype_code: int,
@@ -117,10 +117,10 @@ async def _rendezvous(eng: EngineServices, world: int, ctx: int, tag: int, paylo
 
 def _spin(eng: EngineServices, conn: ShmPairConnection, fut: asyncio.Future[Any],
           busy: Callable[[], bool] | None = None) -> None:
-    """While the engine runs inline, look at the ring for ``fut``'s frame for up to ``AIOCCL_SHM_SPIN_US``
+    """While the engine runs inline, look at the FIFO for ``fut``'s frame for up to ``AIOCCL_SHM_SPIN_US``
     (longer while a frame streams in, or while ``busy()``) before leaving the wait to the bell: a wake-up
     through the kernel costs more than a round trip."""
-    conn.pump()  # it may be in the ring already, its bell not yet heard
+    conn.pump()  # it may be in the FIFO already, its bell not yet heard
     spin = conn.hub.spin_s if eng.placement.kind == "inline" else 0.0
     if spin and not fut.done():
         now = time.perf_counter()
@@ -154,7 +154,7 @@ def _poll(conn: TcpConnection, fut: asyncio.Future[Any], spin_s: float) -> None:
     while not fut.done() and not conn.closed and now < last:
         conn.poll()
         now = time.perf_counter()
-        if now > end and not conn.reader.streaming():  # on while a payload streams in, as on a ring
+        if now > end and not conn.reader.streaming():  # on while a payload streams in, as on a FIFO
             break
 
 
@@ -193,7 +193,7 @@ def start_recv_any(eng: EngineServices, comm: CommView, peer: int, tag: int, tar
     fut = eng.mailbox.post_any(src, comm.ctx, tag, ranks, target, dtype_code, work.op, work)
     if fut is None:
         return None
-    if not fut.done():  # what sits in the rings already, its bell not yet heard
+    if not fut.done():  # what sits in the FIFOs already, its bell not yet heard
         for w in ranks if src < 0 else (src,):
             conn = eng.conns.get(w)
             if isinstance(conn, ShmPairConnection):

@@ -11,9 +11,9 @@ import itertools
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from ..errors import PeerLost
-from ..work import Work
-from .receives import Early, Posted
+from ...errors import PeerLost
+from ...work import Work
+from ..receives import Early, Posted
 from .wildcards import Wildcards, dead_source, earliest
 
 if TYPE_CHECKING:

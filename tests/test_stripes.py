@@ -1,4 +1,4 @@
-"""Several TCP streams per pair: striping a large frame's payload over lanes, and putting it back.
+"""Several TCP streams per pair: striping a large frame's payload over stripes, and putting it back.
 
 In-process over socket pairs (the framing and the reassembly), then real ranks over real sockets
 (every collective and point-to-point size that is striped, with ``AIOCCL_NSOCKS`` > 1).
@@ -14,10 +14,10 @@ import pytest
 
 from aioccl.bootstrap.sockio import tune
 from aioccl.errors import InvalidArgument
-from aioccl.transport import lanes as lanes_mod
+from aioccl.transport import stripes as stripes_mod
 from aioccl.transport.frames import BYE, COLL, Header
-from aioccl.transport.lanes import ALIGN, STRIPE_MIN, bounds, streams_setting
 from aioccl.transport.pairing import tcp_streams
+from aioccl.transport.stripes import ALIGN, STRIPE_MIN, bounds, streams_setting
 from aioccl.transport.tcp import TcpConnection
 
 from conftest import launch
@@ -72,8 +72,8 @@ class Recorder:
         self.arrived.set()
 
 
-def _pair(lanes: int) -> tuple[list[socket.socket], list[socket.socket]]:
-    a, b = zip(*(socket.socketpair() for _ in range(1 + lanes)), strict=True)
+def _pair(stripes: int) -> tuple[list[socket.socket], list[socket.socket]]:
+    a, b = zip(*(socket.socketpair() for _ in range(1 + stripes)), strict=True)
     for s in (*a, *b):
         tune(s)
     return list(a), list(b)
@@ -83,15 +83,15 @@ def _payload(seed: int, nbytes: int) -> bytes:
     return (np.arange(nbytes, dtype=np.uint64) * 2654435761 + seed).astype(np.uint8).tobytes()
 
 
-@pytest.mark.parametrize("lanes", [1, 3])
-def test_striped_and_small_frames_arrive_whole_and_in_order(lanes):
+@pytest.mark.parametrize("stripes", [1, 3])
+def test_striped_and_small_frames_arrive_whole_and_in_order(stripes):
     sizes = [8, STRIPE_MIN - 1, STRIPE_MIN, 0, 3 * STRIPE_MIN + 4097, 100, 5 * STRIPE_MIN, 1]
 
     async def main():
-        a, b = _pair(lanes)
+        a, b = _pair(stripes)
         sink = Recorder()
-        tx = TcpConnection(a[0], 1, Recorder(), lanes=a[1:])
-        rx = TcpConnection(b[0], 0, sink, lanes=b[1:])
+        tx = TcpConnection(a[0], 1, Recorder(), stripes=a[1:])
+        rx = TcpConnection(b[0], 0, sink, stripes=b[1:])
         rx.start()
         # every frame sent at once, from concurrent tasks: each keeps its header's place on every stream
         await asyncio.gather(*(tx.send(Header(COLL, 1, 1, k, 7, 3, n).pack(), memoryview(_payload(k, n)))
@@ -113,15 +113,15 @@ def test_striped_and_small_frames_arrive_whole_and_in_order(lanes):
 
 def test_a_goodbye_waits_for_the_last_parts(monkeypatch):
     """A peer that sent a striped frame and closed before this side read anything: the primary stream
-    ends (goodbye, then EOF) while the lanes still hold their parts, and those parts still land."""
-    monkeypatch.setattr(lanes_mod, "STRIPE_MIN", 64 << 10)  # small enough to sit in the sockets' buffers
+    ends (goodbye, then EOF) while the stripes still hold their parts, and those parts still land."""
+    monkeypatch.setattr(stripes_mod, "STRIPE_MIN", 64 << 10)  # small enough to sit in the sockets' buffers
     size = 96 << 10
 
     async def main():
         a, b = _pair(2)
         sink = Recorder()
-        tx = TcpConnection(a[0], 1, Recorder(), lanes=a[1:])
-        rx = TcpConnection(b[0], 0, sink, lanes=b[1:])
+        tx = TcpConnection(a[0], 1, Recorder(), stripes=a[1:])
+        rx = TcpConnection(b[0], 0, sink, stripes=b[1:])
         async with asyncio.timeout(10):
             await tx.send(Header(COLL, 1, 1, 0, 7, 3, size).pack(), memoryview(_payload(5, size)))
             await tx.close(graceful=True)
@@ -136,15 +136,15 @@ def test_a_goodbye_waits_for_the_last_parts(monkeypatch):
 
 
 def test_a_goodbye_then_a_lane_cut_short_still_loses_the_connection(monkeypatch):
-    """The peer says goodbye but one of its lanes ends before its part is whole: the connection is lost
+    """The peer says goodbye but one of its stripes ends before its part is whole: the connection is lost
     (not left waiting for a part that cannot come)."""
-    monkeypatch.setattr(lanes_mod, "STRIPE_MIN", 64 << 10)
+    monkeypatch.setattr(stripes_mod, "STRIPE_MIN", 64 << 10)
     size = 96 << 10
 
     async def main():
         a, b = _pair(1)
         sink = Recorder()
-        rx = TcpConnection(b[0], 0, sink, lanes=b[1:])
+        rx = TcpConnection(b[0], 0, sink, stripes=b[1:])
         cut = bounds(size, 2)
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(5):
@@ -167,7 +167,7 @@ def test_a_lane_lost_mid_frame_loses_the_connection():
     async def main():
         a, b = _pair(2)
         sink = Recorder()
-        rx = TcpConnection(b[0], 0, sink, lanes=b[1:])
+        rx = TcpConnection(b[0], 0, sink, stripes=b[1:])
         rx.start()
         h = Header(COLL, 1, 1, 0, 7, 3, 2 * STRIPE_MIN)
         cut = bounds(2 * STRIPE_MIN, 3)
@@ -175,7 +175,7 @@ def test_a_lane_lost_mid_frame_loses_the_connection():
         async with asyncio.timeout(5):
             await loop.sock_sendall(a[0], h.pack() + bytes(cut[0][1]))  # header and part 0
             await loop.sock_sendall(a[1], bytes((cut[1][1] - cut[1][0]) // 2))  # half of part 1
-            a[2].close()  # and lane 2 dies
+            a[2].close()  # and stripe 2 dies
             while not sink.lost:
                 sink.arrived.clear()
                 await sink.arrived.wait()
@@ -190,6 +190,6 @@ def test_a_lane_lost_mid_frame_loses_the_connection():
 @pytest.mark.parametrize("n", [2, 3])
 def test_ranks_over_several_streams(n):
     """Every collective and point-to-point message large enough to be striped, exact, on real ranks."""
-    proc = launch(n, "lanes.py", env={"AIOCCL_SHM_DISABLE": "1", "AIOCCL_NSOCKS": "3"}, timeout=180)
+    proc = launch(n, "stripes.py", env={"AIOCCL_SHM_DISABLE": "1", "AIOCCL_NSOCKS": "3"}, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("lanes ok") == n, proc.stdout[-2000:]
+    assert proc.stdout.count("stripes ok") == n, proc.stdout[-2000:]

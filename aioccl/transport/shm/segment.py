@@ -30,8 +30,8 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
-from .. import log
-from ..envvars import env_float
+from ... import log
+from ...envvars import env_float
 
 _log = log.get("SHM")
 
@@ -41,7 +41,7 @@ CONTROL_BYTES = 4096
 MAGIC, VERSION, HALF, HEAP, PID, HEAP_OFF = 0, 1, 2, 3, 4, 5
 CTR = 8  # the last step this rank published (its own cache line)
 SLEEP = 16  # 1 while this rank is parked on its doorbell
-GAVE_UP = 24  # the last op (its channel order + 1) this rank gave up at its deadline (shm_channel.py)
+GAVE_UP = 24  # the last op (its channel order + 1) this rank gave up at its deadline (engine/shm/channel.py)
 # the channel's verdicts on given-up ops, in its rank 0's segment, written under flock (shm_verdict.py):
 # VERDICTS entries of VERDICT_LEN words, the op order's entry at (order % VERDICTS)
 VERDICT_AT, VERDICTS, VERDICT_LEN = 64, 16, 4
@@ -268,8 +268,8 @@ def stop_reader(loop: asyncio.AbstractEventLoop, fd: int) -> None:
 
 
 class LoopBell:
-    """A doorbell read on an event loop: a ring wakes every listener, and each re-checks its own state
-    (the pair hub its rings, each shared-memory channel its counters)."""
+    """A doorbell read on an event loop: a FIFO wakes every listener, and each re-checks its own state
+    (the pair hub its FIFOs, each shared-memory channel its counters)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, comm_id: int, rank: int,
                  address: Callable[[int, int], bytes] = doorbell_address) -> None:

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ..transport.shm import CONTROL_BYTES, CTR, DESC, DESC_LEN, HALF, HEAP, HEAP_OFF, SLEEP, LoopBell, Segment
-from ..transport.shm_heap import Heap
-from ..transport.shm_ring import fence
-from .op import Wait
+from ...transport.shm.fifo import fence
+from ...transport.shm.heap import Heap
+from ...transport.shm.segment import CONTROL_BYTES, CTR, DESC, DESC_LEN, HALF, HEAP, HEAP_OFF, SLEEP, LoopBell, Segment
+from ..op import Wait
 
 _DESC = struct.Struct("<6q")
 _DESC_AT = (DESC * 8, (DESC + DESC_LEN) * 8)  # byte offset of each slot half's descriptor
