@@ -268,7 +268,7 @@ def test_a_timeouts_chain_is_followed_to_the_silent_ranks():
     from aioccl.engine.blame import Reports, follow
     from aioccl.transport.frames import TIMEOUT
 
-    # a FIFO 0 -> 1 -> 2 -> 3 -> 4 (4 and 5 cut off): each waits for its left neighbour; 4 and 5 said nothing
+    # a chain 0 -> 1 -> 2 -> 3 -> 4 (4 and 5 cut off): each waits for its left neighbour; 4 and 5 said nothing
     reports = {1: [0], 2: [1], 3: [2], 0: [5]}
     assert follow([2], reports, me=3) == ([5], [0, 1, 2])
     assert follow([0], {**reports, 1: [0]}, me=1) == ([5], [0])

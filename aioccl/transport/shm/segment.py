@@ -268,7 +268,7 @@ def stop_reader(loop: asyncio.AbstractEventLoop, fd: int) -> None:
 
 
 class LoopBell:
-    """A doorbell read on an event loop: a FIFO wakes every listener, and each re-checks its own state
+    """A doorbell read on an event loop: one ring wakes every listener, and each re-checks its own state
     (the pair hub its FIFOs, each shared-memory channel its counters)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, comm_id: int, rank: int,

@@ -14,8 +14,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from tests.fakecupy.cupy import cuda
-from tests.fakecupy.cupy.cuda import _bridge
+from . import cuda
+from .cuda import _bridge
 
 __version__ = "0-fake"
 

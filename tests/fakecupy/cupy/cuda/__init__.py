@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from tests.fakecupy.cupy.cuda import _bridge, _gpu, driver, runtime  # noqa: F401 - cupy.cuda.driver
+from . import _bridge, _gpu, driver, runtime  # noqa: F401 - cupy.cuda.driver
 
 _local = threading.local()
 

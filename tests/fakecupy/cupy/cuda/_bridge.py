@@ -14,7 +14,7 @@ import os
 import weakref
 from typing import Any
 
-from tests.fakecupy.cupy.cuda import _gpu, driver
+from . import _gpu, driver
 
 NOT_READY = 600
 # the piece kernel's parameters, in order (kernels/gpu_piece.py): their C types

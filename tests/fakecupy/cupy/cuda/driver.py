@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 
-from tests.fakecupy.cupy.cuda import _gpu
+from . import _gpu
 
 
 def _word(ptr: int) -> ctypes.c_uint32:

@@ -13,7 +13,7 @@ from typing import Any
 
 from fakecupy_driver import reclaim
 
-from tests.fakecupy.cupy.cuda import _gpu
+from . import _gpu
 
 memcpyDefault = 4  # noqa: N816 - cupy's name
 cudaIpcMemLazyEnablePeerAccess = 1  # noqa: N816
