@@ -22,7 +22,7 @@ class InvalidArgument(AiocclError, ValueError):
 
 
 class BootstrapError(AiocclError):
-    """The communicator could not be formed (rendezvous, handshake, addresses)."""
+    """The communicator could not be formed (meeting at the root, handshake, addresses)."""
 
 
 class CommAborted(AiocclError):

@@ -45,7 +45,7 @@ class Progress:
     def __init__(self) -> None:
         self.recvs: list[tuple[int, asyncio.Future[None]]] = []
         self.sends: set[int] = set()
-        self.offering = False  # some send went as an offer (``rendezvous.send_offered``)
+        self.offering = False  # some send went as an offer (``executor.send_offered``)
         self.held: list[tuple[asyncio.Future[Any], Callable[[], None]]] | None = None  # made when first needed
 
     def hold(self, read: asyncio.Future[Any], over: Callable[[], None]) -> None:

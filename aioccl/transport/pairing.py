@@ -54,7 +54,7 @@ def hello(env: Mapping[str, str] = os.environ) -> dict[str, int]:
 
 
 def tcp_streams(net: str) -> Streams:
-    """``streams(table, rank, j)`` for the rendezvous; ``net`` is ``AIOCCL_NET``'s setting."""
+    """``streams(table, rank, j)`` for the mesh (how many streams a pair opens); ``net``: ``AIOCCL_NET``'s setting."""
     elsewhere: dict[int, set[int]] = {}  # per rank: its peers on ib or a shared-memory pair (computed once)
 
     def streams(peers: list[dict[str, Any]], rank: int, j: int) -> int:

@@ -1,6 +1,6 @@
 """Which peer pairs go over ib, and bringing their queue pairs up over the bootstrap sockets.
 
-Choice, per pair, made identically on both sides from the rendezvous table
+Choice, per pair, made identically on both sides from the bootstrap's table
 (every rank's hello says which ib backend it can use, or why none):
 
 - ``AIOCCL_NET=socket``: never ib;
@@ -67,7 +67,7 @@ def settings(env: Mapping[str, str] = os.environ) -> Settings:
 
 
 def hello(v: Verdict) -> dict[str, str]:
-    """What this rank tells the others in the rendezvous: its ib backend, or why it has none."""
+    """What this rank tells the others at the root: its ib backend, or why it has none."""
     return {"ib": v.backend if v.usable else "", "ib_reason": v.reason}
 
 

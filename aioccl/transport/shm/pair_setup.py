@@ -1,6 +1,6 @@
 """Which peer pairs go over shared memory, and bringing their FIFOs up over the bootstrap sockets.
 
-Choice, per pair, made identically on both sides from the rendezvous table:
+Choice, per pair, made identically on both sides from the bootstrap's table:
 shared memory when the two ranks share a host (equal host identity, which
 includes the network namespace) and both can use it (``hello`` says why
 not: ``AIOCCL_SHM_DISABLE``, not x86, no ``/dev/shm``), unless the pair goes
@@ -44,7 +44,7 @@ def ring_capacity(env: Mapping[str, str] = os.environ) -> int:
 
 
 def hello(env: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """What this rank tells the others in the rendezvous: ``shm_pair`` is empty when it can, else why not."""
+    """What this rank tells the others at the root: ``shm_pair`` is empty when it can, else why not."""
     why = ""
     if env.get("AIOCCL_SHM_DISABLE", "0").strip().lower() not in ("", "0", "false", "no"):
         why = "AIOCCL_SHM_DISABLE is set"
