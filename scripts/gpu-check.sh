@@ -12,7 +12,8 @@
 # 3. JAX on GPU: tests/workers/jax_process.py with JAX_PLATFORMS=cuda; 3b. torch CUDA tensors through c10d;
 # 4. aioccl-perf all_reduce on GPU buffers, 8 B .. 64 MiB, JSON in $OUT (or ./gpu-check-out);
 # 5. where the nvidia-nccl wheel is present, the same sweep through cupy.cuda.nccl for comparison
-#    (NCCL refuses two ranks on one GPU; with fewer GPUs than ranks it says so and is skipped).
+#    (NCCL refuses two ranks on one GPU; with fewer GPUs than ranks it says so and is skipped);
+# 6. benchmarks/gpu_frameworks.py: jax_ext inside jit and torch CUDA tensors through c10d, per op.
 # Exits non-zero on the first failure. With MPS running (nvidia-cuda-mps-control -d), same-host ranks use the
 # device path's spin form; without, its stream form (docs/gpu.md). scripts/gpu-profile.sh times both.
 set -euo pipefail
@@ -65,4 +66,9 @@ done
 
 echo "== 5. NCCL through cupy.cuda.nccl, where available"
 "$PY" scripts/nccl_sweep.py --np "$NPROC" --json "$OUTDIR/perf_all_reduce_nccl.json" || echo "(NCCL sweep skipped)"
+echo "== 6. what JAX and torch users pay per op on the GPU (benchmarks/gpu_frameworks.py)"
+JAX_PLATFORMS=cuda "$PY" -m aioccl.run --nproc-per-node "$NPROC" benchmarks/gpu_frameworks.py jax --sizes 8,1M \
+  | tee "$OUTDIR/frameworks_jax.txt"
+"$PY" -m torch.distributed.run --nproc-per-node "$NPROC" benchmarks/gpu_frameworks.py torch \
+  | tee "$OUTDIR/frameworks_torch.txt"
 echo "gpu-check: all passed; results in $OUTDIR"
