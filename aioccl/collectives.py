@@ -25,6 +25,7 @@ from .work import Work
 
 _CODES = {name: BY_NAME[name].code for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter",
                                                  "all_to_all", "reduce", "gather", "scatter", "scan")}
+_BARRIER = BY_NAME["barrier"].code
 
 
 def _lane_tensor(lane: Any, x: Any, op: ReduceOp | str) -> Any:
@@ -57,6 +58,9 @@ class CollectiveOps:
                       timeout: float | None = None) -> Work[Any]: ...
 
         def _op_timeout(self, timeout: float | None) -> float: ...
+
+        def _by_lane(self, code: int, x: Any, out: Any, op: Any, root: int, timeout: float | None,
+                     general: Callable[[], Work[Any]]) -> Work[Any] | None: ...
 
         def _collective(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
                         result: Callable[[], Any], timeout: float | None, in_place: bool = False,
@@ -110,6 +114,11 @@ class CollectiveOps:
             w = lane.all_reduce(x, op) if x.__class__ is np.ndarray else _lane_tensor(lane, x, op)
             if w is not None:
                 return w if w.__class__ is Work else self._carry_on(x, op, w, timeout)
+        elif lane is not None and stream is None:  # out=: a call of a form the lane knows (fast_lane.py)
+            w = self._by_lane(_CODES["all_reduce"], x, out, op, 0, timeout,
+                              lambda: self._elementwise("all_reduce", x, op, out, timeout, None))
+            if w is not None:
+                return w
         if self._gpu_lane is not None and stream is None and timeout is None:  # GPU buffers: the native lane
             return self._via_gpu_lane("all_reduce", x, out, op, 0,
                                       lambda: self._elementwise("all_reduce", x, op, out, None, None))
@@ -119,6 +128,11 @@ class CollectiveOps:
              timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Inclusive prefix reduction (``MPI_Scan``): rank r gets ``x_0 op ... op x_r``, folded in rank order;
         ``avg`` divides by r + 1. In place unless ``out`` is given. Awaits to the result."""
+        if self._lane is not None and stream is None:
+            w = self._by_lane(_CODES["scan"], x, out, op, 0, timeout,
+                              lambda: self._elementwise("scan", x, op, out, timeout, None))
+            if w is not None:
+                return w
         if self._gpu_lane is not None and stream is None and timeout is None:
             return self._via_gpu_lane("scan", x, out, op, 0,
                                       lambda: self._elementwise("scan", x, op, out, None, None))
@@ -138,6 +152,11 @@ class CollectiveOps:
     def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Copy root's ``x`` into every rank's ``x``, or into ``out`` where given (a new array for JAX)."""
+        if self._lane is not None and stream is None:
+            w = self._by_lane(_CODES["broadcast"], x, out, None, root, timeout,
+                              lambda: self._broadcast(x, root, out, timeout, None))
+            if w is not None:
+                return w
         if self._gpu_lane is not None and stream is None and timeout is None:
             return self._via_gpu_lane("broadcast", x, out, None, root,
                                       lambda: self._broadcast(x, root, out, None, None))
@@ -159,6 +178,11 @@ class CollectiveOps:
     def reduce(self, x: Any, root: int = 0, op: ReduceOp | str = "sum", out: Any = None, *,
                timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce onto ``root`` (into ``out`` or, by default, root's ``x``); None on other ranks."""
+        if self._lane is not None and stream is None:
+            w = self._by_lane(_CODES["reduce"], x, out, op, root, timeout,
+                              lambda: self._reduce(x, root, op, out, timeout, None))
+            if w is not None:
+                return w
         if self._gpu_lane is not None and stream is None and timeout is None:
             return self._via_gpu_lane("reduce", x, out, op, root,
                                       lambda: self._reduce(x, root, op, out, None, None))
@@ -186,6 +210,11 @@ class CollectiveOps:
     def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Concatenate every rank's ``x`` along axis 0 (0-d inputs give shape ``(n,)``)."""
+        if self._lane is not None and stream is None:
+            w = self._by_lane(_CODES["all_gather"], x, out, None, 0, timeout,
+                              lambda: self._all_gather(x, out, timeout, None))
+            if w is not None:
+                return w
         if self._gpu_lane is not None and stream is None and timeout is None and out is not None:
             return self._via_gpu_lane("all_gather", x, out, None, 0,
                                       lambda: self._all_gather(x, out, None, None))
@@ -203,6 +232,11 @@ class CollectiveOps:
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
                        timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce ``x`` (n blocks along axis 0) and keep block ``rank``; by default in x's own block."""
+        if self._lane is not None and stream is None:
+            w = self._by_lane(_CODES["reduce_scatter"], x, out, op, 0, timeout,
+                              lambda: self._reduce_scatter(x, op, out, timeout, None))
+            if w is not None:
+                return w
         if self._gpu_lane is not None and stream is None and timeout is None and out is not None:
             return self._via_gpu_lane("reduce_scatter", x, out, op, 0,
                                       lambda: self._reduce_scatter(x, op, out, None, None))
@@ -228,6 +262,11 @@ class CollectiveOps:
     def gather(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """``all_gather`` onto ``root`` only; other ranks get None."""
+        if self._lane is not None and stream is None:
+            w = self._by_lane(_CODES["gather"], x, out, None, root, timeout,
+                              lambda: self._gather(x, root, out, timeout, None))
+            if w is not None:
+                return w
         if self._gpu_lane is not None and stream is None and timeout is None:
             return self._via_gpu_lane("gather", x, out, None, root,
                                       lambda: self._gather(x, root, out, None, None))
@@ -251,6 +290,11 @@ class CollectiveOps:
                   stream: Any = None) -> Work[Any]:
         """Root's ``x`` holds n blocks along axis 0; rank i gets block i (in ``out``, or in its own
         ``x``'s block i when every rank passes a full-size ``x``)."""
+        if self._lane is not None and stream is None:
+            w = self._by_lane(_CODES["scatter"], x, out, None, root, timeout,
+                              lambda: self._scatter(x, root, out, timeout, None))
+            if w is not None:
+                return w
         if self._gpu_lane is not None and stream is None and timeout is None:
             return self._via_gpu_lane("scatter", x, out, None, root,
                                       lambda: self._scatter(x, root, out, None, None))
@@ -285,6 +329,11 @@ class CollectiveOps:
     def all_to_all(self, x: Any, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Block j of ``x`` goes to rank j; block i of the result came from rank i. In place by default."""
+        if self._lane is not None and stream is None:
+            w = self._by_lane(_CODES["all_to_all"], x, out, None, 0, timeout,
+                              lambda: self._all_to_all(x, out, timeout, None))
+            if w is not None:
+                return w
         if self._gpu_lane is not None and stream is None and timeout is None:
             return self._via_gpu_lane("all_to_all", x, out, None, 0,
                                       lambda: self._all_to_all(x, out, None, None))
@@ -309,6 +358,13 @@ class CollectiveOps:
 
     def barrier(self, *, timeout: float | None = None) -> Work[None]:
         """Completes once every rank has entered the barrier."""
+        if self._lane is not None:
+            w = self._by_lane(_BARRIER, None, None, None, 0, timeout, lambda: self._barrier(timeout))
+            if w is not None:
+                return w
+        return self._barrier(timeout)
+
+    def _barrier(self, timeout: float | None) -> Work[None]:
         empty = Buf(np.zeros(0, dtype=np.uint8), True, lambda a: None)
         return self._collective("barrier", 0, 0, empty, empty, None, lambda: None, timeout)
 

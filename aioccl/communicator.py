@@ -38,7 +38,7 @@ from .engine.shm.channel import ShmChannel
 from .engine.view import CommView
 from .envvars import check_timeout, env_int, env_timeout
 from .errors import CommAborted, InvalidArgument, PeerLost
-from .fast_lane import CAPTURE, FastLane
+from .fast_lane import CAPTURE, TEACHING, FastLane
 from .group import Group
 from .introspection import FlightRecorder
 from .lifecycle import LifecycleOps
@@ -344,6 +344,8 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         work._probe = op_.blocked_on
         if CAPTURE.ops is not None:  # jax_ext learning what a custom call runs (fast_lane.py)
             CAPTURE.ops.append((op_, native))  # (the op lets go of its program once it has to wait)
+        elif TEACHING.call is not None and native is not None and shm is not None:
+            self._teach(op_, native)  # the lane runs this call's form from now on (fast_lane.py)
         _log.debug("%s seq %d: %d x %s, algorithm %s%s", name, seq, count, dt, sched.algo,
                    " over shared memory" if shm is not None else "")
         if shm is not None:  # a small op from another thread may run here, inside the call (placement.py)

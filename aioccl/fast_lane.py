@@ -4,15 +4,22 @@ there (a late peer, a failure) goes on in the engine, like any op of the shared-
 A mixin of ``Communicator``, and the fast lane's one owner: ``_open_lane`` gives a communicator with a
 channel its ``Lane`` (C): ``comm.all_reduce(x)`` of a small numpy array runs from the call to the done Work
 there. The engine below never makes, holds or switches a lane: it only runs the channel's ops.
-An op it hands back (``(x, op, code, seq, order)``) is built into an ``Op`` here and submitted to the
-channel, which parks, owns its deadline and resumes it. Until that is done the lane keeps the op as
-*pending*, so a signal that interrupts the caller in between loses nothing: the next op adopts it.
+Every other collective call on host buffers runs there too once the lane has seen its *form* (``_by_lane``):
+the general way checks the first call of a form and runs it; ``_launch`` then teaches the lane the form
+(``_teach``: which buffers the program reads and writes, what the Work gives back), and later calls of that
+form run from the call to the done Work in C (``native/src/py/lane_calls.c``).
+An op the lane hands back (``(x, op, code, seq, order)``, or ``(template, in, out, code, seq, order, result)``)
+is built into an ``Op`` here and submitted to the channel, which parks, owns its deadline and resumes it.
+Until that is done the lane keeps the op as *pending*, so a signal that interrupts the caller in between
+loses nothing: the next op adopts it.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ml_dtypes
@@ -20,6 +27,7 @@ import numpy as np
 
 from . import native
 from .algorithms.table import BY_NAME
+from .buffers import address
 from .dtypes import ReduceOp, dtype_code
 from .engine.op import Op
 from .engine.shm import native as shm_native
@@ -43,6 +51,35 @@ class _Capture(threading.local):
 
 
 CAPTURE = _Capture()
+
+
+class _Teaching(threading.local):
+    """The call whose form the lane does not know yet, while the general way runs it on this thread:
+    ``(code, x, out, op, root, gx, gout)`` (x and out as the lane saw them, numpy arrays or None)."""
+
+    call: tuple[Any, ...] | None = None
+
+
+TEACHING = _Teaching()
+_NOT_HOST = object()
+_EMPTY = np.zeros(0, np.uint8)
+# where a program's buffer comes from and what the Work gives back (lane_calls.c's FROM_* and GIVES_*)
+FROM_X, FROM_OUT, FROM_FRESH, FROM_NONE = range(4)
+GIVES_X, GIVES_OUT, GIVES_NONE, GIVES_FRESH = range(4)
+
+
+def _host_view(x: Any) -> Any:
+    """``x`` as the lane takes it: a numpy array or None as it is, a dense CPU torch tensor as its numpy view;
+    ``_NOT_HOST`` for anything else (the general way)."""
+    if x is None or x.__class__ is np.ndarray:
+        return x
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
+        return _NOT_HOST
+    try:  # a CPU tensor of a numpy dtype, without grad; a CUDA, bfloat16 or sparse one raises (the general way)
+        return x.numpy()
+    except (RuntimeError, TypeError):
+        return _NOT_HOST
 
 
 class FastLane:
@@ -84,6 +121,63 @@ class FastLane:
         if self._closed is not None or self._member_lost is not None:
             self._lane.enabled = False  # (a member lost while the channel was set up)
 
+    def _by_lane(self, code: int, x: Any, out: Any, op: Any, root: int, timeout: float | None,
+                 general: Callable[[], Work[Any]]) -> Work[Any] | None:
+        """A collective on host buffers through the lane: the done Work of a call whose form it knows, the
+        general way's Work for a form it does not (which then teaches it), or None: the caller's general way
+        (buffers the lane does not take, or not now)."""
+        if CAPTURE.ops is not None:  # jax_ext learning what a custom call runs: it must see the op built
+            return None
+        xa = x if x is None or x.__class__ is np.ndarray else _host_view(x)
+        oa = out if out is None or out.__class__ is np.ndarray else _host_view(out)
+        if xa is _NOT_HOST or oa is _NOT_HOST:
+            return None
+        if timeout is not None:
+            self._op_timeout(timeout)  # a bad one raises here, before anything is sent
+        w = self._lane.run(code, xa, oa, op, root, x, out)
+        if w.__class__ is Work:
+            return w
+        if w is None:
+            return None
+        if w is not False:
+            work = self._hand_over(w, timeout)
+            self._lane.claim()  # handed over: nothing left for _launch to adopt
+            return work
+        TEACHING.call = (code, xa, oa, op, root, x, out)
+        try:
+            return general()
+        finally:
+            TEACHING.call = None
+
+    def _teach(self, op_: Op[Any], program: Any) -> None:
+        """Teach the lane the form of the call the general way has just built as ``op_`` (``_launch``), when
+        its program's buffers are the call's x, out or a fresh array, and its Work gives back x, out, that
+        fresh array or None."""
+        call, TEACHING.call = TEACHING.call, None
+        assert call is not None
+        code, xa, oa, op, root, gx, gout = call
+        if code != op_.code:
+            return
+        got = op_.result()
+        # a fresh array: made by the general way for this call (no base), not a view of x or out (a block)
+        fresh = got if got.__class__ is np.ndarray and got.base is None and got is not gx and got is not gout \
+            else None
+
+        def source(a: np.ndarray) -> int:
+            for from_, b in ((FROM_X, xa), (FROM_OUT, oa), (FROM_FRESH, fresh)):
+                if b is not None and address(a) == address(b) and a.nbytes == b.nbytes:
+                    return from_
+            return FROM_NONE if a.size == 0 and xa is None and oa is None else -1
+
+        in_from, out_from = source(op_.inp), source(op_.out)
+        gives = (GIVES_NONE if got is None else GIVES_X if got is gx else GIVES_OUT if got is gout
+                 else GIVES_FRESH if fresh is not None and out_from == FROM_FRESH else -1)
+        if in_from in (-1, FROM_FRESH) or out_from == -1 or gives == -1:
+            return
+        template = (op_.name, op_.code, op_.dtype_code, op_.op, op_.count, op_.root, op_.sched, op_.desc)
+        self._lane.teach(code, xa, oa, op, root, (program, op_.name, op_.desc, template, in_from, out_from, gives,
+                                                   op_.dtype_code, fresh))
+
     def _lane_off(self) -> None:
         """The communicator takes no more ops (closed, aborted, shrunk, a member lost): its lane says so too,
         for the callers that read only the lane (an XLA custom call, on XLA's thread, without the GIL)."""
@@ -103,6 +197,8 @@ class FastLane:
 
     def _hand_over(self, handed: tuple[Any, ...], timeout: float | None = None, result: Any = None) -> Work[Any]:
         """``result``: what the Work gives back (the tensor whose view the lane ran on), by default the array."""
+        if len(handed) == 7:  # a call of a form the lane learnt (_by_lane)
+            return self._hand_over_call(handed, timeout)
         x, op, rc, seq, order = handed
         given = x if result is None else result
         shm = self._shm
@@ -119,12 +215,26 @@ class FastLane:
         shm_native.carry_on(shm, op_, rc)
         return self._track(work, desc, shm.submit, op_)
 
+    def _hand_over_call(self, handed: tuple[Any, ...], timeout: float | None) -> Work[Any]:
+        template, inp, out, rc, seq, order, given = handed
+        name, code, dtype_code_, rop, count, root, sched, desc = template
+        shm = self._shm
+        assert shm is not None
+        work: Work[Any] = Work(name, seq)
+        flat_in = _EMPTY if inp is None else inp.reshape(-1)
+        flat_out = _EMPTY if out is None else out.reshape(-1)
+        op_ = Op(name, code, seq, flat_in, flat_out, dtype_code_, rop, count, root, self._op_timeout(timeout), work,
+                 lambda: given, sched, order, desc)
+        work._probe = op_.blocked_on
+        shm_native.carry_on(shm, op_, rc)
+        return self._track(work, desc, shm.submit, op_)
+
     def _adopt_orphan(self) -> None:
         """A fast-lane op handed over to the engine whose caller was interrupted (a signal) before the engine
         had it: submit it now, ahead of the next op (peers count on it; nobody awaits it)."""
         handed = self._lane.claim()
         shm = self._shm
-        if handed is not None and shm is not None and shm.next_order <= handed[4]:
+        if handed is not None and shm is not None and shm.next_order <= handed[5 if len(handed) == 7 else 4]:
             self._hand_over(handed)._retrieved = True  # its caller was told, by the interrupt
 
 

@@ -29,7 +29,8 @@ Algorithms (``cap`` = slot half in elements; larger ops run in chunks):
   ranks, step B fetches everyone's reduced slices. Each rank reads each byte
   once: the bandwidth algorithm.
 - broadcast, all_gather, reduce_scatter, gather, scatter and all_to_all fetch
-  exactly what they need in one step per chunk; barrier is one empty step.
+  exactly what they need in one step per chunk; barrier is one empty step;
+  scan (``flat``) reduces ranks 0..r's chunks in rank order on rank r.
 
 Like ``.schedule`` this is pure data; ``.reference`` style checks run it
 in-process (``tests/test_shm_algorithms.py``) and the engine runs it over
@@ -93,6 +94,19 @@ def _all_reduce(count: int, rank: int, n: int, cap: int, algo: str, root: int | 
     return Schedule(tuple(steps), scratch=0 if root is None else width, algo="direct")
 
 
+def _scan(count: int, rank: int, cap: int, in_place: bool) -> Schedule:
+    """Inclusive scan: rank r reduces ranks 0..r's staged chunks in rank order, as the chain folds them
+    (``prefix.py``), so either way gives the same bits; an average divides by r + 1. In place, peers read
+    staged copies (I overwrite my input while they may still read it)."""
+    steps = []
+    for a, b in pieces(count, cap):
+        chunk = Region(IN, a, b)
+        out = Region(OUT, a, b)
+        srcs = tuple(Src(j, chunk, 0) for j in range(rank + 1))
+        steps.append(_step(rank, (Stage(chunk, 0),), (Reduce(srcs, out),), (out,)))
+    return Schedule(tuple(steps), zero_copy=not in_place, algo="flat", divisor=rank + 1)
+
+
 def _blockwise(coll: str, block: int, rank: int, n: int, root: int, cap: int, in_place: bool) -> Schedule:
     """The collectives that move per-rank blocks of ``block`` elements."""
     steps = []
@@ -148,6 +162,8 @@ def shm_plan(coll: str, count: int, rank: int, n: int, root: int, cap: int, algo
         return Schedule(steps, algo="direct")
     if coll == "barrier":
         return Schedule((Step(lockstep=True),), algo="direct")
+    if coll == "scan":
+        return _scan(count, rank, cap, in_place)
     return _blockwise(coll, count, rank, n, root, cap, in_place)
 
 

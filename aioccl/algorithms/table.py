@@ -38,8 +38,9 @@ TABLE: tuple[Collective, ...] = (
                socket=("direct",), shm=("direct",)),
     Collective("all_to_all", 8, blockwise=True, input_blocks=True, socket=("direct",), shm=("direct",)),
     Collective("barrier", 9, socket=("dissemination",), shm=("direct",)),
-    # an inclusive prefix reduction (MPI_Scan); its messages run over any pair, shared memory included
-    Collective("scan", 10, reduces=True, socket=("chain",)),
+    # an inclusive prefix reduction (MPI_Scan): a chain of messages over the pairs, or on one host's channel
+    # each rank folding ranks 0..r in rank order (the chain's order: the same bits)
+    Collective("scan", 10, reduces=True, socket=("chain",), shm=("flat",)),
 )
 BY_NAME = {c.name: c for c in TABLE}
 BY_CODE = {c.code: c for c in TABLE}

@@ -89,7 +89,7 @@ def lower(sched: Schedule, rank: int, size: int, code: int, count: int, root: in
         return None
     words = [core.PROG_MAGIC, len(sched.steps), int(sched.zero_copy), sched.divisor, code,
              ALGO_CODES.get(sched.algo, 0), count, root, 0, 0]
-    ext = [0, 0]  # the elements of IN and OUT the program touches: the core checks the buffers hold them
+    ext = [0, 0]  # the elements of my IN and OUT the program touches: the core checks the buffers hold them
     for step in sched.steps:
         if not step.lockstep or step.copies:
             return None
@@ -109,7 +109,8 @@ def lower(sched: Schedule, rank: int, size: int, code: int, count: int, root: in
                 if s.region.buf not in (IN, OUT):
                     return None
                 words += (s.rank, s.region.buf, s.region.start, s.region.stop, s.slot)
-                ext[s.region.buf] = max(ext[s.region.buf], s.region.stop)
+                if s.rank == rank:  # (a peer's region is in its buffers: the core checks it against its mapping)
+                    ext[s.region.buf] = max(ext[s.region.buf], s.region.stop)
             if rd.dst.buf not in (IN, OUT):
                 return None
             words += (rd.dst.buf, rd.dst.start, rd.dst.stop)

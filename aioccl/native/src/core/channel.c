@@ -117,7 +117,11 @@ int ac_prog_check(const int64_t *p, size_t len, int rank, int size, char *why, s
             for (int64_t k = 0; k < nsrc; k++, at += 5) {
                 if (p[at] < 0 || p[at] >= size)
                     return bad(why, why_len, "bad source rank", at);
-                REGION(p[at + 1], p[at + 2], p[at + 3]);
+                if (p[at] == rank)
+                    REGION(p[at + 1], p[at + 2], p[at + 3]);
+                else if ((p[at + 1] != AC_IN && p[at + 1] != AC_OUT) || p[at + 2] < 0 || p[at + 2] > p[at + 3])
+                    return bad(why, why_len, "bad peer region", at); /* (its length: against the peer's
+                                                                         * mapping, when read) */
                 if (p[at + 4] < 0)
                     return bad(why, why_len, "negative slot", at);
             }

@@ -100,7 +100,9 @@ void ac_chan_free(ac_chan *ch);
  *             nreads, per read: kind (0 fetch, 1 reduce), nsrc, (rank, buf, start, stop, slot) x nsrc,
  *                               dst buf, dst start, dst stop;
  *             nscale, (buf, start, stop) x nscale
- * in elements. ac_prog_check validates one for a channel of `size` ranks (0, or -1 with a reason). */
+ * in elements; max IN and OUT bound this rank's own regions (a peer's source region lies in that peer's
+ * buffers, checked against its mapping when read). ac_prog_check validates one for a channel of `size`
+ * ranks (0, or -1 with a reason). */
 #define AC_PROG_MAGIC 0x41434e5031LL /* "ACNP1" */
 #define AC_PROG_HEADER 10
 int ac_prog_check(const int64_t *prog, size_t len, int rank, int size, char *why, size_t why_len);

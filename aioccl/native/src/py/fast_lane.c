@@ -17,32 +17,8 @@
 #include <numpy/arrayobject.h>
 
 #include "fast_lane.h"
+#include "lane.h"
 #include "core/reduce.h"
-#include "work.h"
-
-enum { CACHE = 64 };
-#define NATIVE_WAIT_S 0.02 /* how long a native caller outside the engine waits in C for a late peer */
-
-typedef struct {
-    int64_t count;
-    int dtype;
-    PyObject *prog;
-} cached;
-
-typedef struct {
-    PyObject_HEAD
-    Channel *chan;
-    PyObject *shm, *comm, *lock, *group_var, *record, *ring_bells;
-    PyObject *ops[AC_OP_LAST + 1];
-    PyObject *name;
-    PyObject *pending; /* (x, op, code, seq, order) of the op last handed to the engine, until claimed */
-    acpy_work_maker wm; /* its Works */
-    unsigned long thread_id;
-    int bf16_num, enabled;
-    Py_ssize_t max_bytes;
-    long long seq;     /* atomic: an XLA thread takes numbers without the GIL (the order: chan->gate) */
-    cached cache[CACHE];
-} Lane;
 
 static PyObject *s_queue, *s_pumping, *s_broken, *s_acquire,
     *s_release, *s_sum, *s_prod, *s_min, *s_max, *s_avg;
@@ -52,6 +28,7 @@ static void Lane_clear_cache(Lane *self) {
         Py_CLEAR(self->cache[k].prog);
         self->cache[k].count = -1;
     }
+    acpy_calls_clear(self->calls);
 }
 
 /* the lane and its communicator hold each other: the cycle collector must see the lane's references */
@@ -66,7 +43,8 @@ static int Lane_traverse(Lane *self, visitproc visit, void *arg) {
         Py_VISIT(self->ops[k]);
     for (int k = 0; k < CACHE; k++)
         Py_VISIT(self->cache[k].prog);
-    return acpy_work_maker_traverse(&self->wm, visit, arg);
+    int r = acpy_calls_traverse(self->calls, visit, arg);
+    return r ? r : acpy_work_maker_traverse(&self->wm, visit, arg);
 }
 
 static int Lane_clear(Lane *self) {
@@ -84,6 +62,8 @@ static int Lane_clear(Lane *self) {
 static void Lane_dealloc(Lane *self) {
     PyObject_GC_UnTrack(self);
     Lane_clear(self);
+    acpy_calls_free(self->calls);
+    self->calls = NULL;
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -109,6 +89,10 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
     }
     if (acpy_work_maker_init(&self->wm, work_type, done_lock, home, thread_id) < 0)
         return -1;
+    if (self->calls == NULL && (self->calls = acpy_calls_new()) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     Py_XSETREF(self->chan, chan == Py_None ? NULL : (Channel *)Py_NewRef(chan));
     Py_XSETREF(self->shm, Py_NewRef(shm));
     Py_XSETREF(self->comm, Py_NewRef(comm));
@@ -159,10 +143,10 @@ static PyObject *Lane_learn(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* -- the fast path ------------------------------------------------------------------------------ */
-static int dtype_of(Lane *self, PyArrayObject *a) {
-    PyArray_Descr *d = PyArray_DESCR(a);
-    npy_intp size = PyArray_ITEMSIZE(a);
-    if (PyArray_ISBYTESWAPPED(a))
+int acpy_lane_dtype(Lane *self, PyObject *descr) {
+    PyArray_Descr *d = (PyArray_Descr *)descr;
+    npy_intp size = PyDataType_ELSIZE(d);
+    if (!PyArray_ISNBO(d->byteorder))
         return 0;
     if (d->type_num == self->bf16_num)
         return AC_DT_BF16;
@@ -174,7 +158,7 @@ static int dtype_of(Lane *self, PyArrayObject *a) {
     }
 }
 
-static int redop_of(Lane *self, PyObject *op) {
+int acpy_lane_redop(Lane *self, PyObject *op) {
     if (op == NULL)
         return AC_OP_SUM;
     for (int k = 1; k <= AC_OP_LAST; k++)
@@ -238,7 +222,7 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     PyArrayObject *x = (PyArrayObject *)args[0];
     if (!PyArray_CHKFLAGS(x, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED))
         Py_RETURN_NONE;
-    int dtype = dtype_of(self, x), redop = redop_of(self, nargs >= 2 ? args[1] : NULL);
+    int dtype = acpy_lane_dtype(self, (PyObject *)PyArray_DESCR(x)), redop = acpy_lane_redop(self, nargs >= 2 ? args[1] : NULL);
     if (!dtype || !redop || (redop == AC_OP_AVG && dtype != AC_DT_F16 && dtype != AC_DT_BF16 && dtype != AC_DT_F32 && dtype != AC_DT_F64))
         Py_RETURN_NONE;
     Py_ssize_t nbytes = PyArray_NBYTES(x), count = PyArray_SIZE(x);
@@ -257,77 +241,94 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     int open = acpy_work_comm_open(self->comm, self->group_var, self->chan == NULL);
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
-    int borrowed = 0;
-    if (PyThread_get_thread_ident() != self->thread_id) {
-        if (self->lock == Py_None)
-            Py_RETURN_NONE;
-        int got = lock_call(self->lock, s_acquire, Py_False);
-        if (got < 0)
-            return NULL;
-        if (!got)
-            Py_RETURN_NONE;
-        borrowed = 1;
-    }
-    PyObject *result = NULL;
-    if (self->pending != NULL || !channel_idle(self)) {
-        result = Py_NewRef(Py_None);
-        goto out;
-    }
+    long long seq;
     int64_t order;
-    if (!ac_gate_claim(&self->chan->gate, &order)) {  /* an XLA call runs, or the engine has ops: go its way */
-        result = Py_NewRef(Py_None);
-        goto out;
-    }
-    long long seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
-    double t0 = acpy_work_monotonic();
-    void *data = PyArray_DATA(x);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ac_run(ch, prog->words, prog->len, data, (size_t)nbytes, data, (size_t)nbytes, dtype, redop, seq, order);
-    Py_END_ALLOW_THREADS
-    if (rc == AC_BLOCKED)
-        for (int k = 0; k < 3; k++)
-            Py_XSETREF(self->chan->held[k], Py_NewRef(k ? (PyObject *)x : (PyObject *)prog));
-    if (rc != AC_DONE && rc != AC_BELLS) {
-        ac_gate_drop(&self->chan->gate);  /* the engine admits it in order (its number is next) */
+    double t0;
+    void *data = PyArray_DATA(x);
+    int went = acpy_lane_go(self, (PyObject *)prog, data, (size_t)nbytes, data, (size_t)nbytes, dtype, redop,
+                            (PyObject *)x, (PyObject *)x, &seq, &order, &rc, &t0);
+    if (went <= 0)
+        return went < 0 ? NULL : Py_NewRef(Py_None);
+    if (went == 2) {
         /* the engine carries on with it (and submits it, in order); kept here until the caller claims it,
          * so a signal that interrupts the caller before then cannot lose the op (it is adopted instead) */
         PyObject *op = nargs >= 2 ? args[1] : s_sum;
-        Py_XSETREF(self->pending, Py_BuildValue("(OOiLL)", (PyObject *)x, op, rc, seq, order));
-        result = self->pending ? Py_NewRef(self->pending) : NULL;
-        goto out;
+        Py_XSETREF(self->pending, Py_BuildValue("(OOiLL)", (PyObject *)x, op, rc, seq, (long long)order));
+        return self->pending ? Py_NewRef(self->pending) : NULL;
     }
-    if (rc == AC_BELLS) {
+    return record_done(self, x, give, seq, count, redop, t0);
+}
+
+static int go_locked(Lane *self, PyObject *prog, void *in, size_t in_len, void *out, size_t out_len, int dtype,
+                     int redop, PyObject *hold_in, PyObject *hold_out, long long *seq, int64_t *order, int *rc,
+                     double *t0) {
+    if (self->pending != NULL || !channel_idle(self))
+        return 0;
+    if (!ac_gate_claim(&self->chan->gate, order))  /* an XLA call runs, or the engine has ops: go its way */
+        return 0;
+    ac_chan *ch = &self->chan->ch;
+    Program *p = (Program *)prog;
+    *seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
+    *t0 = acpy_work_monotonic();
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = ac_run(ch, p->words, p->len, in, in_len, out, out_len, dtype, redop, *seq, *order);
+    Py_END_ALLOW_THREADS
+    *rc = r;
+    if (r == AC_BLOCKED) {
+        PyObject *held[3] = {prog, hold_in, hold_out};
+        for (int k = 0; k < 3; k++)
+            Py_XSETREF(self->chan->held[k], Py_NewRef(held[k]));
+    }
+    if (r != AC_DONE && r != AC_BELLS) {
+        ac_gate_drop(&self->chan->gate);  /* the engine admits it in order (its number is next) */
+        return 2;
+    }
+    if (r == AC_BELLS) {
         PyObject *mask = PyLong_FromUnsignedLongLong(ch->bells);
         ch->bells = 0;
-        PyObject *r = mask ? PyObject_CallOneArg(self->ring_bells, mask) : NULL;
+        PyObject *res = mask ? PyObject_CallOneArg(self->ring_bells, mask) : NULL;
         Py_XDECREF(mask);
-        if (r == NULL)
-            goto out;
-        Py_DECREF(r);
+        if (res == NULL)
+            return -1;
+        Py_DECREF(res);
     }
-    if (ac_gate_done(&self->chan->gate, order))  /* the engine holds an op that waited: wake it */
+    if (ac_gate_done(&self->chan->gate, *order))  /* the engine holds an op that waited: wake it */
         acpy_channel_ring_bells(self->chan, (uint64_t)1 << ch->rank);
-    result = record_done(self, x, give, seq, count, redop, t0);
-out:
-    if (borrowed) {
+    return 1;
+}
+
+int acpy_lane_go(Lane *self, PyObject *prog, void *in, size_t in_len, void *out, size_t out_len, int dtype,
+                 int redop, PyObject *hold_in, PyObject *hold_out, long long *seq, int64_t *order, int *rc,
+                 double *t0) {
+    ac_chan *ch = &self->chan->ch;
+    if (!ch->size || ch->active)
+        return 0;
+    if (PyThread_get_thread_ident() == self->thread_id)
+        return go_locked(self, prog, in, in_len, out, out_len, dtype, redop, hold_in, hold_out, seq, order, rc, t0);
+    if (self->lock == Py_None)  /* another thread, and an engine that lends nothing */
+        return 0;
+    int got = lock_call(self->lock, s_acquire, Py_False);
+    if (got <= 0)
+        return got;
+    int went = go_locked(self, prog, in, in_len, out, out_len, dtype, redop, hold_in, hold_out, seq, order, rc, t0);
 #if PY_VERSION_HEX >= 0x030C0000
-        PyObject *exc = PyErr_GetRaisedException();
+    PyObject *exc = PyErr_GetRaisedException();
 #else
-        PyObject *type, *exc, *tb;
-        PyErr_Fetch(&type, &exc, &tb);
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
 #endif
-        if (lock_call(self->lock, s_release, NULL) < 0)
-            Py_CLEAR(result);
+    if (lock_call(self->lock, s_release, NULL) < 0)
+        went = -1;
 #if PY_VERSION_HEX >= 0x030C0000
-        if (exc != NULL)
-            PyErr_SetRaisedException(exc);
+    if (exc != NULL)
+        PyErr_SetRaisedException(exc);
 #else
-        if (type != NULL)
-            PyErr_Restore(type, exc, tb);
+    if (type != NULL)
+        PyErr_Restore(type, exc, tb);
 #endif
-    }
-    return result;
+    return went;
 }
 
 int acpy_lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in_len, void *out, size_t out_len,
@@ -388,6 +389,7 @@ static PyObject *Lane_get_order(Lane *self, void *Py_UNUSED(c)) {
     return PyLong_FromLongLong(self->chan ? self->chan->gate.order : -1);
 }
 static PyObject *Lane_get_enabled(Lane *self, void *Py_UNUSED(c)) { return PyBool_FromLong(self->enabled); }
+static PyObject *Lane_get_ran(Lane *self, void *Py_UNUSED(c)) { return PyLong_FromLongLong(self->ran); }
 static int Lane_set_enabled(Lane *self, PyObject *v, void *Py_UNUSED(c)) {
     int yes = v ? PyObject_IsTrue(v) : 0;
     if (yes < 0)
@@ -410,6 +412,12 @@ static PyObject *Lane_forget(Lane *self, PyObject *Py_UNUSED(ignored)) {
 static PyMethodDef Lane_methods[] = {
     {"all_reduce", (PyCFunction)(void (*)(void))Lane_all_reduce, METH_FASTCALL | METH_KEYWORDS,
      "all_reduce(x[, op]): a done Work, (code, seq, order) for the engine to carry on, or None: the general way"},
+    {"run", (PyCFunction)(void (*)(void))acpy_lane_run, METH_FASTCALL,
+     "run(code, x, out, op, root[, gx, gout]): a call of a form learnt before (lane_calls.c): a done Work, "
+     "(template, in, out, code, seq, order, result) for the engine to carry on, None (not now) or False "
+     "(a form not learnt: the general way)"},
+    {"teach", (PyCFunction)(void (*)(void))acpy_lane_teach, METH_FASTCALL,
+     "teach(code, x, out, op, root, (program, name, desc, template, in_from, out_from, gives, dtype, fresh))"},
     {"take", (PyCFunction)Lane_take, METH_O, "take(on_channel): the next (seq, order); order -1 off the channel"},
     {"learn", (PyCFunction)(void (*)(void))Lane_learn, METH_FASTCALL, "learn(count, dtype, program)"},
     {"forget", (PyCFunction)Lane_forget, METH_NOARGS, "drop the learnt programs"},
@@ -421,6 +429,7 @@ static PyGetSetDef Lane_getset[] = {
     {"seq", (getter)Lane_get_seq, NULL, "the next sequence number", NULL},
     {"order", (getter)Lane_get_order, NULL, "the next channel order", NULL},
     {"pending", (getter)Lane_get_pending, NULL, "whether an op handed to the engine waits to be claimed", NULL},
+    {"ran", (getter)Lane_get_ran, NULL, "how many calls run() finished in C", NULL},
     {"enabled", (getter)Lane_get_enabled, (setter)Lane_set_enabled, "whether all_reduce may take ops", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
