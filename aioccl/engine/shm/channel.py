@@ -36,13 +36,12 @@ import asyncio
 import os
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ... import log
-from ...envvars import env_int
 from ...errors import AiocclError, CollectiveMismatch, CollectiveTimeout, CommAborted
 from ...transport.shm.fifo import fence
 from ...transport.shm.segment import SLEEP, LoopBell, Segment, usable_cpus
@@ -50,6 +49,7 @@ from ..executor import execute
 from ..notices import passed_on
 from ..op import Op, Wait
 from ..pool import BufferPool
+from ..turns import loop_slice_s, loop_waits
 from . import native as shm_native
 from .memory import ChannelMemory
 from .order import IssueOrder
@@ -61,12 +61,7 @@ if TYPE_CHECKING:
 
 _log = log.get("SHM")
 RECHECK_S = 0.005  # backup re-check while parked; wake-ups come from the doorbell
-DEFAULT_SLICE_US = 200  # a long op hands the loop back between steps at least this often
 RESYNC_JUMP = 1 << 32  # steps a timed-out op may span, at most: the next op starts past them on every rank
-def loop_slice_s(env: Mapping[str, str] = os.environ) -> float:
-    """``AIOCCL_LOOP_SLICE_US``: the longest run of steps a channel takes before it hands the loop back (on the
-    inline engine, the caller's loop: its timers and other tasks wait at most this, plus one step)."""
-    return env_int(env, "AIOCCL_LOOP_SLICE_US", DEFAULT_SLICE_US, 50, 1_000_000) * 1e-6
 
 
 class ShmChannel(IssueOrder, ChannelMemory):
@@ -160,9 +155,11 @@ class ShmChannel(IssueOrder, ChannelMemory):
                 if op.waiting is not None:
                     if not self._wait(op, op.waiting):
                         return False
-                    if time.perf_counter() > self._slice_end:  # a large op: let other tasks run
-                        self.loop.call_soon(self._pump)
-                        return False
+                    if time.perf_counter() > self._slice_end:  # a large op: let other tasks run, if any wait
+                        if loop_waits(self.loop):
+                            self.loop.call_soon(self._pump)
+                            return False
+                        self._slice_end = time.perf_counter() + self.slice_s
                 elif op.pending is not None and not self._settled(op, op.pending):
                     return False
                 item = gen.send(None)  # on to what the executor waits for next: peers' steps, or a message
