@@ -104,6 +104,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--keep-going", action="store_true",
                    help="when a rank fails, let the others run on (programs that shrink() and continue)")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with the rank")
+    p.add_argument("--bind-to", choices=("none", "core"), default="none",
+                   help="core: each local rank on a core of its own, as mpirun binds by default (same-host ops "
+                        "wait by spinning: two ranks the scheduler puts on one core wait for each other's "
+                        "slices); none (the default, as torchrun): a rank's own threads may use every core")
     p.add_argument("-m", "--module", dest="module", action="store_true",
                    help="run the target as a module (python -m)")
     p.add_argument("--no-python", "--no_python", action="store_true",
@@ -173,6 +177,26 @@ def child_envs(ns: argparse.Namespace, base: dict[str, str], error_dir: str | No
             env["AIOCCL_ERROR_FILE"] = os.path.join(error_dir, f"rank{rank}.json")
         envs.append(env)
     return envs
+
+
+def _cores(bind_to: str, local_ranks: int) -> list[int] | None:
+    """The core of each local rank for ``--bind-to core``, or None: not binding (asked not to, no affinity
+    calls, or more local ranks than usable cores, which binding cannot give a core each: a note says so)."""
+    if bind_to == "none" or not hasattr(os, "sched_getaffinity"):
+        return None
+    usable = sorted(os.sched_getaffinity(0))
+    if local_ranks > len(usable):
+        print(f"aioccl-run: --bind-to core: {local_ranks} ranks on {len(usable)} usable cores; not binding",
+              file=sys.stderr)
+        return None
+    return usable[:local_ranks]
+
+
+def _start_rank(parent: int, core: int | None) -> None:
+    """In the child, before exec: die with the launcher, and sit on ``core`` when binding."""
+    _die_with_parent(parent)
+    if core is not None:
+        os.sched_setaffinity(0, {core})
 
 
 def _die_with_parent(parent: int) -> None:
@@ -261,13 +285,14 @@ async def _run_ranks(ns: argparse.Namespace, cmd: list[str], envs: list[dict[str
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # before the first rank starts: a signal then is never lost
         loop.add_signal_handler(sig, forward, sig)
-    for env in envs:
+    cores = _cores(ns.bind_to, len(envs))
+    for k, env in enumerate(envs):
         if signalled:  # stopped while starting: start no more
             break
         rank = int(env["AIOCCL_RANK"])
+        start = functools.partial(_start_rank, os.getpid(), cores[k] if cores else None)
         proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE,
-                                                    preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+                                                    stderr=asyncio.subprocess.PIPE, preexec_fn=start)
         prefix = b"" if ns.no_prefix else f"[rank {rank}] ".encode()
         pumps += [asyncio.create_task(_pump(proc.stdout, sys.stdout, prefix)),  # type: ignore[arg-type]
                   asyncio.create_task(_pump(proc.stderr, sys.stderr, prefix))]  # type: ignore[arg-type]

@@ -190,7 +190,9 @@ def run_lib(lib: str, n: int, total_bytes: int, iters: int) -> list[dict]:
     if lib == "mpi":
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), sys.executable, *args]
     else:
-        cmd = [sys.executable, "-m", "aioccl.run", "--nproc-per-node", str(n), "--no-prefix", *args]
+        # bound to a core each, as mpirun binds its ranks (for at most 2 ranks; it binds to sockets beyond)
+        cmd = [sys.executable, "-m", "aioccl.run", "--nproc-per-node", str(n), "--no-prefix", "--bind-to", "core",
+               *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"{lib} at {n} ranks failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")

@@ -52,6 +52,26 @@ def test_module_target_and_arguments():
     assert p.stdout.count("usage:") == 2 and "[rank 1] usage:" in p.stdout
 
 
+def _affinities(n: int, *flags: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    show = "import os; print('cores', sorted(os.sched_getaffinity(0)))"
+    return subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", str(n), *flags, "--no-python",
+                           sys.executable, "-c", show], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_bind_to_core_gives_each_local_rank_a_core_of_its_own_and_none_leaves_them_free():
+    usable = sorted(os.sched_getaffinity(0))
+    p = _affinities(2, "--bind-to", "core")
+    assert p.returncode == 0, p.stderr
+    got = sorted(ln.split("cores ")[1] for ln in p.stdout.splitlines() if "cores" in ln)
+    assert got == sorted(str([c]) for c in usable[:2]) if len(usable) >= 2 else got == [str(usable)] * 2, got
+    free = _affinities(2)
+    assert [ln.split("cores ")[1] for ln in free.stdout.splitlines() if "cores" in ln] == [str(usable)] * 2
+    over = _affinities(len(usable) + 1, "--bind-to", "core")  # more ranks than cores: said, and not bound
+    assert over.returncode == 0 and "not binding" in over.stderr, over.stderr
+    assert over.stdout.count(str(usable)) == len(usable) + 1, over.stdout
+
+
 def _alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
     try:

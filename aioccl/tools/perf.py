@@ -60,6 +60,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-a", "--average", type=int, default=1, choices=(0, 1, 2, 3))
     p.add_argument("--np", type=int, default=2, help="ranks to start when not under a launcher")
     p.add_argument("--engine", choices=("inline", "thread"), default="inline")
+    p.add_argument("--bind-to", choices=("core", "none"), default=None,
+                   help="ranks started here: each on a core of its own, as mpirun binds nccl-tests' ranks (default "
+                        "with the inline engine), or unbound (default with the thread engine: two threads a rank)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                    help="gpu: cupy buffers on the current GPU (times include the results reaching the GPU)")
     p.add_argument("--registered", action="store_true",
@@ -214,7 +217,8 @@ async def run_rank(ns: argparse.Namespace) -> int:
 
 def spawn(ns: argparse.Namespace, argv: list[str]) -> int:
     """Start --np ranks through the launcher, relay rank 0's table, draw a progress bar."""
-    cmd = [sys.executable, "-m", "aioccl.run", "--nproc-per-node", str(ns.np), "--no-prefix",
+    bind = ns.bind_to or ("core" if ns.engine == "inline" else "none")
+    cmd = [sys.executable, "-m", "aioccl.run", "--nproc-per-node", str(ns.np), "--no-prefix", "--bind-to", bind,
            "-m", "aioccl.tools.perf", *argv]
     show = sys.stderr.isatty() if ns.progress is None else ns.progress
     total, done = len(sizes(ns)), 0
