@@ -54,7 +54,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_SHM_YIELD", "1", "shm", "a spinning rank yields the CPU between looks (0: pure spin, for ranks "
          "pinned to cores of their own)"),
     Knob("AIOCCL_NATIVE", "1", "core", "0: every op takes the Python path, not the native core (A/B runs, debugging)"),
-    Knob("AIOCCL_NATIVE_MAX_BYTES", "262144", "core", "the largest shared-memory collective the native core runs "
+    Knob("AIOCCL_NATIVE_MAX_BYTES", "1048576", "core", "the largest shared-memory collective the native core runs "
          "(larger: the Python executor, which hands the event loop back between steps)"),
     Knob("AIOCCL_BORROW_BYTES", "65536", "shm", "a collective up to this size, issued from a thread while the "
          "proxy engine idles, runs inside the call (0: always on the engine's thread)"),
