@@ -186,3 +186,40 @@ def byte_view(arr: np.ndarray) -> memoryview:
         return memoryview(arr).cast("B")  # type: ignore[arg-type]  # one C call for the usual array, where numpy takes three
     except (TypeError, ValueError, NotImplementedError):  # a dtype the buffer protocol cannot say
         return arr.reshape(-1).view(np.uint8).data
+
+
+# -- the overlap rules (docs/api.md's shape table), one place for every op -------------------------
+def output_like(x: Buf, out: Any, shape: tuple[int, ...], name: str = "out") -> Buf:
+    """``out`` checked as an op's output of ``shape`` and x's dtype and device, or a fresh array."""
+    if out is None:
+        return fresh(shape, x)
+    ob = adapt(out, name)
+    need_writable(ob, name)
+    check_same(x, ob, name, shape)
+    return ob
+
+
+def same_or_disjoint(name: str, xb: Buf, out: Any) -> Buf:
+    """``out`` for an op whose output has x's shape: the very memory of ``x`` (in place) or disjoint.
+
+    A partial overlap would let the schedule read bytes it has already overwritten, which gives
+    wrong results without any error, so it is refused here, before anything is sent.
+    """
+    ob = output_like(xb, out, xb.array.shape)
+    if ob.array is xb.array or not overlaps(ob.array, xb.array):
+        return ob
+    if identical(ob.array, xb.array):  # another view of the same memory: in place, on x's own array
+        return Buf(xb.array, ob.writable, ob.wrap, ob.owner, ob.immutable)
+    raise InvalidArgument(f"{name}: out partially overlaps x; pass x itself (or omit out=) for in place, "
+                          "or memory disjoint from x")
+
+
+def no_foreign_overlap(small: Buf, big: Buf, block: int, name: str) -> None:
+    """``small`` may be exactly ``big``'s block ``block`` (NCCL-style in place), nothing else."""
+    if not overlaps(small.array, big.array):
+        return
+    n = small.array.size
+    exact = big.array.reshape(-1)[block * n:(block + 1) * n]
+    if address(small.array) != address(exact):
+        raise InvalidArgument(f"{name}: the {n}-element buffer overlaps the {big.array.size}-element one other "
+                              f"than as its block {block} (the only overlap the op allows)")

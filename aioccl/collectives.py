@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .algorithms.table import BY_NAME
-from .buffers import Buf, adapt, address, check_same, fresh, identical, need_writable, overlaps
+from .buffers import Buf, adapt, fresh, need_writable, no_foreign_overlap, output_like, overlaps, same_or_disjoint
 from .dtypes import ReduceOp, check_op_dtype, dtype_code
 from .errors import InvalidArgument
 from .fast_lane import CAPTURE
@@ -60,7 +60,7 @@ class CollectiveOps:
         def _op_timeout(self, timeout: float | None) -> float: ...
 
         def _by_lane(self, code: int, x: Any, out: Any, op: Any, root: int, timeout: float | None,
-                     general: Callable[[], Work[Any]]) -> Work[Any] | None: ...
+                     general: Callable[[], Work[Any]], tried: Any = False) -> Work[Any] | None: ...
 
         def _collective(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
                         result: Callable[[], Any], timeout: float | None, in_place: bool = False,
@@ -73,15 +73,6 @@ class CollectiveOps:
         code = _CODES[name]
         w: Work[Any] | None = self._gpu_lane.run(code, x, out, op, root)
         return w if w is not None else self._gpu.learning(code, x, out, op, root, general)
-
-    @staticmethod
-    def _output_like(x: Buf, out: Any, shape: tuple[int, ...], name: str = "out") -> Buf:
-        if out is None:
-            return fresh(shape, x)
-        ob = adapt(out, name)
-        need_writable(ob, name)
-        check_same(x, ob, name, shape)
-        return ob
 
     @staticmethod
     def _in_place(x: Buf, name: str = "x") -> Buf:
@@ -115,8 +106,11 @@ class CollectiveOps:
             if w is not None:
                 return w if w.__class__ is Work else self._carry_on(x, op, w, timeout)
         elif lane is not None and stream is None:  # out=: a call of a form the lane knows (fast_lane.py)
+            w = lane.run(_CODES["all_reduce"], x, out, op, 0) if timeout is None else False
+            if w.__class__ is Work:
+                return w
             w = self._by_lane(_CODES["all_reduce"], x, out, op, 0, timeout,
-                              lambda: self._elementwise("all_reduce", x, op, out, timeout, None))
+                              lambda: self._elementwise("all_reduce", x, op, out, timeout, None), w)
             if w is not None:
                 return w
         if self._gpu_lane is not None and stream is None and timeout is None:  # GPU buffers: the native lane
@@ -128,9 +122,13 @@ class CollectiveOps:
              timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Inclusive prefix reduction (``MPI_Scan``): rank r gets ``x_0 op ... op x_r``, folded in rank order;
         ``avg`` divides by r + 1. In place unless ``out`` is given. Awaits to the result."""
-        if self._lane is not None and stream is None:
+        lane = self._lane
+        if lane is not None and stream is None:  # a call of a form the lane knows: done in C (fast_lane.py)
+            w = lane.run(_CODES["scan"], x, out, op, 0) if timeout is None else False
+            if w.__class__ is Work:
+                return w
             w = self._by_lane(_CODES["scan"], x, out, op, 0, timeout,
-                              lambda: self._elementwise("scan", x, op, out, timeout, None))
+                              lambda: self._elementwise("scan", x, op, out, timeout, None), w)
             if w is not None:
                 return w
         if self._gpu_lane is not None and stream is None and timeout is None:
@@ -144,7 +142,7 @@ class CollectiveOps:
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
         check_op_dtype(rop, xb.array.dtype)
-        ob = self._in_place(xb) if out is None else self._same_or_disjoint(name, xb, out)
+        ob = self._in_place(xb) if out is None else same_or_disjoint(name, xb, out)
         inp = ob if (out is None and xb.immutable) else xb
         return self._collective(name, xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
@@ -152,9 +150,13 @@ class CollectiveOps:
     def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Copy root's ``x`` into every rank's ``x``, or into ``out`` where given (a new array for JAX)."""
-        if self._lane is not None and stream is None:
+        lane = self._lane
+        if lane is not None and stream is None:  # a call of a form the lane knows: done in C (fast_lane.py)
+            w = lane.run(_CODES["broadcast"], x, out, None, root) if timeout is None else False
+            if w.__class__ is Work:
+                return w
             w = self._by_lane(_CODES["broadcast"], x, out, None, root, timeout,
-                              lambda: self._broadcast(x, root, out, timeout, None))
+                              lambda: self._broadcast(x, root, out, timeout, None), w)
             if w is not None:
                 return w
         if self._gpu_lane is not None and stream is None and timeout is None:
@@ -166,7 +168,7 @@ class CollectiveOps:
         root = self._root(root)
         xb = adapt(x, "x")
         if out is not None:
-            ob = self._same_or_disjoint("broadcast", xb, out)
+            ob = same_or_disjoint("broadcast", xb, out)
         elif self.rank == root and not xb.immutable:
             ob = xb
         else:
@@ -178,9 +180,13 @@ class CollectiveOps:
     def reduce(self, x: Any, root: int = 0, op: ReduceOp | str = "sum", out: Any = None, *,
                timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce onto ``root`` (into ``out`` or, by default, root's ``x``); None on other ranks."""
-        if self._lane is not None and stream is None:
+        lane = self._lane
+        if lane is not None and stream is None:  # a call of a form the lane knows: done in C (fast_lane.py)
+            w = lane.run(_CODES["reduce"], x, out, op, root) if timeout is None else False
+            if w.__class__ is Work:
+                return w
             w = self._by_lane(_CODES["reduce"], x, out, op, root, timeout,
-                              lambda: self._reduce(x, root, op, out, timeout, None))
+                              lambda: self._reduce(x, root, op, out, timeout, None), w)
             if w is not None:
                 return w
         if self._gpu_lane is not None and stream is None and timeout is None:
@@ -195,9 +201,9 @@ class CollectiveOps:
         rop = ReduceOp.parse(op)
         check_op_dtype(rop, xb.array.dtype)
         if out is not None and self.rank == root:
-            ob = self._same_or_disjoint("reduce", xb, out)
+            ob = same_or_disjoint("reduce", xb, out)
         elif out is not None:
-            ob = self._output_like(xb, out, xb.array.shape)  # checked, never written on non-root ranks
+            ob = output_like(xb, out, xb.array.shape)  # checked, never written on non-root ranks
         elif self.rank == root:
             ob = self._in_place(xb)
         else:
@@ -210,9 +216,13 @@ class CollectiveOps:
     def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Concatenate every rank's ``x`` along axis 0 (0-d inputs give shape ``(n,)``)."""
-        if self._lane is not None and stream is None:
+        lane = self._lane
+        if lane is not None and stream is None:  # a call of a form the lane knows: done in C (fast_lane.py)
+            w = lane.run(_CODES["all_gather"], x, out, None, 0) if timeout is None else False
+            if w.__class__ is Work:
+                return w
             w = self._by_lane(_CODES["all_gather"], x, out, None, 0, timeout,
-                              lambda: self._all_gather(x, out, timeout, None))
+                              lambda: self._all_gather(x, out, timeout, None), w)
             if w is not None:
                 return w
         if self._gpu_lane is not None and stream is None and timeout is None and out is not None:
@@ -224,17 +234,21 @@ class CollectiveOps:
         xb = adapt(x, "x")
         shape = xb.array.shape
         oshape = (self.world_size * shape[0], *shape[1:]) if shape else (self.world_size,)
-        ob = self._output_like(xb, out, oshape)
-        self._no_foreign_overlap(xb, ob, self.rank, "all_gather")
+        ob = output_like(xb, out, oshape)
+        no_foreign_overlap(xb, ob, self.rank, "all_gather")
         return self._collective("all_gather", xb.array.size, 0, xb, ob, None, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
 
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
                        timeout: float | None = None, stream: Any = None) -> Work[Any]:
         """Reduce ``x`` (n blocks along axis 0) and keep block ``rank``; by default in x's own block."""
-        if self._lane is not None and stream is None:
+        lane = self._lane
+        if lane is not None and stream is None:  # a call of a form the lane knows: done in C (fast_lane.py)
+            w = lane.run(_CODES["reduce_scatter"], x, out, op, 0) if timeout is None else False
+            if w.__class__ is Work:
+                return w
             w = self._by_lane(_CODES["reduce_scatter"], x, out, op, 0, timeout,
-                              lambda: self._reduce_scatter(x, op, out, timeout, None))
+                              lambda: self._reduce_scatter(x, op, out, timeout, None), w)
             if w is not None:
                 return w
         if self._gpu_lane is not None and stream is None and timeout is None and out is not None:
@@ -253,8 +267,8 @@ class CollectiveOps:
             ob = Buf(whole.array[self.rank * b:(self.rank + 1) * b], True, whole.wrap, immutable=False)
             xb = whole
         else:
-            ob = self._output_like(xb, out, bshape)
-            self._no_foreign_overlap(ob, xb, self.rank, "reduce_scatter")
+            ob = output_like(xb, out, bshape)
+            no_foreign_overlap(ob, xb, self.rank, "reduce_scatter")
         count = int(np.prod(bshape))
         return self._collective("reduce_scatter", count, 0, xb, ob, rop, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
@@ -262,9 +276,13 @@ class CollectiveOps:
     def gather(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """``all_gather`` onto ``root`` only; other ranks get None."""
-        if self._lane is not None and stream is None:
+        lane = self._lane
+        if lane is not None and stream is None:  # a call of a form the lane knows: done in C (fast_lane.py)
+            w = lane.run(_CODES["gather"], x, out, None, root) if timeout is None else False
+            if w.__class__ is Work:
+                return w
             w = self._by_lane(_CODES["gather"], x, out, None, root, timeout,
-                              lambda: self._gather(x, root, out, timeout, None))
+                              lambda: self._gather(x, root, out, timeout, None), w)
             if w is not None:
                 return w
         if self._gpu_lane is not None and stream is None and timeout is None:
@@ -278,8 +296,8 @@ class CollectiveOps:
         shape = xb.array.shape
         oshape = (self.world_size * shape[0], *shape[1:]) if shape else (self.world_size,)
         if self.rank == root:
-            ob = self._output_like(xb, out, oshape)
-            self._no_foreign_overlap(xb, ob, root, "gather")
+            ob = output_like(xb, out, oshape)
+            no_foreign_overlap(xb, ob, root, "gather")
         else:
             ob = xb
         is_root = self.rank == root
@@ -290,9 +308,13 @@ class CollectiveOps:
                   stream: Any = None) -> Work[Any]:
         """Root's ``x`` holds n blocks along axis 0; rank i gets block i (in ``out``, or in its own
         ``x``'s block i when every rank passes a full-size ``x``)."""
-        if self._lane is not None and stream is None:
+        lane = self._lane
+        if lane is not None and stream is None:  # a call of a form the lane knows: done in C (fast_lane.py)
+            w = lane.run(_CODES["scatter"], x, out, None, root) if timeout is None else False
+            if w.__class__ is Work:
+                return w
             w = self._by_lane(_CODES["scatter"], x, out, None, root, timeout,
-                              lambda: self._scatter(x, root, out, timeout, None))
+                              lambda: self._scatter(x, root, out, timeout, None), w)
             if w is not None:
                 return w
         if self._gpu_lane is not None and stream is None and timeout is None:
@@ -309,8 +331,8 @@ class CollectiveOps:
             if out is None:
                 ob = Buf(xb.array[root * b:(root + 1) * b], xb.writable, xb.wrap, immutable=xb.immutable)
             else:
-                ob = self._output_like(xb, out, bshape)
-                self._no_foreign_overlap(ob, xb, root, "scatter")
+                ob = output_like(xb, out, bshape)
+                no_foreign_overlap(ob, xb, root, "scatter")
         elif out is not None:
             ob = adapt(out, "out")
             need_writable(ob, "out")
@@ -329,9 +351,13 @@ class CollectiveOps:
     def all_to_all(self, x: Any, out: Any = None, *, timeout: float | None = None,
                   stream: Any = None) -> Work[Any]:
         """Block j of ``x`` goes to rank j; block i of the result came from rank i. In place by default."""
-        if self._lane is not None and stream is None:
+        lane = self._lane
+        if lane is not None and stream is None:  # a call of a form the lane knows: done in C (fast_lane.py)
+            w = lane.run(_CODES["all_to_all"], x, out, None, 0) if timeout is None else False
+            if w.__class__ is Work:
+                return w
             w = self._by_lane(_CODES["all_to_all"], x, out, None, 0, timeout,
-                              lambda: self._all_to_all(x, out, timeout, None))
+                              lambda: self._all_to_all(x, out, timeout, None), w)
             if w is not None:
                 return w
         if self._gpu_lane is not None and stream is None and timeout is None:
@@ -346,7 +372,7 @@ class CollectiveOps:
             ob = self._in_place(xb)
             in_place = True
         else:
-            ob = self._output_like(xb, out, xb.array.shape)
+            ob = output_like(xb, out, xb.array.shape)
             if overlaps(ob.array, xb.array):
                 raise InvalidArgument("all_to_all: out overlaps x (each rank's block is read after others are "
                                       "written); omit out= for in place")
@@ -358,8 +384,12 @@ class CollectiveOps:
 
     def barrier(self, *, timeout: float | None = None) -> Work[None]:
         """Completes once every rank has entered the barrier."""
-        if self._lane is not None:
-            w = self._by_lane(_BARRIER, None, None, None, 0, timeout, lambda: self._barrier(timeout))
+        lane = self._lane
+        if lane is not None:
+            w = lane.run(_BARRIER, None, None, None, 0) if timeout is None else False
+            if w.__class__ is Work:
+                return w
+            w = self._by_lane(_BARRIER, None, None, None, 0, timeout, lambda: self._barrier(timeout), w)
             if w is not None:
                 return w
         return self._barrier(timeout)
@@ -367,29 +397,3 @@ class CollectiveOps:
     def _barrier(self, timeout: float | None) -> Work[None]:
         empty = Buf(np.zeros(0, dtype=np.uint8), True, lambda a: None)
         return self._collective("barrier", 0, 0, empty, empty, None, lambda: None, timeout)
-
-    # -- the overlap rules (docs/api.md's shape table), one place for every op -------------------------
-    def _same_or_disjoint(self, name: str, xb: Buf, out: Any) -> Buf:
-        """``out`` for an op whose output has x's shape: the very memory of ``x`` (in place) or disjoint.
-
-        A partial overlap would let the schedule read bytes it has already overwritten, which gives
-        wrong results without any error, so it is refused here, before anything is sent.
-        """
-        ob = self._output_like(xb, out, xb.array.shape)
-        if ob.array is xb.array or not overlaps(ob.array, xb.array):
-            return ob
-        if identical(ob.array, xb.array):  # another view of the same memory: in place, on x's own array
-            return Buf(xb.array, ob.writable, ob.wrap, ob.owner, ob.immutable)
-        raise InvalidArgument(f"{name}: out partially overlaps x; pass x itself (or omit out=) for in place, "
-                              "or memory disjoint from x")
-
-    def _no_foreign_overlap(self, small: Buf, big: Buf, block: int, name: str) -> None:
-        """``small`` may be exactly ``big``'s block ``block`` (NCCL-style in place), nothing else."""
-        if not overlaps(small.array, big.array):
-            return
-        n = small.array.size
-        exact = big.array.reshape(-1)[block * n:(block + 1) * n]
-        if address(small.array) != address(exact):
-            raise InvalidArgument(f"{name}: the {n}-element buffer overlaps the {big.array.size}-element one other "
-                                  f"than as its block {block} (the only overlap the op allows)")
-

@@ -117,15 +117,22 @@ class FastLane:
         self._lane = self._counters = core.Lane(
             shm.native if shm is not None else None, shm, self, Work, BORN_DONE_LOCK, placement, placement.thread_id,
             placement.lock, current_group, self._recorder.entries.append, ring_bells, tuple(ReduceOp),
-            np.dtype(ml_dtypes.bfloat16).num, self._native_max, counters.seq, counters.order)
+            np.dtype(ml_dtypes.bfloat16).num, self._native_max, counters.seq, counters.order, CAPTURE)
         if self._closed is not None or self._member_lost is not None:
             self._lane.enabled = False  # (a member lost while the channel was set up)
 
     def _by_lane(self, code: int, x: Any, out: Any, op: Any, root: int, timeout: float | None,
-                 general: Callable[[], Work[Any]]) -> Work[Any] | None:
+                 general: Callable[[], Work[Any]], tried: Any = False) -> Work[Any] | None:
         """A collective on host buffers through the lane: the done Work of a call whose form it knows, the
         general way's Work for a form it does not (which then teaches it), or None: the caller's general way
-        (buffers the lane does not take, or not now)."""
+        (buffers the lane does not take, or not now). ``tried``: what the caller's own ``lane.run(code, x,
+        out, op, root)`` answered (its fast path), False when it did not try."""
+        if tried is None:  # a known form that cannot run now
+            return None
+        if tried is not False:  # taken, and handed back to wait: the engine carries it on
+            work = self._hand_over(tried, timeout)
+            self._lane.claim()
+            return work
         if CAPTURE.ops is not None:  # jax_ext learning what a custom call runs: it must see the op built
             return None
         xa = x if x is None or x.__class__ is np.ndarray else _host_view(x)

@@ -33,7 +33,7 @@ static void Lane_clear_cache(Lane *self) {
 
 /* the lane and its communicator hold each other: the cycle collector must see the lane's references */
 #define LANE_REFS(self) {&(self)->shm, &(self)->comm, &(self)->lock, &(self)->group_var, &(self)->record, &(self)->ring_bells, &(self)->name, \
-    &(self)->pending, (PyObject **)&(self)->chan}
+    &(self)->pending, (PyObject **)&(self)->chan, &(self)->capture}
 
 static int Lane_traverse(Lane *self, visitproc visit, void *arg) {
     PyObject **refs[] = LANE_REFS(self);
@@ -68,16 +68,17 @@ static void Lane_dealloc(Lane *self) {
 }
 
 /* Lane(channel, shm, comm, work_type, done_lock, home, thread_id, lock, group_var, record, ring_bells, ops,
- *      bf16_num, max_bytes, seq, order) */
+ *      bf16_num, max_bytes, seq, order, capture) */
 static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
-    PyObject *chan, *shm, *comm, *work_type, *done_lock, *home, *lock, *group_var, *record, *ring_bells, *ops;
+    PyObject *chan, *shm, *comm, *work_type, *done_lock, *home, *lock, *group_var, *record, *ring_bells, *ops,
+        *capture;
     unsigned long thread_id;
     int bf16_num;
     Py_ssize_t max_bytes;
     long long seq, order;
-    if (!PyArg_ParseTuple(args, "OOOO!OOkOOOOO!inLL", &chan, &shm, &comm, &PyType_Type, &work_type,
+    if (!PyArg_ParseTuple(args, "OOOO!OOkOOOOO!inLLO", &chan, &shm, &comm, &PyType_Type, &work_type,
                           &done_lock, &home, &thread_id, &lock, &group_var, &record, &ring_bells, &PyTuple_Type, &ops,
-                          &bf16_num, &max_bytes, &seq, &order))
+                          &bf16_num, &max_bytes, &seq, &order, &capture))
         return -1;
     if (chan != Py_None && !PyObject_TypeCheck(chan, &acpy_ChannelType)) {
         PyErr_SetString(PyExc_TypeError, "Lane: channel must be a Channel, or None for a communicator of one rank");
@@ -100,6 +101,7 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
     Py_XSETREF(self->group_var, Py_NewRef(group_var));
     Py_XSETREF(self->record, Py_NewRef(record));
     Py_XSETREF(self->ring_bells, Py_NewRef(ring_bells));
+    Py_XSETREF(self->capture, Py_NewRef(capture));
     Py_XSETREF(self->name, PyUnicode_InternFromString("all_reduce"));
     for (int k = 1; k <= AC_OP_LAST; k++)
         Py_XSETREF(self->ops[k], Py_NewRef(PyTuple_GET_ITEM(ops, k - 1)));

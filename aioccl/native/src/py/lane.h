@@ -23,6 +23,8 @@ typedef struct {
     PyObject_HEAD
     Channel *chan;
     PyObject *shm, *comm, *lock, *group_var, *record, *ring_bells;
+    PyObject *capture; /* fast_lane.CAPTURE: while its .ops is a list on this thread, jax_ext learns what an op
+                        * runs, and the general way must build it (run() answers None) */
     PyObject *ops[AC_OP_LAST + 1];
     PyObject *name;
     PyObject *pending; /* the op last handed to the engine, until claimed: (x, op, code, seq, order) from
