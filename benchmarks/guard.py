@@ -63,7 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("new", type=Path)
     p.add_argument("--reference", type=Path, default=Path(__file__).resolve().parent.parent / "docs/bench/compare.json")
     p.add_argument("--tolerance", type=float, default=0.15)
+    p.add_argument("--summary", action="store_true", help="counts per library, peer and direction, not every ratio")
     a = p.parse_args(argv)
+    cpus = [json.loads(f.read_text()).get("meta", {}).get("versions", {}).get("cpu", "not recorded")
+            for f in (a.new, a.reference)]
+    if cpus[0] != cpus[1]:
+        print(f"note: another processor ({cpus[0]}; the reference: {cpus[1]}): a ratio moves with the machine too")
     new, ref = ratios(figures(a.new)), ratios(figures(a.reference))
     common = sorted(set(new) & set(ref))
     moved = []
@@ -74,6 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     moved.sort(key=lambda m: -m[0])
     print(f"{len(common)} ratios in both runs; {len(moved)} moved by more than {a.tolerance:.0%} "
           f"({a.new} against {a.reference})")
+    if a.summary:
+        for word, sign in (("slower", 1), ("faster", -1)):
+            for lib in sorted({k[3] for _, k in moved}):
+                for peer in PEERS:
+                    got = [(c, k) for c, k in moved if k[3] == lib and k[4] == peer and c * sign > 0]
+                    if got:
+                        sizes = sorted({k[2] for _, k in got})
+                        print(f"  {word}: {lib} / {peer}: {len(got)} ratios, sizes {', '.join(map(size, sizes))}")
+        return 1 if any(c > 0 for c, _ in moved) else 0
     for change, (op, n, nbytes, lib, peer) in moved:
         word = "slower" if change > 0 else "faster"
         print(f"  {word:6} {change:+7.0%}  {op} {n} ranks {size(nbytes)}: {lib} / {peer} "
