@@ -6,6 +6,7 @@ buffers on that CUDA stream (default: the current one, see docs/gpu.md).
 A mixin of ``Communicator``: each method validates
 (raising ``InvalidArgument`` before anything is sent), decides the
 buffers and the result, and hands them to ``Communicator._collective``.
+Each first offers the call to the CPU lane inline (a helper's frame: a tenth of a 2 us op).
 """
 
 from __future__ import annotations
