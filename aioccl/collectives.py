@@ -11,7 +11,6 @@ Each first offers the call to the CPU lane inline (a helper's frame: a tenth of 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,7 @@ from .algorithms.table import BY_NAME
 from .buffers import Buf, adapt, fresh, need_writable, no_foreign_overlap, output_like, overlaps, same_or_disjoint
 from .dtypes import ReduceOp, check_op_dtype, dtype_code
 from .errors import InvalidArgument
-from .fast_lane import CAPTURE
+from .fast_lane import CAPTURE, NOT_HOST, host_view
 from .work import Work
 
 _CODES = {name: BY_NAME[name].code for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter",
@@ -31,12 +30,8 @@ _BARRIER = BY_NAME["barrier"].code
 
 def _lane_tensor(lane: Any, x: Any, op: ReduceOp | str) -> Any:
     """The fast lane for a dense contiguous CPU torch tensor (through its numpy view), else None."""
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(x, torch.Tensor):
-        return None
-    try:  # a CPU tensor of a numpy dtype, without grad; a CUDA, bfloat16 or sparse one raises (the general way)
-        view = x.numpy()
-    except (RuntimeError, TypeError):
+    view = host_view(x)
+    if view is NOT_HOST or view is None:
         return None
     return lane.all_reduce(view, op, x)  # the lane refuses a non-contiguous view (the general way says why)
 

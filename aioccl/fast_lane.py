@@ -61,25 +61,25 @@ class _Teaching(threading.local):
 
 
 TEACHING = _Teaching()
-_NOT_HOST = object()
+NOT_HOST = object()
 _EMPTY = np.zeros(0, np.uint8)
 # where a program's buffer comes from and what the Work gives back (lane_calls.c's FROM_* and GIVES_*)
 FROM_X, FROM_OUT, FROM_FRESH, FROM_NONE = range(4)
 GIVES_X, GIVES_OUT, GIVES_NONE, GIVES_FRESH = range(4)
 
 
-def _host_view(x: Any) -> Any:
+def host_view(x: Any) -> Any:
     """``x`` as the lane takes it: a numpy array or None as it is, a dense CPU torch tensor as its numpy view;
-    ``_NOT_HOST`` for anything else (the general way)."""
+    ``NOT_HOST`` for anything else (the general way)."""
     if x is None or x.__class__ is np.ndarray:
         return x
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(x, torch.Tensor):
-        return _NOT_HOST
+        return NOT_HOST
     try:  # a CPU tensor of a numpy dtype, without grad; a CUDA, bfloat16 or sparse one raises (the general way)
         return x.numpy()
     except (RuntimeError, TypeError):
-        return _NOT_HOST
+        return NOT_HOST
 
 
 class FastLane:
@@ -135,9 +135,9 @@ class FastLane:
             return work
         if CAPTURE.ops is not None:  # jax_ext learning what a custom call runs: it must see the op built
             return None
-        xa = x if x is None or x.__class__ is np.ndarray else _host_view(x)
-        oa = out if out is None or out.__class__ is np.ndarray else _host_view(out)
-        if xa is _NOT_HOST or oa is _NOT_HOST:
+        xa = x if x is None or x.__class__ is np.ndarray else host_view(x)
+        oa = out if out is None or out.__class__ is np.ndarray else host_view(out)
+        if xa is NOT_HOST or oa is NOT_HOST:
             return None
         if timeout is not None:
             self._op_timeout(timeout)  # a bad one raises here, before anything is sent
