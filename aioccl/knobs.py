@@ -54,11 +54,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_SHM_YIELD", "1", "shm", "a spinning rank yields the CPU between looks (0: pure spin, for ranks "
          "pinned to cores of their own)"),
     Knob("AIOCCL_NATIVE", "1", "core", "0: every op takes the Python path, not the native core (A/B runs, debugging)"),
-    Knob("AIOCCL_NATIVE_MAX_BYTES", "1048576", "core", "the largest shared-memory collective the native core runs "
-         "(larger: the Python executor, which hands the event loop back between steps)"),
+    Knob("AIOCCL_NATIVE_MAX_BYTES", str(1 << 50), "core", "the largest shared-memory collective the native core runs "
+         "(larger: the Python executor); either hands the event loop back every AIOCCL_LOOP_SLICE_US"),
     Knob("AIOCCL_BORROW_BYTES", "65536", "shm", "a collective up to this size, issued from a thread while the "
          "proxy engine idles, runs inside the call (0: always on the engine's thread)"),
-    Knob("AIOCCL_SHM_CMA", "1", "p2p", "0: never read a same-host peer's large message in place (process_vm_readv)"),
+    Knob("AIOCCL_SHM_CMA", "1", "shm", "0: never read a same-host peer's large message or collective buffer in place "
+         "(process_vm_readv)"),
+    Knob("AIOCCL_SHM_CMA_MIN_BYTES", "65536", "shm", "a collective's buffer from this size on is read in place by its "
+         "same-host peers, not staged through shared memory"),
     Knob("AIOCCL_NET", "auto", "ib", "auto, socket or ib: which network transport pairs use"),
     Knob("AIOCCL_IB_DISABLE", "0", "ib", "1: never use ib"),
     Knob("AIOCCL_IB_HCA", "all", "ib", "RDMA devices and ports (NCCL syntax)"),

@@ -206,6 +206,43 @@ async def test_ranks_on_the_native_and_the_python_path_meet(n):
         await close_all(comms)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+async def test_buffers_read_in_place_on_either_path(n, monkeypatch):
+    """Every buffer offered for reading in place (``AIOCCL_SHM_CMA_MIN_BYTES=1``): the native ranks put their
+    buffers' addresses in the descriptor and skip staging them, and every reader, the Python executor's
+    too, copies them with process_vm_readv: every collective exact with one rank on the Python path (it
+    reads, it offers nothing), then all native; and with ``AIOCCL_SHM_CMA=0`` nobody reads in place."""
+    monkeypatch.setenv("AIOCCL_SHM_CMA_MIN_BYTES", "1")
+    comms = await make_comms(n)
+    try:
+        assert all(c._shm.readers is not None for c in comms)
+        slow = comms[0]
+        slow._native_max = -1  # nothing lowered: the Python executor runs its ops
+        slow._forget_plans()
+        for dt in (np.dtype(np.int32), np.dtype(np.float32)):
+            await _every_collective(comms, dt)
+        assert slow._shm.native.stats["ops"] == 0 and slow._shm.stats["cma_reads"] > 0
+        assert n == 2 or all(c._shm.native.stats["cma_reads"] > 0 for c in comms[1:])  # (rank 0 offers nothing)
+        slow._native_max = 1 << 20
+        slow._forget_plans()
+        await _every_collective(comms, np.dtype(np.float64))
+        assert all(c._shm.native.stats["cma_reads"] > 0 for c in comms)
+        big = [np.arange(300_000, dtype=np.float32) % 13 + c.rank for c in comms]  # pieces of a reduction
+        await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, big, strict=True)))
+        want = (np.arange(300_000, dtype=np.float32) % 13) * n + n * (n - 1) // 2
+        assert all((x == want).all() for x in big)
+    finally:
+        await close_all(comms)
+    monkeypatch.setenv("AIOCCL_SHM_CMA", "0")
+    comms = await make_comms(n)
+    try:
+        assert all(c._shm.readers is None for c in comms)
+        await _every_collective(comms, np.dtype(np.int32))
+        assert all(c._shm.counts()["cma_reads"] == 0 for c in comms)
+    finally:
+        await close_all(comms)
+
+
 async def test_a_mismatch_on_the_native_path_fails_every_rank_and_the_next_op_is_exact():
     comms = await make_comms(2)
     try:

@@ -35,7 +35,7 @@ from ..algorithms.schedule import IN, OUT, SCRATCH, Fetch, Recv, RecvReduce, Reg
 from ..algorithms.table import BY_CODE, name_of
 from ..buffers import byte_view
 from ..dtypes import ReduceOp, dtype_from_code
-from ..errors import CollectiveMismatch
+from ..errors import AiocclError, CollectiveMismatch
 from ..kernels import UFUNCS, combine, scale
 from ..transport.frames import COFFER, COLL, unpack
 from ..transport.frames import pack as pack_header
@@ -50,7 +50,9 @@ if TYPE_CHECKING:
 
 Yield = Wait | Awaitable[Any]
 ALGO_CODES = {"flat": 1, "direct": 2}
-D_SEQ, D_KIND, D_COUNT, D_ROOT, D_IN, D_OUT = range(6)  # descriptor fields
+# descriptor fields: registered offsets (D_IN, D_OUT) and in-place addresses (D_IN_AT, D_OUT_AT; the native
+# core offers them, this executor only reads them) say where peers read a buffer that is not staged
+D_SEQ, D_KIND, D_COUNT, D_ROOT, D_IN, D_OUT, D_IN_AT, D_OUT_AT = range(8)
 
 
 def execute(eng: EngineServices, view: CommView, op: Op[np.ndarray], scratch: np.ndarray,
@@ -70,7 +72,7 @@ def execute(eng: EngineServices, view: CommView, op: Op[np.ndarray], scratch: np
         if sched.zero_copy:
             in_off, out_off = ch.heap_offset(op.inp), ch.heap_offset(op.out)
         kind = op.code | ALGO_CODES.get(sched.algo, 0) << 8 | op.dtype_code << 16 | op.fp[2] << 24
-        mine = (op.seq, kind, op.count, op.root, in_off, out_off)
+        mine = (op.seq, kind, op.count, op.root, in_off, out_off, -1, -1)
     if messages:  # the per-op state of message steps: byte views, per-peer message numbers
         msg = _MessageState(eng, view, op, bufs)
     try:
@@ -114,7 +116,7 @@ def execute(eng: EngineServices, view: CommView, op: Op[np.ndarray], scratch: np
                         d = descs[j]
                         if d[:D_IN] != mine[:D_IN]:
                             raise _mismatch(ch, op, j, d, mine)
-                        zero_copy = zero_copy or d[D_IN] >= 0 or d[D_OUT] >= 0
+                        zero_copy = zero_copy or d[D_IN] >= 0 or d[D_OUT] >= 0 or d[D_IN_AT] >= 0 or d[D_OUT_AT] >= 0
                     zero_copy = zero_copy or in_off >= 0 or out_off >= 0
             if messages:
                 for t in step.recvs[sched.early[index]:]:  # the leading ones were reduced as they landed
@@ -295,8 +297,12 @@ def _mismatch(ch: ShmChannel, op: Op[np.ndarray], j: int, theirs_d: tuple[int, .
 
 def _peer(ch: ShmChannel, descs: list[tuple[int, ...]], src: Src, half: int, item: int,
           dtype: np.dtype[Any]) -> np.ndarray:
-    """Rank ``src.rank``'s staged (or registered) region, as an array over its segment."""
+    """Rank ``src.rank``'s staged (or registered) region, as an array over its segment; or a copy of it,
+    read in place from the peer's process where its descriptor offers that buffer."""
     reg = src.region
+    at = descs[src.rank][D_IN_AT if reg.buf == IN else D_OUT_AT] if reg.buf != SCRATCH else -1
+    if at >= 0:
+        return _read_in_place(ch, src.rank, at + reg.start * item, reg.stop - reg.start, dtype)
     off = descs[src.rank][D_IN if reg.buf == IN else D_OUT] if reg.buf != SCRATCH else -1
     count = reg.stop - reg.start
     if off >= 0:
@@ -307,6 +313,19 @@ def _peer(ch: ShmChannel, descs: list[tuple[int, ...]], src: Src, half: int, ite
     else:
         start = ch.slot_base[src.rank][half] // item + src.slot
     return ch.typed(src.rank, dtype)[start:start + count]
+
+
+def _read_in_place(ch: ShmChannel, j: int, addr: int, count: int, dtype: np.dtype[Any]) -> np.ndarray:
+    readers = ch.readers
+    mem = readers[j] if readers is not None else None
+    if mem is None:
+        raise AiocclError(f"rank {j} lets its buffer be read in place, but this channel does not read in place: "
+                          "a corrupted or foreign peer")
+    arr = np.empty(count, dtype)
+    if count and not mem.read(int(arr.ctypes.data), addr, arr.nbytes):
+        raise AiocclError(f"reading {arr.nbytes} bytes of rank {j}'s buffer in place (process {mem.pid}) failed")
+    ch.stats["cma_reads"] += 1
+    return arr
 
 
 def describe(desc: tuple[int, ...]) -> str:

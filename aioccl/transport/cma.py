@@ -64,6 +64,11 @@ def cookie() -> dict[str, int]:
     return {"pid": os.getpid(), "addr": int(_COOKIE.ctypes.data), "value": int(_COOKIE[0])}
 
 
+def enabled() -> bool:
+    """Whether this process reads peers in place at all (``AIOCCL_SHM_CMA``, and a kernel that has it)."""
+    return _LIBC is not None and os.environ.get("AIOCCL_SHM_CMA", "1").strip().lower() not in ("0", "false", "no")
+
+
 def address(buf: memoryview) -> int:
     """Where a contiguous buffer's first byte lies in this process."""
     return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if len(buf) else 0
@@ -79,11 +84,19 @@ class PeerMemory:
     def open(cls, announced: dict[str, int] | None) -> PeerMemory | None:
         """A reader of the peer that announced ``announced`` (``cookie()``), or None where the kernel
         refuses, the pid is another process (another pid namespace), or the peer announced nothing."""
-        if _LIBC is None or os.environ.get("AIOCCL_SHM_CMA", "1").strip().lower() in ("0", "false", "no"):
-            return None
         try:
             pid, addr, value = int(announced["pid"]), int(announced["addr"]), int(announced["value"])  # type: ignore[index]
         except (TypeError, KeyError, ValueError):
+            return None
+        return cls.proven(pid, addr, value)
+
+    @classmethod
+    def proven(cls, pid: int, addr: int, value: int) -> PeerMemory | None:
+        """A reader of process ``pid``, if the int64 at its ``addr`` reads as ``value`` (else None: the
+        kernel refuses, ``AIOCCL_SHM_CMA=0``, or that pid is another process, in another pid namespace).
+        A shared-memory segment names its owner's pid, where the owner maps it and a random word in it
+        (``segment.py``'s ``PID``, ``SELF``, ``NONCE``): a channel's ranks prove it with those."""
+        if not enabled() or pid <= 0:
             return None
         mem = cls(pid)
         got = np.zeros(1, np.int64)

@@ -2,8 +2,10 @@
  * tests/test_native.py. Ranks are threads over segments laid out as aioccl/transport/shm/segment.py lays them out.
  *
  *   protocol: n ranks run many all_reduce/all_gather ops back to back (spinning briefly, resuming when
- *             blocked), every element checked; a mismatched call is found on every rank;
- *   fuzz:     the readers of shared memory (channel set-up, descriptors, registered offsets, programs)
+ *             blocked), every element checked; a mismatched call is found on every rank; again with every
+ *             buffer read in place (process_vm_readv of this very process: the ranks are its threads);
+ *   fuzz:     the readers of shared memory (channel set-up, descriptors, registered offsets, in-place
+ *             addresses, programs)
  *             fed random and hostile contents: every run ends in an allowed code, never outside a mapping;
  *   halves:   float16 and bfloat16 conversions round-trip every value;
  *   launch:   the GPU launcher against the stand-in driver given as argv[2] (check_launch.c).
@@ -14,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "channel.h"
 #include "gate.h"
@@ -47,6 +50,7 @@ static void make_world(world *w, int n, size_t half, size_t heap) {
         c[AC_W_HALF] = (int64_t)half;
         c[AC_W_HEAP] = (int64_t)heap;
         c[AC_W_HEAP_OFF] = (int64_t)(AC_CONTROL_BYTES + 2 * half);
+        c[AC_W_PID] = (int64_t)getpid();
     }
 }
 
@@ -94,7 +98,7 @@ static size_t prog_all_gather(int64_t *p, int n, int64_t count) {
 
 typedef struct {
     world *w;
-    int rank, ops, count, mismatch_at;
+    int rank, ops, count, mismatch_at, cma;
     int failures;
 } rank_job;
 
@@ -113,12 +117,15 @@ static void *rank_main(void *arg) {
     ac_chan ch;
     CHECK(ac_chan_init(&ch, job->rank, w->n, w->seg, (size_t[AC_MAX_RANKS]){[0 ... AC_MAX_RANKS - 1] = w->len},
                        20000, 1) == 0);
+    if (job->cma)
+        CHECK(ac_chan_cma(&ch, 1) == 0);
     int64_t prog[4096];
     float in[64], out[64 * AC_MAX_RANKS];
     for (int op = 0; op < job->ops; op++) {
         int gather = op % 3 == 2;
         int count = job->count - (op == job->mismatch_at && job->rank == 1 ? 1 : 0);
         size_t len = gather ? prog_all_gather(prog, w->n, count) : prog_all_reduce(prog, w->n, count);
+        prog[2] = job->cma;  /* zero_copy: peers may read my buffers where they lie */
         CHECK(ac_prog_check(prog, len, job->rank, w->n, NULL, 0) == 0);
         for (int i = 0; i < count; i++)
             in[i] = (float)(job->rank + 1 + op % 7 + i);
@@ -142,18 +149,21 @@ static void *rank_main(void *arg) {
             }
         }
     }
+    if (job->cma)
+        CHECK(ch.cma_reads > 0);
     ac_chan_free(&ch);
     return NULL;
 }
 
 static void test_protocol(void) {
+    for (int cma = 0; cma < 2; cma++)
     for (int n = 2; n <= 4; n++) {
         world w;
         make_world(&w, n, 4096, 4096);
         pthread_t t[AC_MAX_RANKS];
         rank_job jobs[AC_MAX_RANKS];
         for (int r = 0; r < n; r++) {
-            jobs[r] = (rank_job){&w, r, 3000, 16, 1500, 0};
+            jobs[r] = (rank_job){&w, r, 3000, 16, 1500, cma, 0};
             CHECK(pthread_create(&t[r], NULL, rank_main, &jobs[r]) == 0);
         }
         for (int r = 0; r < n; r++) {
@@ -161,7 +171,8 @@ static void test_protocol(void) {
             CHECK(jobs[r].failures == 0);
         }
         free_world(&w);
-        printf("protocol: %d ranks x 3000 ops exact, the mismatch found by every rank\n", n);
+        printf("protocol: %d ranks x 3000 ops exact, the mismatch found by every rank%s\n", n,
+               cma ? ", buffers read in place" : "");
     }
 }
 
@@ -196,6 +207,7 @@ static void test_fuzz_channel(int iterations) {
             c[AC_W_CTR] = rnd() % 3 ? INT64_MAX / 2 : hostile();
             c[AC_W_SLEEP] = (int64_t)(rnd() % 2);
             c[AC_W_GAVE_UP] = rnd() % 4 ? 0 : hostile();
+            c[AC_W_PID] = rnd() % 4 ? (int64_t)getpid() : hostile();
         }
         ac_chan ch;
         size_t lens[AC_MAX_RANKS];
@@ -206,8 +218,16 @@ static void test_fuzz_channel(int iterations) {
             free_world(&w);
             continue;
         }
+        int cma = (int)(rnd() % 2);
+        if (cma && ac_chan_cma(&ch, 1) != 0) {
+            outcomes[7]++;
+            ac_chan_free(&ch);
+            free_world(&w);
+            continue;
+        }
         int gather = (int)(rnd() % 2), count = 1 + (int)(rnd() % 16);
         size_t len = gather ? prog_all_gather(prog, n, count) : prog_all_reduce(prog, n, count);
+        prog[2] = (int64_t)(rnd() % 2);
         /* the peers' descriptors agree with mine (else a mismatch ends it before any data is read) but
          * point their registered buffers anywhere */
         int64_t kind = prog[4] | prog[5] << 8 | (int64_t)AC_DT_F32 << 16 | (int64_t)(gather ? 0 : AC_OP_SUM) << 24;
@@ -224,6 +244,8 @@ static void test_fuzz_channel(int iterations) {
                 }
                 d[4] = rnd() % 2 ? -1 : hostile();
                 d[5] = rnd() % 2 ? -1 : hostile();
+                d[6] = rnd() % 2 ? -1 : hostile();  /* an address in the peer's process: the kernel checks it */
+                d[7] = rnd() % 2 ? -1 : hostile();
             }
         }
         int rc = ac_run(&ch, prog, len, in, sizeof in, out, sizeof out, AC_DT_F32, gather ? 0 : AC_OP_SUM, it, it);

@@ -67,8 +67,8 @@ RESYNC_JUMP = 1 << 32  # steps a timed-out op may span, at most: the next op sta
 class ShmChannel(IssueOrder, ChannelMemory):
     def __init__(self, loop: asyncio.AbstractEventLoop, rank: int, segments: Sequence[Segment], bell: LoopBell,
                  pool: BufferPool, spin_s: float, yield_cpu: bool, ctx: int = 0,
-                 world: tuple[int, ...] | None = None) -> None:
-        super().__init__(rank, segments, bell, world)
+                 world: tuple[int, ...] | None = None, readers: list[Any] | None = None, cma_min: int = 0) -> None:
+        super().__init__(rank, segments, bell, world, readers)
         self.loop = loop
         self.ctx = ctx  # the communicator's context id (failure notices name it)
         self._index = {w: j for j, w in enumerate(self.world)}
@@ -94,10 +94,8 @@ class ShmChannel(IssueOrder, ChannelMemory):
         self.verdicts = Verdicts(self.ctl, rank, segments[0].fd)  # one outcome for a given-up op
         # None: Python only. The core spins without yielding unless this host's ranks outnumber its cores:
         # beside a busy process one sched_yield costs a scheduler slice (ms), not the microseconds a look does
-        self.native = shm_native.channel([s.mm for s in segments], rank, spin_s, self.size > usable_cpus())
-        if self.native is not None:  # an XLA custom call finishing an op rings peers (and me) from C
-            self.native.set_bells(bell.bell.sender(),
-                                  [bell.bell.address(bell.bell.comm_id, w) for w in self.world])
+        self.native = shm_native.channel([s.mm for s in segments], rank, spin_s, self.size > usable_cpus(),
+                                         (bell.bell, self.world), cma_min if readers is not None else 0, self.slice_s)
         bell.listeners.append(self.on_bell)
 
     # -- running ops ------------------------------------------------------------
@@ -140,6 +138,11 @@ class ShmChannel(IssueOrder, ChannelMemory):
         finally:
             self._pumping = False
 
+    def _pump_after_turn(self) -> None:
+        """A long op goes on a turn later, after what the waiting callbacks woke (a timer's task, whose
+        wake-up its future schedules): resuming at once put a slice between a timer and its task."""
+        self.loop.call_soon(self._pump)
+
     def _advance(self, op: Op[np.ndarray]) -> bool:
         """Run ``op`` until it finishes (True) or has to sleep (False)."""
         try:
@@ -157,7 +160,7 @@ class ShmChannel(IssueOrder, ChannelMemory):
                         return False
                     if time.perf_counter() > self._slice_end:  # a large op: let other tasks run, if any wait
                         if loop_waits(self.loop):
-                            self.loop.call_soon(self._pump)
+                            self.loop.call_soon(self._pump_after_turn)
                             return False
                         self._slice_end = time.perf_counter() + self.slice_s
                 elif op.pending is not None and not self._settled(op, op.pending):

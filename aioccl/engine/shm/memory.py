@@ -21,18 +21,19 @@ from ...transport.shm.heap import Heap
 from ...transport.shm.segment import CONTROL_BYTES, CTR, DESC, DESC_LEN, HALF, HEAP, HEAP_OFF, SLEEP, LoopBell, Segment
 from ..op import Wait
 
-_DESC = struct.Struct("<6q")
+_DESC = struct.Struct("<8q")
 _DESC_AT = (DESC * 8, (DESC + DESC_LEN) * 8)  # byte offset of each slot half's descriptor
 
 
 class ChannelMemory:
     def __init__(self, rank: int, segments: Sequence[Segment], bell: LoopBell,
-                 world: tuple[int, ...] | None = None) -> None:
+                 world: tuple[int, ...] | None = None, readers: list[Any] | None = None) -> None:
         self.rank = rank
         self.size = len(segments)
         self.world = world if world is not None else tuple(range(self.size))  # channel rank -> world rank
         self.others = tuple(j for j in range(self.size) if j != rank)
         self.segments = list(segments)
+        self.readers = readers  # a PeerMemory per peer: the channel may read peers' buffers in place
         self._mms = [seg.mm for seg in segments]
         self.bell = bell
         self.ctl = [memoryview(s.mm)[:CONTROL_BYTES].cast("q") for s in segments]
@@ -45,7 +46,7 @@ class ChannelMemory:
         self.all_reached = me[CTR]
         self._spill: np.ndarray | None = None
         self._typed: dict[tuple[int, np.dtype[Any]], np.ndarray] = {}
-        self.stats = {"ops": 0, "spin_hits": 0, "parks": 0, "bells_rung": 0, "recheck_hits": 0}
+        self.stats = {"ops": 0, "spin_hits": 0, "parks": 0, "bells_rung": 0, "recheck_hits": 0, "cma_reads": 0}
 
     # -- the shared words -------------------------------------------------
     @property

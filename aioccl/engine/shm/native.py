@@ -12,8 +12,10 @@ and the channel carries on as for any op: parks on the doorbell, owns the deadli
 timeout, a lost peer, and resumes the native op when the step comes (``resume``). Failures are the
 same exceptions, raised by the channel.
 
-Which ops: up to ``AIOCCL_NATIVE_MAX_BYTES`` (a native op holds its thread until done: larger ones go
-the Python way, which hands the event loop back between steps).
+Which ops: every size, up to ``AIOCCL_NATIVE_MAX_BYTES`` (unbounded by default). A large op does not hold
+the event loop's thread for long: the core returns after each ``AIOCCL_LOOP_SLICE_US`` of steps (phase 3,
+waiting for nothing), and the channel resumes it once the loop has had a turn if anything waits for it
+(``turns.py``), as it does between the Python executor's steps.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ if TYPE_CHECKING:
     from .channel import ShmChannel
 
 _log = log.get("SHM")
-# the core holds its thread (the loop, inline) for the whole op: up to 1 MiB that is ~0.3 ms, inside the loop's
-# 1 ms promise, and faster than the Python path (2 ranks, bound: 268 against 361 us out of place; docs/benchmarks.md)
-DEFAULT_MAX_BYTES = 1 << 20
+# every size: the core hands the loop back between slices of steps, and it runs a large op faster than the Python
+# executor (a 64 MiB all_reduce of 2 ranks reading in place: 19 against 25 ms; docs/benchmarks.md)
+DEFAULT_MAX_BYTES = 1 << 50
 
 
 def max_bytes(env: Any = os.environ) -> int:
@@ -47,8 +49,12 @@ def max_bytes(env: Any = os.environ) -> int:
     return env_int(env, "AIOCCL_NATIVE_MAX_BYTES", DEFAULT_MAX_BYTES, 0, 1 << 40)
 
 
-def channel(segments: list[Any], rank: int, spin_s: float, yield_cpu: bool) -> Any:
-    """The core's half of a channel over its mapped segments, or None (no core, or it refuses them)."""
+def channel(segments: list[Any], rank: int, spin_s: float, yield_cpu: bool, bells: tuple[Any, tuple[int, ...]],
+            cma_min: int, slice_s: float) -> Any:
+    """The core's half of a channel over its mapped segments, or None (no core, or it refuses them). It rings
+    ``bells`` (the engine's doorbell, the channel's world ranks) from C, for an XLA custom call that finishes an
+    op; reads buffers of ``cma_min`` bytes or more in place (0: never; every rank may read every other's memory);
+    and a call runs steps for ``slice_s`` at most before it lets the loop turn (``turns.py``)."""
     core = native.core
     if core is None:
         return None
@@ -58,10 +64,16 @@ def channel(segments: list[Any], rank: int, spin_s: float, yield_cpu: bool) -> A
                      "Python path; rebuild aioccl (pip install .)", rank, differs)
         return None
     try:
-        return core.Channel(segments, rank, int(spin_s * 1e9), yield_cpu)
+        nat = core.Channel(segments, rank, int(spin_s * 1e9), yield_cpu)
     except ValueError as e:
         _log.info("rank %d: shared-memory ops take the Python path: %s", rank, e)
         return None
+    bell, world = bells
+    nat.set_bells(bell.sender(), [bell.address(bell.comm_id, w) for w in world])
+    if cma_min:
+        nat.set_cma(cma_min)
+    nat.set_slice(int(slice_s * 1e9))
+    return nat
 
 
 class Counters:
@@ -194,8 +206,11 @@ def _carry_on(ch: ShmChannel, op: Op[np.ndarray], rc: int) -> Generator[Wait, No
                 raise AiocclError(f"{op.name} (seq {op.seq}) over shared memory: {nat.error}")
             phase, s = nat.blocked
             index = nat.where[0]
-            ranks = ch.others if phase != 1 or index == 0 else op.sched.steps[index].wait
-            yield ranks, s
+            if phase == 3:  # it ran its slice: the channel lets the loop turn if anything waits for it
+                yield (), s
+            else:
+                ranks = ch.others if phase != 1 or index == 0 else op.sched.steps[index].wait
+                yield ranks, s
             rc = nat.resume()
     finally:
         if not finished:

@@ -30,6 +30,8 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
+import numpy as np
+
 from ... import log
 from ...envvars import env_float
 
@@ -39,6 +41,9 @@ SHM_DIR = "/dev/shm"
 CONTROL_BYTES = 4096
 # int64 slots of the control page
 MAGIC, VERSION, HALF, HEAP, PID, HEAP_OFF = 0, 1, 2, 3, 4, 5
+# where the owner maps this segment, and a random word: a peer that finds the word there through
+# process_vm_readv may read the owner's buffers in place (transport/cma.py, engine/shm/setup.py)
+SELF, NONCE = 6, 7
 CTR = 8  # the last step this rank published (its own cache line)
 SLEEP = 16  # 1 while this rank is parked on its doorbell
 GAVE_UP = 24  # the last op (its channel order + 1) this rank gave up at its deadline (engine/shm/channel.py)
@@ -46,13 +51,13 @@ GAVE_UP = 24  # the last op (its channel order + 1) this rank gave up at its dea
 # VERDICTS entries of VERDICT_LEN words, the op order's entry at (order % VERDICTS)
 VERDICT_AT, VERDICTS, VERDICT_LEN = 64, 16, 4
 DESC = 32  # two descriptors of DESC_LEN int64, one per step parity
-DESC_LEN = 8
+DESC_LEN = 8  # seq, kind, count, root, registered IN and OUT offsets, in-place IN and OUT addresses
 MAGIC_VALUE = 0x4C4343_4F494121  # "!AIOCCL"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 # the segment's layout as the native core reads it too (channel.h's AC_*): checked against the core's
 # exports when a channel is made (``layout_differs``), so the two tables cannot drift apart unseen
 LAYOUT = {"CONTROL_BYTES": CONTROL_BYTES, "W_HALF": HALF, "W_CTR": CTR, "W_SLEEP": SLEEP, "W_GAVE_UP": GAVE_UP,
-          "W_DESC": DESC, "DESC_LEN": DESC_LEN}
+          "W_DESC": DESC, "DESC_LEN": DESC_LEN, "W_PID": PID, "W_SELF": SELF, "W_NONCE": NONCE}
 
 
 def layout_differs(core: object) -> str:
@@ -136,6 +141,8 @@ class Segment:
         seg = cls(name, mm, True, directory, fd)
         ctl = memoryview(mm)[:CONTROL_BYTES].cast("q")
         ctl[VERSION], ctl[HALF], ctl[HEAP], ctl[PID], ctl[HEAP_OFF] = LAYOUT_VERSION, half, heap, os.getpid(), heap_off
+        ctl[NONCE] = int.from_bytes(os.urandom(8), "little", signed=True)
+        ctl[SELF] = int(np.frombuffer(mm, dtype=np.uint8, count=8).ctypes.data)
         ctl[MAGIC] = MAGIC_VALUE  # last: a reader that sees the magic sees the rest
         ctl.release()
         return seg

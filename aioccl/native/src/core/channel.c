@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cma.h"
 #include "reduce.h"
 
 static inline int64_t *ctl(const ac_chan *ch, int j) { return (int64_t *)(void *)ch->seg[j]; }
@@ -59,10 +60,29 @@ int ac_chan_init(ac_chan *ch, int rank, int size, uint8_t *const *segs, const si
     return 0;
 }
 
+int ac_chan_cma(ac_chan *ch, size_t min_bytes) {
+    for (int j = 0; j < ch->size; j++) {
+        int64_t pid = load_acq(&ctl(ch, j)[AC_W_PID]);
+        if (pid <= 0 || pid > INT32_MAX) {
+            snprintf(ch->error, sizeof ch->error, "rank %d's segment names an impossible process (%lld)", j,
+                     (long long)pid);
+            return -1;
+        }
+        ch->pid[j] = (int32_t)pid;
+    }
+    ch->cma_min = min_bytes;
+    return 0;
+}
+
+void ac_chan_slice(ac_chan *ch, int64_t slice_ns) { ch->slice_ns = slice_ns < 0 ? 0 : slice_ns; }
+
 void ac_chan_free(ac_chan *ch) {
     free(ch->spill);
     ch->spill = NULL;
     ch->spill_len = 0;
+    free(ch->cma_buf);
+    ch->cma_buf = NULL;
+    ch->cma_buf_len = 0;
     ch->active = 0;
 }
 
@@ -219,6 +239,72 @@ static const uint8_t *peer_region(ac_chan *ch, int j, int64_t buf, int64_t start
     return ch->seg[j] + ch->slot[j][half] + at;
 }
 
+/* where rank j's region lies in its own process when it lets peers read that buffer in place, else -1 */
+static int64_t peer_addr(const ac_chan *ch, int j, int64_t buf, int64_t start) {
+    int64_t addr = ch->descs[j][buf == AC_IN ? 6 : 7];
+    return addr < 0 ? -1 : addr + start * (int64_t)ch->item;
+}
+
+static int cma_failed(ac_chan *ch, int j, int err, size_t bytes) {
+    snprintf(ch->error, sizeof ch->error, "reading %zu bytes of rank %d's buffer in place (process %d) failed: "
+             "%s", bytes, j, (int)ch->pid[j], strerror(err));
+    return -1;
+}
+
+/* a reduction whose sources include buffers read in place: piece by piece, each peer's piece copied
+ * into my memory first (a piece stays in cache for the combine), in rank order as ever */
+#define AC_CMA_PIECE (128u << 10)
+static int reduce_in_place(ac_chan *ch, const int64_t *src, int64_t nsrc, uint8_t *acc, size_t n, int half) {
+    const size_t item = ch->item, piece = AC_CMA_PIECE / item * item, bytes = n * item;
+    const int me = ch->rank;
+    size_t need = (size_t)nsrc * piece;
+    if (ch->cma_buf_len < need) {
+        uint8_t *p = realloc(ch->cma_buf, need);
+        if (p == NULL) {
+            snprintf(ch->error, sizeof ch->error, "out of memory for a %zu-byte reduction", bytes);
+            return -1;
+        }
+        ch->cma_buf = p;
+        ch->cma_buf_len = need;
+    }
+    for (size_t o = 0; o < bytes; o += piece) {
+        size_t m = bytes - o < piece ? bytes - o : piece;
+        const uint8_t *from[AC_MAX_RANKS];
+        for (int64_t k = 0; k < nsrc; k++) {
+            const int64_t *x = src + 5 * k;
+            int j = (int)x[0];
+            int64_t addr = j == me ? -1 : peer_addr(ch, j, x[1], x[2]);
+            if (j == me) {
+                from[k] = ch->buf[x[1]] + (size_t)x[2] * item + o;
+            } else if (addr >= 0) {
+                uint8_t *to = ch->cma_buf + (size_t)k * piece;
+                int err = ac_cma_read(ch->pid[j], to, (uint64_t)addr + o, m);
+                if (err)
+                    return cma_failed(ch, j, err, m);
+                ch->cma_reads++;
+                from[k] = to;
+            } else {
+                const uint8_t *at = peer_region(ch, j, x[1], x[2], x[3], x[4], half);
+                if (at == NULL)
+                    return -1;
+                from[k] = at + o;
+            }
+        }
+        if (nsrc == 1) {
+            if (acc + o != from[0])
+                memmove(acc + o, from[0], m);
+            continue;
+        }
+        if (ac_combine(ch->redop, ch->dtype, acc + o, from[0], from[1], m / item) != 0) {
+            snprintf(ch->error, sizeof ch->error, "no reduction %d for dtype %d", ch->redop, ch->dtype);
+            return -1;
+        }
+        for (int64_t k = 2; k < nsrc; k++)
+            ac_combine(ch->redop, ch->dtype, acc + o, acc + o, from[k], m / item);
+    }
+    return 0;
+}
+
 static uint8_t *spill(ac_chan *ch, size_t bytes) {
     if (ch->spill_len < bytes) {
         uint8_t *p = realloc(ch->spill, bytes);
@@ -248,11 +334,17 @@ static int do_reads(ac_chan *ch, const int64_t *p, int64_t nreads, int half) {
         uint8_t *d = ch->buf[dst[0]] + (size_t)dst[1] * item;
         if (kind == 0) {
             const uint8_t *from;
+            int64_t addr;
             if (src[0] == me) {
                 from = ch->buf[src[1]] + (size_t)src[2] * item;
                 if (from == d)
                     continue;
                 memmove(d, from, bytes);
+            } else if ((addr = peer_addr(ch, (int)src[0], src[1], src[2])) >= 0) {
+                int err = ac_cma_read(ch->pid[src[0]], d, (uint64_t)addr, bytes);
+                if (err)
+                    return cma_failed(ch, (int)src[0], err, bytes);
+                ch->cma_reads++;
             } else {
                 from = peer_region(ch, (int)src[0], src[1], src[2], src[3], src[4], half);
                 if (from == NULL)
@@ -262,7 +354,7 @@ static int do_reads(ac_chan *ch, const int64_t *p, int64_t nreads, int half) {
             continue;
         }
         const uint8_t *from[AC_MAX_RANKS];
-        int must_spill = 0;
+        int must_spill = 0, in_place = 0;
         for (int64_t k = 0; k < nsrc; k++) {
             const int64_t *x = src + 5 * k;
             if (x[0] == me) {
@@ -270,6 +362,8 @@ static int do_reads(ac_chan *ch, const int64_t *p, int64_t nreads, int half) {
                 /* my own input read after the first combine wrote the destination: reduce aside */
                 if (overlap(from[k], bytes, d, bytes) && (k >= 2 || from[k] != d))
                     must_spill = 1;
+            } else if (peer_addr(ch, (int)x[0], x[1], x[2]) >= 0) {
+                in_place = 1;
             } else if ((from[k] = peer_region(ch, (int)x[0], x[1], x[2], x[3], x[4], half)) == NULL) {
                 return -1;
             }
@@ -279,7 +373,10 @@ static int do_reads(ac_chan *ch, const int64_t *p, int64_t nreads, int half) {
             snprintf(ch->error, sizeof ch->error, "out of memory for a %zu-byte reduction", bytes);
             return -1;
         }
-        if (nsrc == 1) {
+        if (in_place) {
+            if (reduce_in_place(ch, src, nsrc, acc, n, half) != 0)
+                return -1;
+        } else if (nsrc == 1) {
             if (acc != from[0])
                 memmove(acc, from[0], bytes);
         } else {
@@ -329,6 +426,8 @@ static int advance(ac_chan *ch, int64_t until) {
         int64_t nwait = w[0];
         const int64_t *waits = w + 1, *rd = waits + nwait;
         int64_t nreads = rd[0];
+        if (ch->phase == 0 && ch->slice_ns && ch->step_index > ch->slice_from && now_ns() >= ch->slice_until)
+            return blocked(ch, 3, ac_step(ch));  /* this call has had its slice: the caller's loop turns */
         if (ch->phase == 0) {
             int64_t s = ac_step(ch) + 1;
             if ((nstage || ch->first) && !spin(ch, NULL, 0, s - 1, until))
@@ -341,8 +440,8 @@ static int advance(ac_chan *ch, int64_t until) {
             }
             for (int64_t k = 0; k < nstage; k++) {
                 const int64_t *st = stage + 4 * k;
-                if ((st[0] == AC_IN && ch->in_off >= 0) || (st[0] == AC_OUT && ch->out_off >= 0))
-                    continue;  /* registered: peers read it where it lies */
+                if (st[0] == AC_IN ? (ch->in_off >= 0 || ch->in_addr >= 0) : (ch->out_off >= 0 || ch->out_addr >= 0))
+                    continue;  /* registered, or read by cma: peers read it where it lies */
                 size_t bytes = (size_t)(st[2] - st[1]) * item, at = (size_t)st[3] * item;
                 if (!bytes)
                     continue;
@@ -379,9 +478,16 @@ static int advance(ac_chan *ch, int64_t until) {
                     ch->active = 0;
                     return AC_MISMATCH;
                 }
-                ch->zero_copy |= ch->descs[j][4] >= 0 || ch->descs[j][5] >= 0;
+                if ((ch->descs[j][6] >= 0 || ch->descs[j][7] >= 0) && !ch->cma_min) {
+                    snprintf(ch->error, sizeof ch->error, "rank %d lets its buffer be read in place, but this "
+                             "channel does not read in place: a corrupted or foreign peer", j);
+                    ch->active = 0;
+                    return AC_CORRUPT;
+                }
+                for (int k = 4; k < AC_DESC_FIELDS; k++)
+                    ch->zero_copy |= ch->descs[j][k] >= 0;
             }
-            ch->zero_copy |= ch->in_off >= 0 || ch->out_off >= 0;
+            ch->zero_copy |= ch->in_off >= 0 || ch->out_off >= 0 || ch->in_addr >= 0 || ch->out_addr >= 0;
         }
         if (do_reads(ch, rd + 1, nreads, half) != 0)
             return AC_CORRUPT;
@@ -440,11 +546,17 @@ int ac_run(ac_chan *ch, const int64_t *prog, size_t prog_len, void *inp, size_t 
     ch->in_off = prog[2] ? heap_offset(ch, inp, in_len) : -1;
     ch->out_off = prog[2] ? heap_offset(ch, out, out_len) : -1;
     ch->zero_copy = 0;
+    int64_t now = now_ns();
+    ch->slice_until = now + ch->slice_ns;
+    ch->slice_from = 0;
     int64_t kind = (int64_t)((uint64_t)prog[4] | (uint64_t)prog[5] << 8 | (uint64_t)dtype << 16 |
                              (uint64_t)redop << 24);
-    int64_t mine[AC_DESC_FIELDS] = {seq, kind, prog[6], prog[7], ch->in_off, ch->out_off};
+    /* a buffer large enough, not registered, where the schedule allows it: peers read it in place */
+    ch->in_addr = prog[2] && ch->cma_min && ch->in_off < 0 && in_len >= ch->cma_min ? (int64_t)(uintptr_t)inp : -1;
+    ch->out_addr = prog[2] && ch->cma_min && ch->out_off < 0 && out_len >= ch->cma_min ? (int64_t)(uintptr_t)out : -1;
+    int64_t mine[AC_DESC_FIELDS] = {seq, kind, prog[6], prog[7], ch->in_off, ch->out_off, ch->in_addr, ch->out_addr};
     memcpy(ch->mine, mine, sizeof mine);
-    return advance(ch, now_ns() + ch->spin_ns);
+    return advance(ch, now + ch->spin_ns);
 }
 
 int ac_resume(ac_chan *ch) {
@@ -453,5 +565,8 @@ int ac_resume(ac_chan *ch) {
         return AC_CORRUPT;
     }
     ch->bells = 0;
-    return advance(ch, now_ns() + ch->spin_ns);
+    int64_t now = now_ns();
+    ch->slice_until = now + ch->slice_ns;
+    ch->slice_from = ch->step_index;
+    return advance(ch, now + ch->spin_ns);
 }

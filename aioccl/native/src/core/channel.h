@@ -11,8 +11,16 @@
  *          means seeing the data staged before it, as an LL line's flag carries its data),
  *   read   fetch or reduce, in rank order, from the peers' slots (or their registered buffers).
  *
- * The first step also writes this rank's descriptor (seq, kind, count, root, registered offsets) and
- * waits for everyone, so a call issued differently anywhere is found on every rank after one step.
+ * The first step also writes this rank's descriptor (seq, kind, count, root, registered offsets, in-place
+ * addresses) and waits for everyone, so a call issued differently anywhere is found on every rank after
+ * one step.
+ *
+ * Reading in place: a schedule that allows it (zero_copy) skips staging a buffer that peers can read
+ * where it lies, and closes with one more step that waits for everyone (so nobody returns a buffer a
+ * peer still reads). Two kinds: a registered buffer (comm.alloc: in my segment, peers map it) and, on a
+ * channel whose ranks all proved they may read each other's memory (ac_chan_cma), any buffer of at
+ * least cma_min bytes: its address goes in the descriptor and peers copy from it with
+ * process_vm_readv (one copy where staging costs two, as Open MPI's single-copy shared memory).
  *
  * Everything read from a peer's memory is checked before use: a descriptor's offsets and lengths must
  * lie inside that peer's mapped segment, and a segment's slot size must fit its mapping. A corrupted
@@ -31,13 +39,16 @@
 #define AC_CONTROL_BYTES 4096
 #define AC_W_HALF 2
 #define AC_W_HEAP 3
+#define AC_W_PID 4
 #define AC_W_HEAP_OFF 5
+#define AC_W_SELF 6   /* where the owner maps its segment (a reader proves it may read the owner) */
+#define AC_W_NONCE 7  /* ... by finding this random word there */
 #define AC_W_CTR 8
 #define AC_W_SLEEP 16
 #define AC_W_GAVE_UP 24
 #define AC_W_DESC 32
 #define AC_DESC_LEN 8
-#define AC_DESC_FIELDS 6 /* seq, kind, count, root, in offset, out offset */
+#define AC_DESC_FIELDS 8 /* seq, kind, count, root, in offset, out offset, in address, out address */
 #define AC_MAX_RANKS 64
 
 /* results of ac_run / ac_resume */
@@ -61,7 +72,13 @@ typedef struct {
     size_t slot[AC_MAX_RANKS][2];   /* byte offset of each slot half */
     size_t half[AC_MAX_RANKS];      /* bytes of a slot half */
     size_t heap_off, heap_len;      /* my registered-buffer heap */
+    int32_t pid[AC_MAX_RANKS];      /* every rank's process (ac_chan_cma) */
+    size_t cma_min;                 /* 0: never read in place by process_vm_readv, else from this many bytes */
+    uint8_t *cma_buf;               /* pieces of peers' buffers, read for a reduction */
+    size_t cma_buf_len;
     int64_t spin_ns;                /* how long a wait spins before it returns AC_BLOCKED */
+    int64_t slice_ns;               /* 0, or how long one call runs steps before it returns (phase 3) */
+    int64_t slice_until, slice_from;
     int yield_cpu;
     /* the op in progress (one at a time: a channel runs its ops in issue order) */
     const int64_t *prog;
@@ -73,19 +90,20 @@ typedef struct {
     int64_t order, base, divisor;
     int64_t mine[AC_DESC_FIELDS];
     int64_t descs[AC_MAX_RANKS][AC_DESC_FIELDS];
-    int64_t in_off, out_off;
+    int64_t in_off, out_off, in_addr, out_addr;
     size_t pc;                      /* where in the program the op stands */
     int64_t step_index, phase, s, nsteps;
     int first, zero_copy, active;
     int64_t blocked_s;              /* the step it waits for (AC_BLOCKED) */
     int blocked_phase;              /* 0: before staging (all peers, s - 1), 1: the step's wait, 2: the
-                                       closing step of a zero-copy op (all peers) */
+                                       closing step of a zero-copy op (all peers), 3: nothing: the call
+                                       ran its slice (resume when the caller's loop has had a turn) */
     int peer;                       /* AC_MISMATCH: the rank whose descriptor differs */
     uint64_t bells;                 /* channel ranks parked on their doorbell when I published: to ring */
     char error[160];                /* AC_CORRUPT: what was wrong */
     uint8_t *spill;                 /* a reduction's accumulator when its destination is also an input */
     size_t spill_len;
-    uint64_t ops, spin_hits;
+    uint64_t ops, spin_hits, cma_reads;
 } ac_chan;
 
 /* Set up over mapped segments; checks each peer's slot size against its mapping. 0, or -1 with
@@ -93,6 +111,13 @@ typedef struct {
 int ac_chan_init(ac_chan *ch, int rank, int size, uint8_t *const *segs, const size_t *lens,
                  int64_t spin_ns, int yield_cpu);
 void ac_chan_free(ac_chan *ch);
+/* Let peers read my buffers of at least min_bytes in place, and read theirs (0: never). Only for a
+ * channel whose ranks all proved it possible (aioccl/engine/shm/setup.py): every rank either calls it
+ * with the same min_bytes or does not. 0, or -1 with ch->error set (a rank's pid word is impossible). */
+int ac_chan_cma(ac_chan *ch, size_t min_bytes);
+/* A call (ac_run, ac_resume) that has run steps for slice_ns returns AC_BLOCKED in phase 3 before the
+ * next one, waiting for nothing: a large op on an event loop's thread lets the loop turn (0: never). */
+void ac_chan_slice(ac_chan *ch, int64_t slice_ns);
 
 /* A program is one rank's lockstep schedule, lowered by aioccl/engine/shm/native.py:
  *   header: [AC_PROG_MAGIC, nsteps, zero_copy, divisor, code, algo, count, root, max IN, max OUT]

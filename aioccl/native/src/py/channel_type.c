@@ -291,6 +291,32 @@ static PyObject *Channel_set_bells(Channel *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* set_cma(min_bytes): peers read my buffers of at least min_bytes in place, and I theirs (0: never); only
+ * once every rank of the channel proved it may (engine/shm/setup.py) */
+static PyObject *Channel_set_cma(Channel *self, PyObject *arg) {
+    long long min_bytes = PyLong_AsLongLong(arg);
+    if (min_bytes == -1 && PyErr_Occurred())
+        return NULL;
+    if (min_bytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "set_cma: a negative size");
+        return NULL;
+    }
+    if (ac_chan_cma(&self->ch, (size_t)min_bytes) != 0) {
+        PyErr_Format(PyExc_ValueError, "cannot read peers in place: %s", self->ch.error);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* set_slice(ns): a call runs steps for at most this long before it returns, blocked in phase 3 (0: never) */
+static PyObject *Channel_set_slice(Channel *self, PyObject *arg) {
+    long long ns = PyLong_AsLongLong(arg);
+    if (ns == -1 && PyErr_Occurred())
+        return NULL;
+    ac_chan_slice(&self->ch, ns);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Channel_claim(Channel *self, PyObject *Py_UNUSED(ignored)) {
     PyObject *p = self->pending ? self->pending : Py_NewRef(Py_None);
     self->pending = NULL;
@@ -309,7 +335,7 @@ static PyObject *Channel_descriptors(Channel *self, PyObject *Py_UNUSED(ignored)
         return NULL;
     for (int j = 0; j < self->ch.size; j++) {
         const int64_t *d = self->ch.descs[j];
-        PyObject *t = Py_BuildValue("(LLLLLL)", d[0], d[1], d[2], d[3], d[4], d[5]);
+        PyObject *t = Py_BuildValue("(LLLLLLLL)", d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
         if (t == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -348,8 +374,8 @@ static PyObject *Channel_get_error(Channel *self, void *Py_UNUSED(c)) {
     return PyUnicode_FromString(self->ch.error);
 }
 static PyObject *Channel_get_stats(Channel *self, void *Py_UNUSED(c)) {
-    return Py_BuildValue("{sKsK}", "ops", (unsigned long long)self->ch.ops, "spin_hits",
-                         (unsigned long long)self->ch.spin_hits);
+    return Py_BuildValue("{sKsKsK}", "ops", (unsigned long long)self->ch.ops, "spin_hits",
+                         (unsigned long long)self->ch.spin_hits, "cma_reads", (unsigned long long)self->ch.cma_reads);
 }
 
 static PyMethodDef Channel_methods[] = {
@@ -365,6 +391,8 @@ static PyMethodDef Channel_methods[] = {
     {"finish", (PyCFunction)Channel_finish, METH_NOARGS, "an op the engine admitted has ended"},
     {"alarm", (PyCFunction)Channel_alarm, METH_NOARGS, "broken or closing: no native caller may claim it again"},
     {"set_bells", (PyCFunction)Channel_set_bells, METH_VARARGS, "set_bells(fd, addresses): ring from C"},
+    {"set_cma", (PyCFunction)Channel_set_cma, METH_O, "set_cma(min_bytes): read buffers in place (0: never)"},
+    {"set_slice", (PyCFunction)Channel_set_slice, METH_O, "set_slice(ns): a call runs steps this long at most"},
     {NULL, NULL, 0, NULL},
 };
 

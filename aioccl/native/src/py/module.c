@@ -98,7 +98,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         PyModule_AddIntConstant(m, "W_CTR", AC_W_CTR) < 0 || PyModule_AddIntConstant(m, "W_SLEEP", AC_W_SLEEP) < 0 ||
         PyModule_AddIntConstant(m, "W_GAVE_UP", AC_W_GAVE_UP) < 0 ||
         PyModule_AddIntConstant(m, "W_DESC", AC_W_DESC) < 0 || PyModule_AddIntConstant(m, "DESC_LEN", AC_DESC_LEN) < 0 ||
-        PyModule_AddIntConstant(m, "W_HALF", AC_W_HALF) < 0 || PyModule_AddIntConstant(m, "MAX_RANKS", AC_MAX_RANKS) < 0) {
+        PyModule_AddIntConstant(m, "W_HALF", AC_W_HALF) < 0 || PyModule_AddIntConstant(m, "W_PID", AC_W_PID) < 0 ||
+        PyModule_AddIntConstant(m, "W_SELF", AC_W_SELF) < 0 || PyModule_AddIntConstant(m, "W_NONCE", AC_W_NONCE) < 0 || PyModule_AddIntConstant(m, "MAX_RANKS", AC_MAX_RANKS) < 0) {
         Py_DECREF(m);
         return NULL;
     }
