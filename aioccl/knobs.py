@@ -60,7 +60,7 @@ KNOBS: tuple[Knob, ...] = (
          "proxy engine idles, runs inside the call (0: always on the engine's thread)"),
     Knob("AIOCCL_SHM_CMA", "1", "shm", "0: never read a same-host peer's large message or collective buffer in place "
          "(process_vm_readv)"),
-    Knob("AIOCCL_SHM_CMA_MIN_BYTES", "65536", "shm", "a collective's buffer from this size on is read in place by its "
+    Knob("AIOCCL_SHM_CMA_MIN_BYTES", "262144", "shm", "a collective's buffer from this size on is read in place by its "
          "same-host peers, not staged through shared memory"),
     Knob("AIOCCL_NET", "auto", "ib", "auto, socket or ib: which network transport pairs use"),
     Knob("AIOCCL_IB_DISABLE", "0", "ib", "1: never use ib"),

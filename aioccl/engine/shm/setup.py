@@ -47,8 +47,9 @@ _log = log.get("SHM")
 DEFAULT_HALF = 1 << 20
 DEFAULT_HEAP = 256 << 20
 # a buffer from this size on is read in place by its peers rather than staged (one copy, not two; below it the
-# system call and the closing step that waits for everyone cost more than the copy saves: docs/benchmarks.md)
-DEFAULT_CMA_MIN = 64 << 10
+# system call, which pins the pages it reads, and the closing step that waits for everyone cost more than the
+# copy saves: docs/benchmarks.md, "Reading in place")
+DEFAULT_CMA_MIN = 256 << 10
 SETUP_CTX_SALT = 0x53484D5345545550  # keeps the setup messages apart from any communicator's
 # shared-memory ordering relies on total store order; other architectures keep to sockets for now
 TSO_MACHINES = ("x86_64", "AMD64", "i686", "i386")
