@@ -155,6 +155,28 @@ async def test_drain_bounds_what_a_sender_holds_and_loses_nothing(transport):
 
 
 @pytest.mark.asyncio
+async def test_a_frame_whose_receive_comes_while_reading_is_paused_still_arrives():
+    """A receiver past its budget for early frames (``AIOCCL_UNEXPECTED_BYTES``) stops reading the sender, maybe
+    with a frame half read; once the receive for that frame is posted, its bytes are expected, not unexpected,
+    and reading goes on (they used to count until delivered: back-to-back 64 MiB broadcasts over sockets hung
+    about one run in five). Here: two 4 MiB broadcasts, sent before the receiver posts anything, budget 1 MiB."""
+    with mock.patch.dict(os.environ, {"AIOCCL_UNEXPECTED_BYTES": str(1 << 20)}):
+        a, b = comms = await make_comms(2, transport="tcp")
+    try:
+        n = (4 << 20) // 4
+        xs = [np.arange(n, dtype=np.float32) % 251 + k for k in range(2)]
+        sent = [a.broadcast(x, root=0) for x in xs]
+        await asyncio.sleep(0.3)  # both frames reach the receiver before it posts: its budget is spent
+        assert b._engine.mailbox.budget.paused == {0}
+        got = [np.full(n, -1, np.float32) for _ in range(2)]
+        await asyncio.wait_for(asyncio.gather(*sent, *(b.broadcast(g, root=0) for g in got)), 30)
+        assert all((g == x).all() for g, x in zip(got, xs, strict=True))
+        assert b._engine.mailbox.budget.paused == set() and b._engine.mailbox.budget.held.get(0, 0) == 0
+    finally:
+        await close_all(comms)
+
+
+@pytest.mark.asyncio
 async def test_drain_past_its_deadline_names_the_slow_peer():
     with mock.patch.dict(os.environ, {"AIOCCL_SEND_QUEUE": "0", "AIOCCL_UNEXPECTED_BYTES": str(1 << 20)}):
         a, b = comms = await make_comms(2, transport="tcp")

@@ -310,7 +310,7 @@ class Mailbox(NoticeHandling, PointToPointPosting):
         if e.done:
             e.deliver(p)
         else:
-            e.waiter = p
+            e.expected(p)
             self._partial.setdefault(e.peer, []).append(p)
             p.fut.add_done_callback(lambda _f: self._partial.get(e.peer, []).remove(p)
                                     if p in self._partial.get(e.peer, []) else None)

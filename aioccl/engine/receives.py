@@ -72,7 +72,7 @@ class Early:
     """A frame that arrived before its receive was posted; its bytes count against the sender's budget
     (``Budget``) until they are delivered or dropped."""
 
-    __slots__ = ("peer", "header", "buf", "done", "waiter", "pool", "budget", "rts", "order")
+    __slots__ = ("peer", "header", "buf", "done", "waiter", "pool", "budget", "rts", "order", "charged")
 
     def __init__(self, peer: int, header: Header, pool: BufferPool, budget: Budget,
                  rts: Callable[[Posted, bytes], None] | None = None) -> None:
@@ -82,6 +82,7 @@ class Early:
         self.waiter: Posted | None = None
         self.rts = rts  # a ready-to-send: handed its receive and its payload (the offer, if any) instead
         self.order = 0  # a point-to-point message's arrival number: a wildcard receive takes the earliest
+        self.charged = True  # its bytes count against the sender's budget
         budget.hold(peer, header.nbytes)
 
     def view(self) -> memoryview:
@@ -121,14 +122,26 @@ class Early:
             p.complete()
         self.free()
 
+    def expected(self, p: Posted) -> None:
+        """Its receive ``p`` is posted while the frame still arrives: its bytes are no longer unexpected, so off
+        the sender's budget now. Held until delivered, they could pause reading from the sender with the frame
+        half read, and it would never finish (two back-to-back 64 MiB broadcasts over sockets hung so)."""
+        self.waiter = p
+        self._uncharge()
+
     def free(self) -> None:
         """Its bytes are no longer needed: back to the pool, off the sender's budget."""
         self.pool.release(self.buf)
-        self.budget.release(self.peer, self.header.nbytes)
+        self._uncharge()
 
     def drop(self) -> None:
         """Its connection ended mid-frame: off the budget (the buffer is left to the collector)."""
-        self.budget.release(self.peer, self.header.nbytes)
+        self._uncharge()
+
+    def _uncharge(self) -> None:
+        if self.charged:
+            self.charged = False
+            self.budget.release(self.peer, self.header.nbytes)
 
 
 class Budget:
