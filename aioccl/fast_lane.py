@@ -111,6 +111,8 @@ class FastLane:
         core, shm = native.core, self._shm
         if core is None or (shm is None and self._view.size != 1) or (shm is not None and shm.native is None):
             return
+        if shm is not None:  # how large an op the core takes depends on whether the channel reads in place
+            self._native_max = shm_native.max_bytes(in_place=shm.readers is not None)
         placement = self._engine.placement
         counters = self._counters
         ring_bells = functools.partial(shm_native.ring_bells, shm) if shm is not None else None

@@ -55,7 +55,8 @@ KNOBS: tuple[Knob, ...] = (
          "pinned to cores of their own)"),
     Knob("AIOCCL_NATIVE", "1", "core", "0: every op takes the Python path, not the native core (A/B runs, debugging)"),
     Knob("AIOCCL_NATIVE_MAX_BYTES", str(1 << 50), "core", "the largest shared-memory collective the native core runs "
-         "(larger: the Python executor); either hands the event loop back every AIOCCL_LOOP_SLICE_US"),
+         "(the default: every size where the channel reads in place, 1 MiB where it stages every byte; larger: the "
+         "Python executor); either hands the event loop back every AIOCCL_LOOP_SLICE_US"),
     Knob("AIOCCL_BORROW_BYTES", "65536", "shm", "a collective up to this size, issued from a thread while the "
          "proxy engine idles, runs inside the call (0: always on the engine's thread)"),
     Knob("AIOCCL_SHM_CMA", "1", "shm", "0: never read a same-host peer's large message or collective buffer in place "

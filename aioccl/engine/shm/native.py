@@ -39,14 +39,17 @@ if TYPE_CHECKING:
     from .channel import ShmChannel
 
 _log = log.get("SHM")
-# every size: the core hands the loop back between slices of steps, and it runs a large op faster than the Python
-# executor (a 64 MiB all_reduce of 2 ranks reading in place: 19 against 25 ms; docs/benchmarks.md)
-DEFAULT_MAX_BYTES = 1 << 50
+# Every size where the channel reads peers' buffers in place: the core hands the loop back between slices of steps,
+# and runs a large op faster than the Python executor (64 MiB all_reduce of 2 ranks: 19 against 25 ms). Where every
+# byte is staged, up to 1 MiB (~0.3 ms): larger ones run no faster in C, and a 64 MiB all_gather ran slower
+# (27 against 16 ms; docs/benchmarks.md, "Reading in place")
+DEFAULT_MAX_BYTES, STAGED_MAX_BYTES = 1 << 50, 1 << 20
 
 
-def max_bytes(env: Any = os.environ) -> int:
-    """``AIOCCL_NATIVE_MAX_BYTES``: the largest op (bytes of its buffer) the native core runs."""
-    return env_int(env, "AIOCCL_NATIVE_MAX_BYTES", DEFAULT_MAX_BYTES, 0, 1 << 40)
+def max_bytes(env: Any = os.environ, in_place: bool = True) -> int:
+    """``AIOCCL_NATIVE_MAX_BYTES``: the largest op (bytes of its buffer) the native core runs; by default every
+    size on a channel that reads in place (``in_place``), 1 MiB on one that stages every byte."""
+    return env_int(env, "AIOCCL_NATIVE_MAX_BYTES", DEFAULT_MAX_BYTES if in_place else STAGED_MAX_BYTES, 0, 1 << 50)
 
 
 def channel(segments: list[Any], rank: int, spin_s: float, yield_cpu: bool, bells: tuple[Any, tuple[int, ...]],
