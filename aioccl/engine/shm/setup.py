@@ -33,7 +33,17 @@ from ...dtypes import ReduceOp, dtype_code
 from ...envvars import env_int
 from ...errors import CollectiveTimeout
 from ...transport.cma import PeerMemory
-from ...transport.shm.segment import NONCE, PID, SELF, SHM_DIR, LoopBell, Segment, segment_name, sweep_stale, wait_policy
+from ...transport.shm.segment import (
+    NONCE,
+    PID,
+    SELF,
+    SHM_DIR,
+    LoopBell,
+    Segment,
+    segment_name,
+    sweep_stale,
+    wait_policy,
+)
 from ...work import Work
 from ..executor import drive, execute
 from ..op import Op, Progress

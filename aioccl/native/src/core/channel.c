@@ -239,10 +239,14 @@ static const uint8_t *peer_region(ac_chan *ch, int j, int64_t buf, int64_t start
     return ch->seg[j] + ch->slot[j][half] + at;
 }
 
-/* where rank j's region lies in its own process when it lets peers read that buffer in place, else -1 */
-static int64_t peer_addr(const ac_chan *ch, int j, int64_t buf, int64_t start) {
+/* whether rank j lets peers read that buffer in place, and where the region lies in its process (*at:
+ * unsigned arithmetic, so a hostile address wraps instead of overflowing; the kernel checks the range) */
+static int peer_addr(const ac_chan *ch, int j, int64_t buf, int64_t start, uint64_t *at) {
     int64_t addr = ch->descs[j][buf == AC_IN ? 6 : 7];
-    return addr < 0 ? -1 : addr + start * (int64_t)ch->item;
+    if (addr < 0)
+        return 0;
+    *at = (uint64_t)addr + (uint64_t)start * ch->item;
+    return 1;
 }
 
 static int cma_failed(ac_chan *ch, int j, int err, size_t bytes) {
@@ -273,12 +277,12 @@ static int reduce_in_place(ac_chan *ch, const int64_t *src, int64_t nsrc, uint8_
         for (int64_t k = 0; k < nsrc; k++) {
             const int64_t *x = src + 5 * k;
             int j = (int)x[0];
-            int64_t addr = j == me ? -1 : peer_addr(ch, j, x[1], x[2]);
+            uint64_t addr;
             if (j == me) {
                 from[k] = ch->buf[x[1]] + (size_t)x[2] * item + o;
-            } else if (addr >= 0) {
+            } else if (peer_addr(ch, j, x[1], x[2], &addr)) {
                 uint8_t *to = ch->cma_buf + (size_t)k * piece;
-                int err = ac_cma_read(ch->pid[j], to, (uint64_t)addr + o, m);
+                int err = ac_cma_read(ch->pid[j], to, addr + o, m);
                 if (err)
                     return cma_failed(ch, j, err, m);
                 ch->cma_reads++;
@@ -334,14 +338,14 @@ static int do_reads(ac_chan *ch, const int64_t *p, int64_t nreads, int half) {
         uint8_t *d = ch->buf[dst[0]] + (size_t)dst[1] * item;
         if (kind == 0) {
             const uint8_t *from;
-            int64_t addr;
+            uint64_t addr;
             if (src[0] == me) {
                 from = ch->buf[src[1]] + (size_t)src[2] * item;
                 if (from == d)
                     continue;
                 memmove(d, from, bytes);
-            } else if ((addr = peer_addr(ch, (int)src[0], src[1], src[2])) >= 0) {
-                int err = ac_cma_read(ch->pid[src[0]], d, (uint64_t)addr, bytes);
+            } else if (peer_addr(ch, (int)src[0], src[1], src[2], &addr)) {
+                int err = ac_cma_read(ch->pid[src[0]], d, addr, bytes);
                 if (err)
                     return cma_failed(ch, (int)src[0], err, bytes);
                 ch->cma_reads++;
@@ -355,6 +359,7 @@ static int do_reads(ac_chan *ch, const int64_t *p, int64_t nreads, int half) {
         }
         const uint8_t *from[AC_MAX_RANKS];
         int must_spill = 0, in_place = 0;
+        uint64_t addr;
         for (int64_t k = 0; k < nsrc; k++) {
             const int64_t *x = src + 5 * k;
             if (x[0] == me) {
@@ -362,7 +367,7 @@ static int do_reads(ac_chan *ch, const int64_t *p, int64_t nreads, int half) {
                 /* my own input read after the first combine wrote the destination: reduce aside */
                 if (overlap(from[k], bytes, d, bytes) && (k >= 2 || from[k] != d))
                     must_spill = 1;
-            } else if (peer_addr(ch, (int)x[0], x[1], x[2]) >= 0) {
+            } else if (peer_addr(ch, (int)x[0], x[1], x[2], &addr)) {
                 in_place = 1;
             } else if ((from[k] = peer_region(ch, (int)x[0], x[1], x[2], x[3], x[4], half)) == NULL) {
                 return -1;
