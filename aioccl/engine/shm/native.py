@@ -12,7 +12,8 @@ and the channel carries on as for any op: parks on the doorbell, owns the deadli
 timeout, a lost peer, and resumes the native op when the step comes (``resume``). Failures are the
 same exceptions, raised by the channel.
 
-Which ops: every size, up to ``AIOCCL_NATIVE_MAX_BYTES`` (unbounded by default). A large op does not hold
+Which ops: up to ``AIOCCL_NATIVE_MAX_BYTES`` (by default every size where the channel reads peers' buffers in
+place, 1 MiB where it stages every byte: ``max_bytes``). A large op does not hold
 the event loop's thread for long: the core returns after each ``AIOCCL_LOOP_SLICE_US`` of steps (phase 3,
 waiting for nothing), and the channel resumes it once the loop has had a turn if anything waits for it
 (``turns.py``), as it does between the Python executor's steps.
