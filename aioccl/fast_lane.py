@@ -16,10 +16,11 @@ loses nothing: the next op adopts it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import ml_dtypes
@@ -48,6 +49,21 @@ class _Capture(threading.local):
     jax_ext learns which program an XLA custom call runs (then runs it from C, jax_ext/native_call.py)."""
 
     ops: list[tuple[Op[Any], Any]] | None = None
+
+    @contextlib.contextmanager
+    def learning(self) -> Iterator[list[tuple[Op[Any], Any]]]:
+        """The ops built on this thread inside the block, in a list; the lane stands aside meanwhile (the
+        core's own flag for this thread: the lane reads it in C, without looking this object up)."""
+        ops: list[tuple[Op[Any], Any]] = []
+        self.ops = ops
+        if native.core is not None:
+            native.core.set_learning(True)
+        try:
+            yield ops
+        finally:
+            self.ops = None
+            if native.core is not None:
+                native.core.set_learning(False)
 
 
 CAPTURE = _Capture()
@@ -119,7 +135,7 @@ class FastLane:
         self._lane = self._counters = core.Lane(
             shm.native if shm is not None else None, shm, self, Work, BORN_DONE_LOCK, placement, placement.thread_id,
             placement.lock, current_group, self._recorder.entries.append, ring_bells, tuple(ReduceOp),
-            np.dtype(ml_dtypes.bfloat16).num, self._native_max, counters.seq, counters.order, CAPTURE)
+            np.dtype(ml_dtypes.bfloat16).num, self._native_max, counters.seq, counters.order)
         if self._closed is not None or self._member_lost is not None:
             self._lane.enabled = False  # (a member lost while the channel was set up)
 

@@ -22,9 +22,9 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Generator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from . import async_libs, log
+from . import async_libs, log, native
 from .envvars import check_timeout
 from .errors import OpCancelled
 from .placement import Placement, lent_here
@@ -35,18 +35,51 @@ FAIRNESS_S = 0.001
 
 
 class _Turns(threading.local):
-    last = 0.0  # when this thread's awaiting task last let its loop run
+    last = 0.0  # when this thread's awaiting task last let its loop run (time.monotonic())
 
 
 _turns = _Turns()
 _running_loop = asyncio._get_running_loop  # (C; None outside a running loop: trio, or no loop)
-_clock = time.perf_counter
+_clock = time.monotonic
 
 
 def _given(value: Any) -> Generator[Any, None, Any]:
     """The awaitable of a result already there: returns it without suspending."""
     return value
     yield  # (a generator: this function's frame is the whole cost of awaiting a done op)
+
+
+class _AwaitingInPython:
+    """``await work`` of an op already done, on the Python path (``AIOCCL_NATIVE=0``); the native core's
+    ``Awaiting`` (``native/src/py/awaiting.c``) is the same rule in C, four times cheaper.
+
+    An op done inside the call (the native lanes, shared memory) on asyncio, its loop given a turn lately,
+    gives its result without a suspension (the hot path of ``await comm.all_reduce(x)``); anything else
+    is ``Work._await``'s."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        w = cast("Work[Any]", self)  # (the base of Work only)
+        if w._state >= _DONE and w._exc is None and _clock() - _turns.last <= FAIRNESS_S and \
+                _running_loop() is not None:
+            w._retrieved = True
+            return _given(w._result)
+        return w._await()
+
+
+if native.core is not None and not TYPE_CHECKING:
+    _Awaiting = native.core.Awaiting
+    _turned, _last_turn = native.core.loop_turned, native.core.last_turn
+else:
+    _Awaiting = _AwaitingInPython
+
+    def _turned() -> None:
+        """This thread's loop has a turn now (through one of our awaits)."""
+        _turns.last = _clock()
+
+    def _last_turn() -> float:
+        return _turns.last
 
 
 class _BeforeBlocking(threading.local):
@@ -62,7 +95,7 @@ BORN_DONE_LOCK = threading.Lock()  # the lock of every Work the native core make
 _log = log.get("COLL")
 
 
-class Work(Generic[T]):
+class Work(_Awaiting, Generic[T]):
     """An in-flight op; ``await work`` returns its result or raises its error.
 
     ``Work[T]`` gives a ``T``: ``Work[None]`` for ``barrier``, sends and ``close``;
@@ -272,16 +305,11 @@ class Work(Generic[T]):
                 raise TimeoutError(f"{self!r} not done after {timeout}s")
         return self.result()
 
-    def __await__(self) -> Generator[Any, None, T]:
-        # an op done inside the call (the native lanes, shared memory) on asyncio, its loop given a turn
-        # lately: the result without a suspension (the hot path of `await comm.all_reduce(x)`)
-        if self._state >= _DONE and self._exc is None and _running_loop() is not None and \
-                _clock() - _turns.last <= FAIRNESS_S:
-            self._retrieved = True
-            return _given(self._result)
-        return self._await()
+    if TYPE_CHECKING:
+        def __await__(self) -> Generator[Any, None, T]: ...  # (_Awaiting's, typed)
 
     def _await(self) -> Generator[Any, None, T]:
+        """Awaiting when the result cannot simply be given (``_Awaiting`` above asks here)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # not asyncio: trio (through the proxy-thread engine), or a clear error
@@ -291,12 +319,11 @@ class Work(Generic[T]):
         if self._state >= _DONE:
             # ops that completed inside the call (shared memory) never suspend the awaiting task;
             # give the loop a turn at least every FAIRNESS_S so other tasks are not starved
-            now = time.perf_counter()
-            if now - _turns.last > FAIRNESS_S:
-                _turns.last = now
+            if _clock() - _last_turn() > FAIRNESS_S:
+                _turned()
                 yield from asyncio.sleep(0).__await__()
         else:
-            _turns.last = time.perf_counter()
+            _turned()
             fut: asyncio.Future[None] = loop.create_future()
             me = threading.get_ident()
 
@@ -314,6 +341,10 @@ class Work(Generic[T]):
                 self._abandoned()
                 raise
         return self.result()
+
+
+if native.core is not None:
+    native.core.awaiting_setup(Work, FAIRNESS_S, _running_loop)
 
 
 def _run_callback(fn: Callable[[Work[Any]], None], w: Work[Any]) -> None:

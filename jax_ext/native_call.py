@@ -165,11 +165,8 @@ class Site:
             return
 
         def learning(comm: Communicator, a: list[Any], b: list[Any], same: bool, **params: Any) -> None:
-            CAPTURE.ops = []  # (the fast lane stands aside meanwhile: the op must be built to be seen)
-            try:
+            with CAPTURE.learning() as ops:  # (the fast lane stands aside meanwhile: the op must be built to be seen)
                 self.run(comm, a, b, same, **params)
-            finally:
-                ops, CAPTURE.ops = CAPTURE.ops, None
             self._learn(comm, pos, variant, ops, a, b, same)
 
         run = learning if (pos, variant) not in self.templates else self.run

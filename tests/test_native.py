@@ -57,6 +57,18 @@ def test_the_switch_and_a_missing_module_take_the_python_path_with_one_warning()
     assert "could not be loaded" in gone.stderr and "reinstall aioccl" in gone.stderr, gone.stderr
 
 
+@pytest.mark.parametrize("native_on", ["1", "0"])
+def test_awaiting_a_work_gives_the_same_on_either_path(native_on):
+    """A done Work's result, a failed one's error, one done later on another thread, the loop's other tasks
+    run while done Works are awaited back to back, and the awaitable driven by hand: the core's Awaiting
+    (awaiting.c) and work.py's Python one (tests/workers/awaiting.py)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AIOCCL_NATIVE": native_on}
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "awaiting.py")], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    base = "Awaiting" if native_on == "1" else "_AwaitingInPython"
+    assert f"AWAITING OK base={base}" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
+
+
 def _specials(dt: np.dtype, n: int, rng: np.random.Generator) -> np.ndarray:
     if dt.kind in "iu":
         info = np.iinfo(dt)

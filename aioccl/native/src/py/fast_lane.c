@@ -33,7 +33,7 @@ static void Lane_clear_cache(Lane *self) {
 
 /* the lane and its communicator hold each other: the cycle collector must see the lane's references */
 #define LANE_REFS(self) {&(self)->shm, &(self)->comm, &(self)->lock, &(self)->group_var, &(self)->record, &(self)->ring_bells, &(self)->name, \
-    &(self)->pending, (PyObject **)&(self)->chan, &(self)->capture}
+    &(self)->pending, (PyObject **)&(self)->chan}
 
 static int Lane_traverse(Lane *self, visitproc visit, void *arg) {
     PyObject **refs[] = LANE_REFS(self);
@@ -68,17 +68,16 @@ static void Lane_dealloc(Lane *self) {
 }
 
 /* Lane(channel, shm, comm, work_type, done_lock, home, thread_id, lock, group_var, record, ring_bells, ops,
- *      bf16_num, max_bytes, seq, order, capture) */
+ *      bf16_num, max_bytes, seq, order) */
 static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
-    PyObject *chan, *shm, *comm, *work_type, *done_lock, *home, *lock, *group_var, *record, *ring_bells, *ops,
-        *capture;
+    PyObject *chan, *shm, *comm, *work_type, *done_lock, *home, *lock, *group_var, *record, *ring_bells, *ops;
     unsigned long thread_id;
     int bf16_num;
     Py_ssize_t max_bytes;
     long long seq, order;
-    if (!PyArg_ParseTuple(args, "OOOO!OOkOOOOO!inLLO", &chan, &shm, &comm, &PyType_Type, &work_type,
+    if (!PyArg_ParseTuple(args, "OOOO!OOkOOOOO!inLL", &chan, &shm, &comm, &PyType_Type, &work_type,
                           &done_lock, &home, &thread_id, &lock, &group_var, &record, &ring_bells, &PyTuple_Type, &ops,
-                          &bf16_num, &max_bytes, &seq, &order, &capture))
+                          &bf16_num, &max_bytes, &seq, &order))
         return -1;
     if (chan != Py_None && !PyObject_TypeCheck(chan, &acpy_ChannelType)) {
         PyErr_SetString(PyExc_TypeError, "Lane: channel must be a Channel, or None for a communicator of one rank");
@@ -101,7 +100,6 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
     Py_XSETREF(self->group_var, Py_NewRef(group_var));
     Py_XSETREF(self->record, Py_NewRef(record));
     Py_XSETREF(self->ring_bells, Py_NewRef(ring_bells));
-    Py_XSETREF(self->capture, Py_NewRef(capture));
     Py_XSETREF(self->name, PyUnicode_InternFromString("all_reduce"));
     for (int k = 1; k <= AC_OP_LAST; k++)
         Py_XSETREF(self->ops[k], Py_NewRef(PyTuple_GET_ITEM(ops, k - 1)));
@@ -451,6 +449,19 @@ PyTypeObject acpy_LaneType = {
     .tp_getset = Lane_getset,
 };
 
+_Thread_local int acpy_lane_learning;
+
+static PyObject *set_learning(PyObject *Py_UNUSED(m), PyObject *on) {
+    int yes = PyObject_IsTrue(on);
+    if (yes < 0)
+        return NULL;
+    acpy_lane_learning = yes;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef set_learning_def = {"set_learning", set_learning, METH_O,
+                                       "set_learning(on): jax_ext learns on this thread what an op runs (lane.h)"};
+
 int acpy_fast_lane_ready(PyObject *m) {
     struct { PyObject **at; const char *s; } names[] = {
         {&s_queue, "queue"}, {&s_pumping, "_pumping"},
@@ -463,5 +474,10 @@ int acpy_fast_lane_ready(PyObject *m) {
             return -1;
     if (PyType_Ready(&acpy_LaneType) < 0)
         return -1;
+    PyObject *fn = PyCFunction_New(&set_learning_def, NULL);
+    if (fn == NULL || PyModule_AddObject(m, "set_learning", fn) < 0) {
+        Py_XDECREF(fn);
+        return -1;
+    }
     return PyModule_AddObjectRef(m, "Lane", (PyObject *)&acpy_LaneType);
 }

@@ -19,12 +19,15 @@ typedef struct {
 
 typedef struct acpy_calls acpy_calls; /* lane_calls.c: the calls learnt so far */
 
+/* Nonzero while jax_ext learns on this thread what an op runs (fast_lane.CAPTURE.learning()): the general
+ * way must build the op to be seen, so run() answers None (a C thread-local: looking up the Python one
+ * cost a tenth of a small op) */
+extern _Thread_local int acpy_lane_learning;
+
 typedef struct {
     PyObject_HEAD
     Channel *chan;
     PyObject *shm, *comm, *lock, *group_var, *record, *ring_bells;
-    PyObject *capture; /* fast_lane.CAPTURE: while its .ops is a list on this thread, jax_ext learns what an op
-                        * runs, and the general way must build it (run() answers None) */
     PyObject *ops[AC_OP_LAST + 1];
     PyObject *name;
     PyObject *pending; /* the op last handed to the engine, until claimed: (x, op, code, seq, order) from

@@ -92,9 +92,22 @@ PyObject *acpy_work_born_done(const acpy_work_maker *m, PyObject *name, long lon
 }
 
 int acpy_work_record(PyObject *record, PyObject *name, long long seq, PyObject *desc, double t0) {
-    PyObject *entry = Py_BuildValue("(OLOOd)", name, seq, desc, Py_None, acpy_work_monotonic() - t0);
-    PyObject *r = entry ? PyObject_CallOneArg(record, entry) : NULL;
-    Py_XDECREF(entry);
+    /* (op, seq, desc, exc, took), as FlightRecorder.add makes it; built item by item (a format string
+     * costs more than the rest of the entry) */
+    PyObject *entry = PyTuple_New(5), *s = PyLong_FromLongLong(seq), *took = PyFloat_FromDouble(acpy_work_monotonic() - t0);
+    if (entry == NULL || s == NULL || took == NULL) {
+        Py_XDECREF(entry);
+        Py_XDECREF(s);
+        Py_XDECREF(took);
+        return -1;
+    }
+    PyTuple_SET_ITEM(entry, 0, Py_NewRef(name));
+    PyTuple_SET_ITEM(entry, 1, s);
+    PyTuple_SET_ITEM(entry, 2, Py_NewRef(desc));
+    PyTuple_SET_ITEM(entry, 3, Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(entry, 4, took);
+    PyObject *r = PyObject_CallOneArg(record, entry);
+    Py_DECREF(entry);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
 }

@@ -1,0 +1,70 @@
+"""Awaiting Works, on whichever path this process took (AIOCCL_NATIVE=0: work.py's ``_AwaitingInPython``,
+else the core's ``Awaiting``, native/src/py/awaiting.c). Prints ``AWAITING OK base=<class>``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from aioccl import native
+from aioccl.errors import CommAborted
+from aioccl.work import FAIRNESS_S, Work, completed
+
+
+async def main() -> None:
+    base = Work.__mro__[1]
+    assert (base is native.core.Awaiting) if native.core is not None else base.__name__ == "_AwaitingInPython"
+
+    # a done Work gives its result, every kind of result, and counts as looked at
+    for value in (None, 7, (1, 2), [3], StopIteration("x")):
+        w = completed("all_reduce", 1, value)
+        assert (await w) is value
+        assert w._retrieved
+    # a failed one raises its own error, every time
+    w = Work("broadcast", 2)
+    w._start()
+    w._set_exception(CommAborted("boom"))
+    for _ in range(3):
+        try:
+            await w
+        except CommAborted as e:
+            assert str(e) == "boom"
+        else:
+            raise AssertionError("a failed Work gave a result")
+    # one done later, on another thread
+    w = Work("barrier", 3)
+    w._start()
+    threading.Timer(0.05, w._set_result, ("late",)).start()
+    assert await w == "late"
+
+    # awaiting done Works back to back still lets the loop's other tasks run every FAIRNESS_S or so
+    ticks: list[float] = []
+
+    async def ticker() -> None:
+        while True:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    done = completed("all_reduce", 4, 1)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 0.2:
+        await done
+    task.cancel()
+    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert len(ticks) > 0.2 / FAIRNESS_S / 4 and max(gaps) < 0.05, (len(ticks), max(gaps))
+
+    # the awaitable itself, driven by hand as a generator would be: it gives the result and nothing more
+    it = completed("all_reduce", 5, (1, 2)).__await__()
+    try:
+        it.send(None)
+    except StopIteration as e:
+        assert e.value == (1, 2)
+    else:
+        raise AssertionError("the result was not given")
+    print(f"AWAITING OK base={base.__name__}", flush=True)
+
+
+asyncio.run(main())
