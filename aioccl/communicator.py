@@ -100,13 +100,14 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         self._owns_engine = parent is None  # closing it closes the engine (passed on by shrink)
         if world:  # one listener per engine, for all its communicators
             engine.mailbox.lost_listeners.append(functools.partial(on_member_lost, engine))
+        self._gpu: Any = None  # GpuRunner, made by the first op on GPU buffers
+        self._gpu_lane: Any = None  # its native lane, once the device path runs ops (gpu/lane.py)
         box = engine.mailbox
         gone = next((w for w in view.ranks if w in box.lost and w not in box.closed_peers), None)
         if gone is not None:  # lost while this communicator was being made (its engine's bootstrap)
             self._member_lost = PeerLost(gone, f"{box.lost[gone].detail}; it was rank {view.ranks.index(gone)} of "
                                                f"communicator {view.ctx:x}, so its ops fail until comm.shrink()")
-        self._gpu: Any = None  # GpuRunner, made by the first op on GPU buffers
-        self._gpu_lane: Any = None  # its native lane, once the device path runs ops (gpu/lane.py)
+            self._lane_off()
         engine.watchdog.watch(self)
 
     # -- creation ------------------------------------------------------------

@@ -20,8 +20,7 @@
 #include "lane.h"
 #include "core/reduce.h"
 
-static PyObject *s_queue, *s_pumping, *s_broken, *s_acquire,
-    *s_release, *s_sum, *s_prod, *s_min, *s_max, *s_avg;
+static PyObject *s_acquire, *s_release, *s_sum, *s_prod, *s_min, *s_max, *s_avg;
 
 static void Lane_clear_cache(Lane *self) {
     for (int k = 0; k < CACHE; k++) {
@@ -174,19 +173,6 @@ int acpy_lane_redop(Lane *self, PyObject *op) {
     return 0;
 }
 
-/* nothing queued on the engine's side of the channel (the gate says whether every op issued has finished) */
-static int channel_idle(Lane *self) {
-    PyObject *q = PyObject_GetAttr(self->shm, s_queue);
-    if (q == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    Py_ssize_t n = PyObject_Size(q);
-    Py_DECREF(q);
-    PyErr_Clear();
-    return n == 0 && acpy_work_attr_is(self->shm, s_pumping, Py_False) && acpy_work_attr_is(self->shm, s_broken, Py_None);
-}
-
 static int lock_call(PyObject *lock, PyObject *method, PyObject *arg) {
     PyObject *r = arg ? PyObject_CallMethodOneArg(lock, method, arg) : PyObject_CallMethodNoArgs(lock, method);
     if (r == NULL)
@@ -209,7 +195,7 @@ static PyObject *record_done(Lane *self, PyArrayObject *x, PyObject *give, long 
 }
 
 static PyObject *alone(Lane *self, PyArrayObject *x, PyObject *give, Py_ssize_t count, int redop) {
-    int open = acpy_work_comm_open(self->comm, self->group_var, self->chan == NULL);
+    int open = acpy_work_no_group(self->group_var);
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
     return record_done(self, x, give, __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED), count, redop, acpy_work_monotonic());
@@ -238,7 +224,7 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     if (!ch->size || ch->active || (uint64_t)prog->words[8] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes ||
         (uint64_t)prog->words[9] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes)
         Py_RETURN_NONE;
-    int open = acpy_work_comm_open(self->comm, self->group_var, self->chan == NULL);
+    int open = acpy_work_no_group(self->group_var);
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
     long long seq;
@@ -263,8 +249,11 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
 static int go_locked(Lane *self, PyObject *prog, void *in, size_t in_len, void *out, size_t out_len, int dtype,
                      int redop, PyObject *hold_in, PyObject *hold_out, long long *seq, int64_t *order, int *rc,
                      double *t0) {
-    if (self->pending != NULL || !channel_idle(self))
+    if (self->pending != NULL)
         return 0;
+    /* The gate alone says whether the channel is free, without a look at the engine's Python state: every op
+     * the engine queues is admitted through it (engine_ops counts it until it finishes, and a held op's
+     * number is not yet next), and a broken or closing channel raised its alarm (engine/shm/order.py) */
     if (!ac_gate_claim(&self->chan->gate, order))  /* an XLA call runs, or the engine has ops: go its way */
         return 0;
     ac_chan *ch = &self->chan->ch;
@@ -464,8 +453,7 @@ static PyMethodDef set_learning_def = {"set_learning", set_learning, METH_O,
 
 int acpy_fast_lane_ready(PyObject *m) {
     struct { PyObject **at; const char *s; } names[] = {
-        {&s_queue, "queue"}, {&s_pumping, "_pumping"},
-        {&s_broken, "broken"}, {&s_acquire, "acquire"},
+        {&s_acquire, "acquire"},
         {&s_release, "release"}, {&s_sum, "sum"}, {&s_prod, "prod"}, {&s_min, "min"}, {&s_max, "max"},
         {&s_avg, "avg"},
     };

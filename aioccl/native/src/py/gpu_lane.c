@@ -304,8 +304,8 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     cu_handle ctx = NULL;
     if (ac_cuda->ctx_current(&ctx) != CU_SUCCESS || ctx != self->ctx) /* another device's, or none yet */
         Py_RETURN_NONE;
-    int open = acpy_work_comm_open(NULL, self->group_var, 0); /* (closing, shrinking, a lost rank: the owner
-                                                             * switches the lane off) */
+    int open = acpy_work_no_group(self->group_var); /* (closing, shrinking, a lost rank: the owner switches the
+                                                     * lane off) */
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *stream = PyObject_CallNoArgs(self->current_stream); /* cupy's Stream, or its handle */

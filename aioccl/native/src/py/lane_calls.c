@@ -238,7 +238,7 @@ PyObject *acpy_lane_run(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
     call_entry *e = slot_of(self, &k);
     if (!e->used || memcmp(&e->key, &k, sizeof k) != 0)
         Py_RETURN_FALSE;
-    int open = acpy_work_comm_open(self->comm, self->group_var, 0);
+    int open = acpy_work_no_group(self->group_var);
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *fresh = NULL;

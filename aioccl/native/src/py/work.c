@@ -118,25 +118,7 @@ double acpy_work_monotonic(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int acpy_work_attr_is(PyObject *obj, PyObject *name, PyObject *value) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    int same = v == value;
-    Py_DECREF(v);
-    return same;
-}
-
-int acpy_work_comm_open(PyObject *comm, PyObject *group_var, int lost_ok) {
-    static PyObject *s_member_lost, *s_closed; /* interned once (the GIL is held) */
-    if (s_closed == NULL && ((s_member_lost = PyUnicode_InternFromString("_member_lost")) == NULL ||
-                             (s_closed = PyUnicode_InternFromString("_closed")) == NULL))
-        return -1;
-    if (comm != NULL && ((!lost_ok && !acpy_work_attr_is(comm, s_member_lost, Py_None)) ||
-                         !acpy_work_attr_is(comm, s_closed, Py_None)))
-        return 0;
+int acpy_work_no_group(PyObject *group_var) {
     PyObject *group = NULL;
     if (PyContextVar_Get(group_var, Py_None, &group) < 0)
         return -1;

@@ -33,11 +33,9 @@ double acpy_work_monotonic(void);
 
 
 
-/* 1: obj.name is value (a missing attribute: 0, no error) */
-int acpy_work_attr_is(PyObject *obj, PyObject *name, PyObject *value);
-
-/* 1: communicator `comm` takes an op now (not closed, no rank lost unless `lost_ok`, no group open in the
- * context variable `group_var`; comm NULL: the group only); 0: not now, the general way says why; -1: an
- * error is set. */
-int acpy_work_comm_open(PyObject *comm, PyObject *group_var, int lost_ok);
+/* 1: no group is open in the context variable `group_var` (the call runs now, not at the group's exit); 0: one
+ * is, the general way queues the op; -1: an error is set. A closed, aborted or shrunk communicator, or one
+ * that lost a rank, is not asked here: its owner switches its lanes off (FastLane._lane_off) when that
+ * happens. */
+int acpy_work_no_group(PyObject *group_var);
 #endif
