@@ -215,7 +215,7 @@ def _carry_on(ch: ShmChannel, op: Op[np.ndarray], rc: int) -> Generator[Wait, No
             else:
                 ranks = ch.others if phase != 1 or index == 0 else op.sched.steps[index].wait
                 yield ranks, s
-            rc = nat.resume()
+            rc = nat.resume(int(ch.slice_end * 1e9))
     finally:
         if not finished:
             nat.reset()

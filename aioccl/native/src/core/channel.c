@@ -564,14 +564,16 @@ int ac_run(ac_chan *ch, const int64_t *prog, size_t prog_len, void *inp, size_t 
     return advance(ch, now + ch->spin_ns);
 }
 
-int ac_resume(ac_chan *ch) {
+int ac_resume(ac_chan *ch) { return ac_resume_until(ch, 0); }
+
+int ac_resume_until(ac_chan *ch, int64_t slice_until) {
     if (!ch->active) {
         snprintf(ch->error, sizeof ch->error, "no native op in progress on this channel");
         return AC_CORRUPT;
     }
     ch->bells = 0;
     int64_t now = now_ns();
-    ch->slice_until = now + ch->slice_ns;
+    ch->slice_until = slice_until > 0 ? slice_until : now + ch->slice_ns;
     ch->slice_from = ch->step_index;
     return advance(ch, now + ch->spin_ns);
 }

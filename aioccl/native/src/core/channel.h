@@ -137,6 +137,9 @@ int ac_run(ac_chan *ch, const int64_t *prog, size_t prog_len, void *inp, size_t 
            size_t out_len, int dtype, int redop, int64_t seq, int64_t order);
 /* Go on with the op after AC_BLOCKED (its step may still not be there: AC_BLOCKED again). */
 int ac_resume(ac_chan *ch);
+/* ac_resume within a slice that ends at slice_until (CLOCK_MONOTONIC ns), not one of its own: the caller's
+ * loop gave its turn this long, and the waits between calls spent part of it (0: a slice of its own). */
+int ac_resume_until(ac_chan *ch, int64_t slice_until);
 /* Forget the op in progress (it failed or was abandoned by the caller). */
 void ac_reset(ac_chan *ch);
 /* My step counter (the last step I published). */

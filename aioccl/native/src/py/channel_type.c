@@ -215,12 +215,19 @@ static PyObject *Channel_run(Channel *self, PyObject *const *args, Py_ssize_t na
     return outcome(self, rc);
 }
 
-static PyObject *Channel_resume(Channel *self, PyObject *Py_UNUSED(ignored)) {
+/* resume([slice_until_ns]): see ac_resume_until */
+static PyObject *Channel_resume(Channel *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long until = 0;
+    if (nargs > 1 || (nargs == 1 && (until = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "resume([slice_until_ns])");
+        return NULL;
+    }
     if (!live(self))
         return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ac_resume(&self->ch);
+    rc = ac_resume_until(&self->ch, (int64_t)until);
     Py_END_ALLOW_THREADS
     return outcome(self, rc);
 }
@@ -381,7 +388,8 @@ static PyObject *Channel_get_stats(Channel *self, void *Py_UNUSED(c)) {
 static PyMethodDef Channel_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Channel_run, METH_FASTCALL,
      "run(program, inp, out, dtype, redop, seq, order): start an op; >= 0 done (my step), < 0 a code"},
-    {"resume", (PyCFunction)Channel_resume, METH_NOARGS, "go on with a blocked op, as run"},
+    {"resume", (PyCFunction)(void (*)(void))Channel_resume, METH_FASTCALL,
+     "resume([slice_until_ns]): go on with a blocked op, as run (its slice ending then: the loop's turn)"},
     {"reset", (PyCFunction)Channel_reset, METH_NOARGS, "forget the op in progress"},
     {"close", (PyCFunction)Channel_close, METH_NOARGS, "release the segments' buffers"},
     {"claim", (PyCFunction)Channel_claim, METH_NOARGS, "the owner of an op run() left unfinished, or None; cleared"},
