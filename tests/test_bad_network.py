@@ -78,6 +78,19 @@ def _loop_until(h: Hosts, tmp: Path, n: int, procs) -> None:
     time.sleep(0.3)
 
 
+def _progress(tmp: Path, n: int, more: int, procs) -> None:
+    """Wait until each of the n ranks has finished ``more`` ops since now (the worker's ops-<rank> files):
+    after a flap, TCP resends on its backed-off timer (a second or more), so a fixed wait saw 9 ops or 12."""
+    def counts() -> list[int]:
+        return [int((tmp / f"ops-{r}").read_text() or 0) if (tmp / f"ops-{r}").exists() else 0 for r in range(n)]
+
+    start, deadline = counts(), time.monotonic() + 60
+    while any(c < s + more for c, s in zip(counts(), start, strict=True)):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            pytest.fail(f"the ranks did not get {more} ops further in 60 s after the link came back: {counts()}")
+        time.sleep(0.05)
+
+
 def test_a_link_that_flaps_for_2s_within_the_deadline(hosts3, tmp_path):
     """Host 2's link goes down for 2 s while all_reduces run (deadline 10 s, the default peer timeout):
     the op in flight waits it out, nothing fails, every result is exact."""
@@ -85,10 +98,11 @@ def test_a_link_that_flaps_for_2s_within_the_deadline(hosts3, tmp_path):
     procs = _start(hosts3, 1, "loop", env, 29643)
     try:
         _loop_until(hosts3, tmp_path, 3, procs)
+        _progress(tmp_path, 3, 5, procs)  # (ops > 10 below: 5 before the flap, 6 after it, the one across it)
         hosts3.link(2, up=False)
         time.sleep(2.0)
         hosts3.link(2, up=True)
-        time.sleep(1.0)  # well after: ops flow again
+        _progress(tmp_path, 3, 6, procs)  # ops flow again (once TCP's retransmission timer has fired)
         (tmp_path / "stop").touch()
         res = _results(procs, timeout=60)
     finally:

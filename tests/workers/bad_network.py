@@ -113,6 +113,10 @@ async def loop(comm: aioccl.Communicator) -> dict[str, object]:
         wrong += not ok
         slowest = max(slowest, time.monotonic() - start)
         ops += 1
+        done = os.path.join(os.environ["TEST_DIR"], f"ops-{comm.rank}")  # (for a test that waits for progress)
+        with open(done + ".tmp", "w") as f:
+            f.write(str(ops))
+        os.replace(done + ".tmp", done)
     return {"ops": ops, "wrong": wrong, "slowest_s": slowest}
 
 
