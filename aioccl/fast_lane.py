@@ -122,8 +122,8 @@ class FastLane:
     def _open_lane(self) -> None:
         """The native core's fast lane over the channel (which then owns the counters): ``comm.all_reduce(x)``
         of a small numpy array runs from the call to the done Work in C. A communicator of one rank has a
-        lane without a channel (its all_reduce is done in the call). The lane reads the communicator's
-        ``_closed`` and ``_member_lost`` itself, for callers that hold only the lane."""
+        lane without a channel (its all_reduce is done in the call). The communicator switches it off when it
+        closes, shrinks or loses a rank (``_lane_off``), for callers that hold only the lane."""
         core, shm = native.core, self._shm
         if core is None or (shm is None and self._view.size != 1) or (shm is not None and shm.native is None):
             return
@@ -133,7 +133,7 @@ class FastLane:
         counters = self._counters
         ring_bells = functools.partial(shm_native.ring_bells, shm) if shm is not None else None
         self._lane = self._counters = core.Lane(
-            shm.native if shm is not None else None, shm, self, Work, BORN_DONE_LOCK, placement, placement.thread_id,
+            shm.native if shm is not None else None, Work, BORN_DONE_LOCK, placement, placement.thread_id,
             placement.lock, current_group, self._recorder.entries.append, ring_bells, tuple(ReduceOp),
             np.dtype(ml_dtypes.bfloat16).num, self._native_max, counters.seq, counters.order)
         if self._closed is not None or self._member_lost is not None:

@@ -30,8 +30,9 @@ static void Lane_clear_cache(Lane *self) {
     acpy_calls_clear(self->calls);
 }
 
-/* the lane and its communicator hold each other: the cycle collector must see the lane's references */
-#define LANE_REFS(self) {&(self)->shm, &(self)->comm, &(self)->lock, &(self)->group_var, &(self)->record, &(self)->ring_bells, &(self)->name, \
+/* the lane and its communicator hold each other (through record, ring_bells): the cycle collector must see the
+ * lane's references */
+#define LANE_REFS(self) {&(self)->lock, &(self)->group_var, &(self)->record, &(self)->ring_bells, &(self)->name, \
     &(self)->pending, (PyObject **)&(self)->chan}
 
 static int Lane_traverse(Lane *self, visitproc visit, void *arg) {
@@ -66,15 +67,15 @@ static void Lane_dealloc(Lane *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Lane(channel, shm, comm, work_type, done_lock, home, thread_id, lock, group_var, record, ring_bells, ops,
+/* Lane(channel, work_type, done_lock, home, thread_id, lock, group_var, record, ring_bells, ops,
  *      bf16_num, max_bytes, seq, order) */
 static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
-    PyObject *chan, *shm, *comm, *work_type, *done_lock, *home, *lock, *group_var, *record, *ring_bells, *ops;
+    PyObject *chan, *work_type, *done_lock, *home, *lock, *group_var, *record, *ring_bells, *ops;
     unsigned long thread_id;
     int bf16_num;
     Py_ssize_t max_bytes;
     long long seq, order;
-    if (!PyArg_ParseTuple(args, "OOOO!OOkOOOOO!inLL", &chan, &shm, &comm, &PyType_Type, &work_type,
+    if (!PyArg_ParseTuple(args, "OO!OOkOOOOO!inLL", &chan, &PyType_Type, &work_type,
                           &done_lock, &home, &thread_id, &lock, &group_var, &record, &ring_bells, &PyTuple_Type, &ops,
                           &bf16_num, &max_bytes, &seq, &order))
         return -1;
@@ -93,8 +94,6 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
         return -1;
     }
     Py_XSETREF(self->chan, chan == Py_None ? NULL : (Channel *)Py_NewRef(chan));
-    Py_XSETREF(self->shm, Py_NewRef(shm));
-    Py_XSETREF(self->comm, Py_NewRef(comm));
     Py_XSETREF(self->lock, Py_NewRef(lock));
     Py_XSETREF(self->group_var, Py_NewRef(group_var));
     Py_XSETREF(self->record, Py_NewRef(record));

@@ -27,7 +27,7 @@ extern _Thread_local int acpy_lane_learning;
 typedef struct {
     PyObject_HEAD
     Channel *chan;
-    PyObject *shm, *comm, *lock, *group_var, *record, *ring_bells;
+    PyObject *lock, *group_var, *record, *ring_bells;
     PyObject *ops[AC_OP_LAST + 1];
     PyObject *name;
     PyObject *pending; /* the op last handed to the engine, until claimed: (x, op, code, seq, order) from
