@@ -8,7 +8,7 @@ same simulation ``aioccl-sim`` prints, and a test checks that the choice is
 within 10% of the best simulated algorithm over a grid of sizes and ranks.
 
 On shared memory (``Tuning.choose_shm()``) all_reduce and reduce use
-``flat`` while bytes x ranks <= ``SHM_FLAT_MAX`` and ``direct`` above; the other
+``flat`` while bytes x ranks <= ``shm_flat_max(n)`` and ``direct`` above; the other
 collectives have one same-host algorithm each, chunked by the slot size.
 
 Overrides: ``AIOCCL_ALGO`` (``ring``, ``rd``, ``tree``, ``chain``, or per
@@ -32,8 +32,17 @@ from .errors import InvalidArgument
 DEFAULT_BUFFSIZE = 4 * 1024 * 1024
 # shared memory: while (bytes x ranks) stays below this, every rank reduces the whole buffer itself
 # ("flat", one synchronisation); above, "direct" (reduce-scatter + all-gather) reads each byte once.
-# Measured crossover (docs/benchmarks.md): 256 KiB at 2 ranks, 64-256 KiB at 4.
+# Measured crossover (docs/benchmarks.md, "The flat crossover at 2 ranks"): at 4 ranks direct wins from
+# 256 KiB; at 2 ranks flat wins to 8 MiB a rank (in place at every size: a flat in-place op stages, and
+# staging a chunk that peers read from cache beats direct's process_vm_readv and its two more
+# synchronisations; out of place to 8 MiB, where direct's single copy starts to pay).
 SHM_FLAT_MAX = 512 * 1024
+SHM_FLAT_MAX_2 = 16 << 20
+
+
+def shm_flat_max(n: int) -> int:
+    """bytes x ranks up to which ``flat`` runs a same-host all_reduce or reduce of ``n`` ranks."""
+    return SHM_FLAT_MAX_2 if n == 2 else SHM_FLAT_MAX
 _ALIASES = {"tree": {"all_reduce": "rd"}, "rd": {"reduce": "tree", "broadcast": "tree"}}
 
 
@@ -127,7 +136,7 @@ class Tuning:
             return None
         algo = choices[0]
         if len(choices) > 1:
-            algo = "flat" if count * itemsize * n <= SHM_FLAT_MAX else "direct"
+            algo = "flat" if count * itemsize * n <= shm_flat_max(n) else "direct"
         for which, want in self.forced:
             if which in ("*", coll):
                 if want in choices:

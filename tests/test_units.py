@@ -148,8 +148,10 @@ def test_supported_dtypes_cover_the_contract():
 
 def test_shm_tuner_picks_by_size_and_ranks_and_obeys_overrides():
     t = Tuning.from_env({})
-    assert t.choose_shm("all_reduce", 64 << 10, 4, 2) == "flat"  # 256 KiB at 2 ranks
-    assert t.choose_shm("all_reduce", 256 << 10, 4, 2) == "direct"
+    assert t.choose_shm("all_reduce", 2 << 20, 4, 2) == "flat"  # 8 MiB at 2 ranks
+    assert t.choose_shm("all_reduce", (2 << 20) + 1, 4, 2) == "direct"
+    assert t.choose_shm("all_reduce", 32 << 10, 4, 4) == "flat"  # 128 KiB at 4 ranks
+    assert t.choose_shm("all_reduce", (32 << 10) + 1, 4, 4) == "direct"
     assert t.choose_shm("reduce", 64 << 10, 4, 4) == "direct"
     assert t.choose_shm("all_gather", 1, 4, 4) == "direct" and t.choose_shm("barrier", 0, 1, 4) == "direct"
     flat = Tuning.from_env({"AIOCCL_ALGO": "flat"})
