@@ -64,6 +64,7 @@ $(BENCH)/.installed: pyproject.toml $(NATIVE_SRC)
 
 bench: $(BENCH)/.installed
 	$(BENCH)/bin/python benchmarks/compare.py --out docs/bench
+	$(BENCH)/bin/python benchmarks/pipeline.py --out docs/bench
 
 # the real mpi4jax, from PyPI's sdist built against Debian's Open MPI, in the benchmark venv: its CPU bridge
 # only (CUDA_PATH at an empty folder: its setup.py otherwise builds the CUDA bridge wherever nvcc is found)

@@ -31,10 +31,15 @@ def test_hello_allreduce_and_debug_subsystems():
     assert "AIOCCL" not in quiet.stderr
 
 
-def test_p2p_pipeline_checks_its_results():
-    p = run_example(4, "p2p_pipeline.py", "--micro-batches", "20", "--size", "5000")
+@pytest.mark.parametrize("arrays", ["numpy", "torch"])
+def test_p2p_pipeline_trains_forward_and_backward_exactly(arrays):
+    """Each stage checks its layer's gradient against the whole network run in one process."""
+    if arrays == "torch":
+        pytest.importorskip("torch")
+    p = run_example(4, "p2p_pipeline.py", "--micro-batches", "7", "--rows", "3", "--width", "16", "--steps", "2",
+                    "--depth", "3", *(["--torch"] if arrays == "torch" else []))
     assert p.returncode == 0, p.stderr
-    assert "20 micro-batches" in p.stdout and "all results checked" in p.stdout
+    assert "2 steps of 7 micro-batches through 4 stages" in p.stdout and "gradient checked" in p.stdout
 
 
 def test_demo_small_sweep():

@@ -223,7 +223,8 @@ async def test_buffers_read_in_place_on_either_path(n, monkeypatch):
     """Every buffer offered for reading in place (``AIOCCL_SHM_CMA_MIN_BYTES=1``): the native ranks put their
     buffers' addresses in the descriptor and skip staging them, and every reader, the Python executor's
     too, copies them with process_vm_readv: every collective exact with one rank on the Python path (it
-    reads, it offers nothing), then all native; and with ``AIOCCL_SHM_CMA=0`` nobody reads in place."""
+    reads, it offers nothing, so a native broadcast root writes nothing into it), then all native (the
+    root writes part of each receiver's copy); and with ``AIOCCL_SHM_CMA=0`` nobody reads in place."""
     monkeypatch.setenv("AIOCCL_SHM_CMA_MIN_BYTES", "1")
     comms = await make_comms(n)
     try:
@@ -239,6 +240,8 @@ async def test_buffers_read_in_place_on_either_path(n, monkeypatch):
         slow._forget_plans()
         await _every_collective(comms, np.dtype(np.float64))
         assert all(c._shm.native.stats["cma_reads"] > 0 for c in comms)
+        # the broadcast's root (rank 1, in place) wrote the back of each chunk into its receivers' buffers
+        assert comms[1]._shm.native.stats["cma_writes"] > 0
         big = [np.arange(300_000, dtype=np.float32) % 13 + c.rank for c in comms]  # pieces of a reduction
         await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, big, strict=True)))
         want = (np.arange(300_000, dtype=np.float32) % 13) * n + n * (n - 1) // 2

@@ -17,6 +17,7 @@ W_SELF: int
 W_NONCE: int
 MAX_RANKS: int
 PROG_MAGIC: int
+CODE_BROADCAST: int
 FFI_API: str
 # what Channel.run returns besides a step (>= 0): the op waits, or failed, or was not the core's to run
 BLOCKED: int

@@ -96,6 +96,28 @@ static size_t prog_all_gather(int64_t *p, int n, int64_t count) {
     return k;
 }
 
+/* broadcast of `count` elements from `root`: the root stages IN, every rank fetches the root's slot into OUT
+ * (run in place: a root whose buffer is read in place writes the back of it into its receivers' buffers) */
+static size_t prog_broadcast(int64_t *p, int n, int64_t count, int root, int rank) {
+    int64_t head[AC_PROG_HEADER] = {AC_PROG_MAGIC, 1, 0, 0, AC_CODE_BROADCAST, 2, count, root, count, count};
+    memcpy(p, head, sizeof head);
+    size_t k = AC_PROG_HEADER;
+    p[k++] = rank == root;
+    if (rank == root) {
+        p[k++] = AC_IN; p[k++] = 0; p[k++] = count; p[k++] = 0;
+    }
+    p[k++] = rank != root;
+    if (rank != root)
+        p[k++] = root;
+    p[k++] = 1;
+    p[k++] = 0; p[k++] = 1;
+    p[k++] = root; p[k++] = AC_IN; p[k++] = 0; p[k++] = count; p[k++] = 0;
+    p[k++] = AC_OUT; p[k++] = 0; p[k++] = count;
+    p[k++] = 0;
+    (void)n;
+    return k;
+}
+
 typedef struct {
     world *w;
     int rank, ops, count, mismatch_at, cma;
@@ -122,23 +144,31 @@ static void *rank_main(void *arg) {
     int64_t prog[4096];
     float in[64], out[64 * AC_MAX_RANKS];
     for (int op = 0; op < job->ops; op++) {
-        int gather = op % 3 == 2;
+        int gather = op % 3 == 2, bcast = op % 3 == 1, root = op / 3 % w->n;
         int count = job->count - (op == job->mismatch_at && job->rank == 1 ? 1 : 0);
-        size_t len = gather ? prog_all_gather(prog, w->n, count) : prog_all_reduce(prog, w->n, count);
+        size_t len = gather ? prog_all_gather(prog, w->n, count)
+                     : bcast ? prog_broadcast(prog, w->n, count, root, job->rank) : prog_all_reduce(prog, w->n, count);
         prog[2] = job->cma;  /* zero_copy: peers may read my buffers where they lie */
         CHECK(ac_prog_check(prog, len, job->rank, w->n, NULL, 0) == 0);
         for (int i = 0; i < count; i++)
             in[i] = (float)(job->rank + 1 + op % 7 + i);
         for (int i = 0; i < 64 * w->n; i++)
             out[i] = -1e30f;  /* poisoned */
-        int rc = run_to_end(&ch, ac_run(&ch, prog, len, in, sizeof in, out, sizeof out, AC_DT_F32, AC_OP_SUM, op, op));
+        if (bcast && job->rank == root)
+            memcpy(out, in, sizeof in);
+        int rc = run_to_end(&ch, bcast ? ac_run(&ch, prog, len, out, sizeof in, out, sizeof in, AC_DT_F32, AC_OP_SUM,
+                                                op, op)  /* in place, as comm.broadcast(x) */
+                                       : ac_run(&ch, prog, len, in, sizeof in, out, sizeof out, AC_DT_F32, AC_OP_SUM,
+                                                op, op));
         if (op == job->mismatch_at) {  /* every rank finds it */
             CHECK(rc == AC_MISMATCH);
             continue;
         }
         CHECK(rc == AC_DONE || rc == AC_BELLS);
         for (int i = 0; i < count; i++) {
-            if (gather) {
+            if (bcast) {
+                job->failures += out[i] != (float)(root + 1 + op % 7 + i);
+            } else if (gather) {
                 for (int j = 0; j < w->n; j++)
                     job->failures += out[j * count + i] != (float)(j + 1 + op % 7 + i);
             } else {
@@ -149,8 +179,10 @@ static void *rank_main(void *arg) {
             }
         }
     }
-    if (job->cma)
-        CHECK(ch.cma_reads > 0);
+    if (job->cma)  /* every rank was a broadcast's root: it wrote into its receivers' buffers */
+        CHECK(ch.cma_reads > 0 && ch.cma_writes > 0);
+    else
+        CHECK(ch.cma_writes == 0);
     ac_chan_free(&ch);
     return NULL;
 }
@@ -172,7 +204,7 @@ static void test_protocol(void) {
         }
         free_world(&w);
         printf("protocol: %d ranks x 3000 ops exact, the mismatch found by every rank%s\n", n,
-               cma ? ", buffers read in place" : "");
+               cma ? ", buffers read in place, broadcast roots writing into their receivers" : "");
     }
 }
 
@@ -225,12 +257,15 @@ static void test_fuzz_channel(int iterations) {
             free_world(&w);
             continue;
         }
-        int gather = (int)(rnd() % 2), count = 1 + (int)(rnd() % 16);
-        size_t len = gather ? prog_all_gather(prog, n, count) : prog_all_reduce(prog, n, count);
+        /* a broadcast from rank 0, in place: as its root this rank writes into the peers' (hostile) buffers */
+        int pick = (int)(rnd() % 3), gather = pick == 1, bcast = pick == 2, count = 1 + (int)(rnd() % 16);
+        size_t len = gather ? prog_all_gather(prog, n, count)
+                     : bcast ? prog_broadcast(prog, n, count, 0, me) : prog_all_reduce(prog, n, count);
         prog[2] = (int64_t)(rnd() % 2);
         /* the peers' descriptors agree with mine (else a mismatch ends it before any data is read) but
          * point their registered buffers anywhere */
-        int64_t kind = prog[4] | prog[5] << 8 | (int64_t)AC_DT_F32 << 16 | (int64_t)(gather ? 0 : AC_OP_SUM) << 24;
+        int redop = gather || bcast ? 0 : AC_OP_SUM;
+        int64_t kind = prog[4] | prog[5] << 8 | (int64_t)AC_DT_F32 << 16 | (int64_t)redop << 24;
         for (int j = 0; j < n; j++) {
             if (j == me)
                 continue;
@@ -248,7 +283,8 @@ static void test_fuzz_channel(int iterations) {
                 d[7] = rnd() % 2 ? -1 : hostile();
             }
         }
-        int rc = ac_run(&ch, prog, len, in, sizeof in, out, sizeof out, AC_DT_F32, gather ? 0 : AC_OP_SUM, it, it);
+        int rc = bcast ? ac_run(&ch, prog, len, out, sizeof in, out, sizeof in, AC_DT_F32, redop, it, it)
+                       : ac_run(&ch, prog, len, in, sizeof in, out, sizeof out, AC_DT_F32, redop, it, it);
         CHECK(rc == AC_DONE || rc == AC_BELLS || rc == AC_BLOCKED || rc == AC_MISMATCH || rc == AC_CORRUPT ||
               rc == AC_NOT_CLEAN);
         outcomes[-rc]++;

@@ -46,7 +46,8 @@ class ChannelMemory:
         self.all_reached = me[CTR]
         self._spill: np.ndarray | None = None
         self._typed: dict[tuple[int, np.dtype[Any]], np.ndarray] = {}
-        self.stats = {"ops": 0, "spin_hits": 0, "parks": 0, "bells_rung": 0, "recheck_hits": 0, "cma_reads": 0}
+        self.stats = {"ops": 0, "spin_hits": 0, "parks": 0, "bells_rung": 0, "recheck_hits": 0, "cma_reads": 0,
+                      "cma_writes": 0}
 
     # -- the shared words -------------------------------------------------
     @property

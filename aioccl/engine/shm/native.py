@@ -30,6 +30,7 @@ import numpy as np
 
 from ... import log, native
 from ...algorithms.schedule import IN, OUT, Fetch, Schedule
+from ...algorithms.table import BY_NAME
 from ...envvars import env_int
 from ...errors import AiocclError
 from ...transport.shm.segment import layout_differs
@@ -63,6 +64,8 @@ def channel(segments: list[Any], rank: int, spin_s: float, yield_cpu: bool, bell
     if core is None:
         return None
     differs = layout_differs(core)
+    if getattr(core, "CODE_BROADCAST", None) != BY_NAME["broadcast"].code:  # its root writes into receivers
+        differs = "; ".join(filter(None, (differs, "broadcast's code differs")))
     if differs:
         _log.warning("rank %d: the native core reads another segment layout (%s): shared-memory ops take the "
                      "Python path; rebuild aioccl (pip install .)", rank, differs)

@@ -88,85 +88,6 @@ void ac_chan_free(ac_chan *ch) {
 
 void ac_reset(ac_chan *ch) { ch->active = 0; }
 
-/* -- the program -------------------------------------------------------------------------------- */
-static int bad(char *why, size_t n, const char *what, size_t at) {
-    if (why != NULL && n)
-        snprintf(why, n, "%s (word %zu)", what, at);
-    return -1;
-}
-
-int ac_prog_check(const int64_t *p, size_t len, int rank, int size, char *why, size_t why_len) {
-    if (len < AC_PROG_HEADER || p[0] != AC_PROG_MAGIC)
-        return bad(why, why_len, "not a native program", 0);
-    if (rank < 0 || rank >= size || size > AC_MAX_RANKS)
-        return bad(why, why_len, "rank out of range", 0);
-    int64_t nsteps = p[1], max_len[2] = {p[8], p[9]};
-    if (nsteps < 0 || p[3] < 0 || max_len[0] < 0 || max_len[1] < 0 || p[4] < 0 || p[4] > 255 || p[5] < 0 ||
-        p[5] > 255 || p[6] < 0)
-        return bad(why, why_len, "header field out of range", 1);
-    size_t at = AC_PROG_HEADER;
-#define NEED(k) do { if ((k) < 0 || (size_t)(k) > len || at > len - (size_t)(k)) return bad(why, why_len, "truncated", at); } while (0)
-#define REGION(b, a, z) do { if ((b) != AC_IN && (b) != AC_OUT) return bad(why, why_len, "bad buffer", at); \
-        if ((a) < 0 || (a) > (z) || (z) > max_len[(b)]) return bad(why, why_len, "region out of range", at); } while (0)
-    for (int64_t i = 0; i < nsteps; i++) {
-        NEED(1);
-        int64_t nstage = p[at++];
-        NEED(nstage >= 0 && nstage <= (1 << 20) ? nstage * 4 : -1);
-        for (int64_t k = 0; k < nstage; k++, at += 4) {
-            REGION(p[at], p[at + 1], p[at + 2]);
-            if (p[at + 3] < 0)
-                return bad(why, why_len, "negative slot", at);
-        }
-        NEED(1);
-        int64_t nwait = p[at++];
-        NEED(nwait >= 0 && nwait <= size ? nwait : -1);
-        for (int64_t k = 0; k < nwait; k++, at++)
-            if (p[at] < 0 || p[at] >= size || p[at] == rank)
-                return bad(why, why_len, "bad wait rank", at);
-        NEED(1);
-        int64_t nreads = p[at++];
-        if (nreads < 0 || nreads > (1 << 20))
-            return bad(why, why_len, "bad read count", at);
-        for (int64_t r = 0; r < nreads; r++) {
-            NEED(2);
-            int64_t kind = p[at], nsrc = p[at + 1];
-            at += 2;
-            if ((kind != 0 && kind != 1) || nsrc < 1 || nsrc > size || (kind == 0 && nsrc != 1))
-                return bad(why, why_len, "bad read", at);
-            NEED(nsrc * 5 + 3);
-            for (int64_t k = 0; k < nsrc; k++, at += 5) {
-                if (p[at] < 0 || p[at] >= size)
-                    return bad(why, why_len, "bad source rank", at);
-                if (p[at] == rank)
-                    REGION(p[at + 1], p[at + 2], p[at + 3]);
-                else if ((p[at + 1] != AC_IN && p[at + 1] != AC_OUT) || p[at + 2] < 0 || p[at + 2] > p[at + 3])
-                    return bad(why, why_len, "bad peer region", at); /* (its length: against the peer's
-                                                                         * mapping, when read) */
-                if (p[at + 4] < 0)
-                    return bad(why, why_len, "negative slot", at);
-            }
-            REGION(p[at], p[at + 1], p[at + 2]);
-            int64_t w = p[at + 2] - p[at + 1];
-            for (int64_t k = 0; k < nsrc; k++) {  /* every source is as long as the destination */
-                const int64_t *src = p + at - 5 * (nsrc - k);
-                if (src[3] - src[2] != w)
-                    return bad(why, why_len, "source and destination lengths differ", at);
-            }
-            at += 3;
-        }
-        NEED(1);
-        int64_t nscale = p[at++];
-        NEED(nscale >= 0 && nscale <= (1 << 20) ? nscale * 3 : -1);
-        for (int64_t k = 0; k < nscale; k++, at += 3)
-            REGION(p[at], p[at + 1], p[at + 2]);
-    }
-#undef NEED
-#undef REGION
-    if (at != len)
-        return bad(why, why_len, "trailing words", at);
-    return 0;
-}
-
 /* -- waiting ------------------------------------------------------------------------------------ */
 static int reached(const ac_chan *ch, const int64_t *ranks, int64_t n, int64_t s) {
     for (int64_t k = 0; k < n; k++)
@@ -324,6 +245,47 @@ static int overlap(const uint8_t *a, size_t an, const uint8_t *b, size_t bn) {
     return an && bn && a < b + bn && b < a + an;
 }
 
+/* A broadcast's root writes the back 1/size of each chunk into receiver j's output while j reads the
+ * front: two cores copy what one would. Only where the root's buffer is offered in place and is also
+ * its output (an in-place root copies nothing itself), and j's output is offered; root and receiver
+ * decide alike, from the descriptors. The back part starts at split(): the same on both sides. */
+static int root_writes(const ac_chan *ch, int j) {
+    int64_t root = ch->prog[7];
+    if (ch->prog[4] != AC_CODE_BROADCAST || root < 0 || root >= ch->size || j == root)
+        return 0;
+    const int64_t *r = ch->descs[root];
+    return r[6] >= 0 && r[6] == r[7] && ch->descs[j][7] >= 0;
+}
+
+static int64_t split(const ac_chan *ch, int64_t start, int64_t stop) {
+    return stop - (stop - start) / ch->size;
+}
+
+/* the root's part of the step's chunks (its stage regions: what its receivers fetch) */
+static int write_back_parts(ac_chan *ch, const int64_t *stage, int64_t nstage) {
+    const size_t item = ch->item;
+    for (int64_t k = 0; k < nstage; k++) {
+        const int64_t *st = stage + 4 * k;
+        int64_t from = split(ch, st[1], st[2]);
+        size_t bytes = (size_t)(st[2] - from) * item;
+        if (st[0] != AC_IN || !bytes)
+            continue;
+        for (int j = 0; j < ch->size; j++) {
+            if (!root_writes(ch, j))
+                continue;
+            uint64_t to = (uint64_t)ch->descs[j][7] + (uint64_t)from * item;
+            int err = ac_cma_write(ch->pid[j], to, ch->buf[AC_IN] + (size_t)from * item, bytes);
+            if (err) {
+                snprintf(ch->error, sizeof ch->error, "writing %zu bytes into rank %d's buffer in place "
+                         "(process %d) failed: %s", bytes, j, (int)ch->pid[j], strerror(err));
+                return -1;
+            }
+            ch->cma_writes++;
+        }
+    }
+    return 0;
+}
+
 /* a step's reads, from p (its first read) on; returns 0, or -1 (ch->error) */
 static int do_reads(ac_chan *ch, const int64_t *p, int64_t nreads, int half) {
     const int me = ch->rank;
@@ -345,6 +307,8 @@ static int do_reads(ac_chan *ch, const int64_t *p, int64_t nreads, int half) {
                     continue;
                 memmove(d, from, bytes);
             } else if (peer_addr(ch, (int)src[0], src[1], src[2], &addr)) {
+                if (root_writes(ch, me))  /* the root writes the back part */
+                    bytes = (size_t)(split(ch, src[2], src[3]) - src[2]) * item;
                 int err = ac_cma_read(ch->pid[src[0]], d, addr, bytes);
                 if (err)
                     return cma_failed(ch, (int)src[0], err, bytes);
@@ -495,6 +459,8 @@ static int advance(ac_chan *ch, int64_t until) {
             ch->zero_copy |= ch->in_off >= 0 || ch->out_off >= 0 || ch->in_addr >= 0 || ch->out_addr >= 0;
         }
         if (do_reads(ch, rd + 1, nreads, half) != 0)
+            return AC_CORRUPT;
+        if (me == ch->prog[7] && ch->prog[4] == AC_CODE_BROADCAST && write_back_parts(ch, stage, nstage) != 0)
             return AC_CORRUPT;
         /* past the reads: the step's scale regions, then the next step */
         const int64_t *q = rd + 1;

@@ -20,7 +20,11 @@
  * peer still reads). Two kinds: a registered buffer (comm.alloc: in my segment, peers map it) and, on a
  * channel whose ranks all proved they may read each other's memory (ac_chan_cma), any buffer of at
  * least cma_min bytes: its address goes in the descriptor and peers copy from it with
- * process_vm_readv (one copy where staging costs two, as Open MPI's single-copy shared memory).
+ * process_vm_readv (one copy where staging costs two, as Open MPI's single-copy shared memory). A
+ * broadcast whose root's buffer is read in place, in place on the root (it copies nothing of its own),
+ * splits each receiver's copy: the receiver reads the front of each chunk while the root writes the
+ * back straight into the receiver's buffer (process_vm_writev), where the receiver offers its address;
+ * both decide alike from the descriptors (root_writes), and the closing step waits for the root's writes.
  *
  * Everything read from a peer's memory is checked before use: a descriptor's offsets and lengths must
  * lie inside that peer's mapped segment, and a segment's slot size must fit its mapping. A corrupted
@@ -61,6 +65,10 @@ enum {
     AC_UNSUITABLE = -5,/* this op cannot run here (buffers too small for the program): nothing was sent */
     AC_BELLS = -6,      /* done, and parked peers need their doorbell (ac_chan.bells); else as AC_DONE */
 };
+
+/* the collective a program runs (its header's code, aioccl/algorithms/table.py): broadcast's root may
+ * write into its receivers' buffers (root_writes in channel.c) */
+#define AC_CODE_BROADCAST 2
 
 /* buffers of an op, by the schedule's names */
 enum { AC_IN = 0, AC_OUT = 1 };
@@ -103,7 +111,7 @@ typedef struct {
     char error[160];                /* AC_CORRUPT: what was wrong */
     uint8_t *spill;                 /* a reduction's accumulator when its destination is also an input */
     size_t spill_len;
-    uint64_t ops, spin_hits, cma_reads;
+    uint64_t ops, spin_hits, cma_reads, cma_writes;
 } ac_chan;
 
 /* Set up over mapped segments; checks each peer's slot size against its mapping. 0, or -1 with

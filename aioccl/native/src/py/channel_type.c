@@ -381,8 +381,9 @@ static PyObject *Channel_get_error(Channel *self, void *Py_UNUSED(c)) {
     return PyUnicode_FromString(self->ch.error);
 }
 static PyObject *Channel_get_stats(Channel *self, void *Py_UNUSED(c)) {
-    return Py_BuildValue("{sKsKsK}", "ops", (unsigned long long)self->ch.ops, "spin_hits",
-                         (unsigned long long)self->ch.spin_hits, "cma_reads", (unsigned long long)self->ch.cma_reads);
+    return Py_BuildValue("{sKsKsKsK}", "ops", (unsigned long long)self->ch.ops, "spin_hits",
+                         (unsigned long long)self->ch.spin_hits, "cma_reads", (unsigned long long)self->ch.cma_reads,
+                         "cma_writes", (unsigned long long)self->ch.cma_writes);
 }
 
 static PyMethodDef Channel_methods[] = {

@@ -95,6 +95,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         PyModule_AddIntConstant(m, "UNSUITABLE", AC_UNSUITABLE) < 0 ||
         PyModule_AddIntConstant(m, "BELLS", AC_BELLS) < 0 ||
         PyModule_AddIntConstant(m, "PROG_MAGIC", (long)AC_PROG_MAGIC) < 0 ||
+        PyModule_AddIntConstant(m, "CODE_BROADCAST", AC_CODE_BROADCAST) < 0 ||
         PyModule_AddIntConstant(m, "CONTROL_BYTES", AC_CONTROL_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "W_CTR", AC_W_CTR) < 0 || PyModule_AddIntConstant(m, "W_SLEEP", AC_W_SLEEP) < 0 ||
         PyModule_AddIntConstant(m, "W_GAVE_UP", AC_W_GAVE_UP) < 0 ||
