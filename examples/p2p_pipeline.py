@@ -69,6 +69,7 @@ class Stream:
 
     async def post(self, i: int) -> None:
         """Post the receive of item ``i`` into its buffer."""
+        assert self.src is not None, "a stream with nobody upstream receives nothing"
         self.recvs[i % self.depth] = self.comm.irecv(await self.buffer(i), self.src, tag=self.tag)
 
     async def receive(self, i: int, m: int) -> Any:
@@ -80,6 +81,7 @@ class Stream:
         return x
 
     def send(self, i: int, x: Any) -> None:
+        assert self.dst is not None, "a stream with nobody downstream sends nothing"
         self.sends[i % self.depth] = self.comm.isend(x, self.dst, tag=self.tag)
 
     async def flush(self) -> None:
