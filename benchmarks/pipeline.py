@@ -20,17 +20,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _side_by_side import run_workers  # noqa: E402
+
 # microbatches per size: the stream should last long enough to time, not so long that the 1 MiB runs dominate
 MICROBATCHES = {8: 2000, 64 << 10: 500, 1 << 20: 200}
 
@@ -166,18 +166,8 @@ def mpi_worker(count: int, m: int, depth: int) -> None:
 
 # -- the session ---------------------------------------------------------------------------------------
 def run_lib(lib: str, n: int, nbytes: int, m: int, depth: int) -> dict:
-    args = [str(Path(__file__).resolve()), "--worker", lib, "--sizes", str(nbytes), "--microbatches", str(m),
-            "--depth", str(depth)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOCCL_")}
-    if lib == "mpi":
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), sys.executable, *args]
-    else:
-        cmd = [sys.executable, "-m", "aioccl.run", "--nproc-per-node", str(n), "--no-prefix", "--bind-to", "core",
-               *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
-    if out.returncode != 0:
-        raise SystemExit(f"{lib} at {n} ranks, {nbytes} B failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
-    got = [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]
+    got = run_workers(lib, n, __file__, ["--sizes", str(nbytes), "--microbatches", str(m), "--depth", str(depth)],
+                      f", {nbytes} B")
     if len(got) != 1 or got[0]["wrong"]:
         raise SystemExit(f"{lib} at {n} ranks, {nbytes} B: wrong or missing result: {got}")
     return got[0]

@@ -16,18 +16,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _side_by_side import run_workers  # noqa: E402
+
 OPS = ("all_reduce", "all_reduce_out", "broadcast", "all_gather", "reduce_scatter", "reduce", "gather", "scatter",
        "all_to_all", "scan", "barrier")
 NAMES = {"all_reduce": "all_reduce (in place)", "all_reduce_out": "all_reduce(x, out=y)",
@@ -185,18 +184,7 @@ async def aioccl_worker(ops: list[str], total: int, iters: int) -> None:
 
 # -- the session ----------------------------------------------------------------------------------------
 def run_lib(lib: str, n: int, total_bytes: int, iters: int) -> list[dict]:
-    args = [str(Path(__file__).resolve()), "--worker", lib, "--bytes", str(total_bytes), "--iters", str(iters)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOCCL_")}
-    if lib == "mpi":
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), sys.executable, *args]
-    else:
-        # bound to a core each, as mpirun binds its ranks (for at most 2 ranks; it binds to sockets beyond)
-        cmd = [sys.executable, "-m", "aioccl.run", "--nproc-per-node", str(n), "--no-prefix", "--bind-to", "core",
-               *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
-    if out.returncode != 0:
-        raise SystemExit(f"{lib} at {n} ranks failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
-    return [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]
+    return run_workers(lib, n, __file__, ["--bytes", str(total_bytes), "--iters", str(iters)], "")
 
 
 def main() -> None:
