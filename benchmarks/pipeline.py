@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _side_by_side import run_workers  # noqa: E402
+from _side_by_side import report, run_workers  # noqa: E402
 
 # microbatches per size: the stream should last long enough to time, not so long that the 1 MiB runs dominate
 MICROBATCHES = {8: 2000, 64 << 10: 500, 1 << 20: 200}
@@ -217,14 +217,7 @@ def main() -> None:
         m = a.microbatches or MICROBATCHES.get(nbytes, 200)
         lines.append(f"| {fmt(nbytes)} | {m} | {med['aioccl']:.1f} | {med['mpi']:.1f} | "
                      f"{med['aioccl'] / med['mpi']:.2f}x |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "pipeline.md").write_text(text)
-        (out / "pipeline.json").write_text(json.dumps({"ranks": a.ranks, "depth": a.depth, "points": points},
-                                                      indent=1) + "\n")
+    report(lines, a.out, "pipeline", {"ranks": a.ranks, "depth": a.depth, "points": points})
 
 
 if __name__ == "__main__":

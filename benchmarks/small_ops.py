@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _side_by_side import run_workers  # noqa: E402
+from _side_by_side import report, run_workers  # noqa: E402
 
 OPS = ("all_reduce", "all_reduce_out", "broadcast", "all_gather", "reduce_scatter", "reduce", "gather", "scatter",
        "all_to_all", "scan", "barrier")
@@ -230,13 +230,7 @@ def main() -> None:
                                           and q["ranks"] == n) for lib in ("aioccl", "mpi")}
             cells.append(f"{med['aioccl']:.1f} / {med['mpi']:.1f} ({med['aioccl'] / med['mpi']:.2f}x)")
         lines.append(f"| {NAMES[op]} | {MPI_NAMES[op]} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "small_ops.md").write_text(text)
-        (out / "small_ops.json").write_text(json.dumps({"bytes": a.bytes, "points": points}, indent=1) + "\n")
+    report(lines, a.out, "small_ops", {"bytes": a.bytes, "points": points})
 
 
 if __name__ == "__main__":
