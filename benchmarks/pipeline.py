@@ -24,7 +24,9 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -57,10 +59,11 @@ def wrong(x: np.ndarray, base: np.ndarray, i: int, n: int, scratch: np.ndarray) 
     return int(np.count_nonzero(scratch != base))
 
 
-# -- aioccl --------------------------------------------------------------------------------------------
-async def aioccl_stream(comm, count: int, m: int, depth: int) -> int:
-    """One pass of ``m`` microbatches; returns the wrong elements this stage saw (the last stage checks)."""
-    r, n = comm.rank, comm.world_size
+# -- the program, once for both libraries ---------------------------------------------------------------
+def stage(r: int, n: int, count: int, m: int, depth: int, isend, irecv) -> Generator[Any, None, int]:
+    """Stage ``r``'s part of one pass of ``m`` microbatches, over ``isend(buf, peer)`` / ``irecv(buf, peer)``;
+    it yields each request it must wait for (the library's driver waits) and returns the wrong elements it
+    saw (the last stage checks). One program, so both libraries run exactly the same steps."""
     slots = [np.zeros(count, np.float32) for _ in range(depth)]
     base, scratch = pattern(count), np.empty(count, np.float32)
     sends: list = [None] * depth
@@ -69,29 +72,41 @@ async def aioccl_stream(comm, count: int, m: int, depth: int) -> int:
         for i in range(m):
             k = i % depth
             if sends[k] is not None:
-                await sends[k]
+                yield sends[k]
             make(base, i, slots[k])
-            sends[k] = comm.isend(slots[k], 1)
+            sends[k] = isend(slots[k], 1)
     else:
-        recvs = [comm.irecv(slots[k], r - 1) if k < m else None for k in range(depth)]
+        recvs = [irecv(slots[k], r - 1) if k < m else None for k in range(depth)]
         for i in range(m):
             k = i % depth
-            x = await recvs[k]
+            yield recvs[k]
+            x = slots[k]
             x += r
             if r + 1 < n:
-                sends[k] = comm.isend(x, r + 1)
+                sends[k] = isend(x, r + 1)
             else:
                 bad += wrong(x, base, i, n, scratch)
             j, nxt = (i - 1) % depth, i - 1 + depth  # the previous buffer takes microbatch i - 1 + depth
             if i >= 1 and nxt < m:
                 if sends[j] is not None:
-                    await sends[j]
+                    yield sends[j]
                     sends[j] = None
-                recvs[j] = comm.irecv(slots[j], r - 1)
+                recvs[j] = irecv(slots[j], r - 1)
     for w in sends:
         if w is not None:
-            await w
+            yield w
     return bad
+
+
+# -- aioccl --------------------------------------------------------------------------------------------
+async def aioccl_stream(comm, count: int, m: int, depth: int) -> int:
+    """One pass, each request awaited."""
+    prog = stage(comm.rank, comm.world_size, count, m, depth, comm.isend, comm.irecv)
+    try:
+        while True:
+            await next(prog)
+    except StopIteration as done:
+        return done.value
 
 
 async def aioccl_worker(count: int, m: int, depth: int) -> None:
@@ -113,50 +128,24 @@ async def aioccl_worker(count: int, m: int, depth: int) -> None:
 
 
 # -- Open MPI ------------------------------------------------------------------------------------------
-def mpi_stream(MPI, comm, count: int, m: int, depth: int) -> int:  # noqa: N803 (the module's own name)
-    r, n = comm.Get_rank(), comm.Get_size()
-    slots = [np.zeros(count, np.float32) for _ in range(depth)]
-    base, scratch = pattern(count), np.empty(count, np.float32)
-    sends: list = [None] * depth
-    bad = 0
-    if r == 0:
-        for i in range(m):
-            k = i % depth
-            if sends[k] is not None:
-                sends[k].Wait()
-            make(base, i, slots[k])
-            sends[k] = comm.Isend(slots[k], 1)
-    else:
-        recvs = [comm.Irecv(slots[k], r - 1) if k < m else None for k in range(depth)]
-        for i in range(m):
-            k = i % depth
-            recvs[k].Wait()
-            x = slots[k]
-            x += r
-            if r + 1 < n:
-                sends[k] = comm.Isend(x, r + 1)
-            else:
-                bad += wrong(x, base, i, n, scratch)
-            j, nxt = (i - 1) % depth, i - 1 + depth
-            if i >= 1 and nxt < m:
-                if sends[j] is not None:
-                    sends[j].Wait()
-                    sends[j] = None
-                recvs[j] = comm.Irecv(slots[j], r - 1)
-    for w in sends:
-        if w is not None:
-            w.Wait()
-    return bad
+def mpi_stream(comm, count: int, m: int, depth: int) -> int:
+    """One pass, one ``Wait`` per request."""
+    prog = stage(comm.Get_rank(), comm.Get_size(), count, m, depth, comm.Isend, comm.Irecv)
+    try:
+        while True:
+            next(prog).Wait()
+    except StopIteration as done:
+        return done.value
 
 
 def mpi_worker(count: int, m: int, depth: int) -> None:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    mpi_stream(MPI, comm, count, min(m, 4 * depth), depth)
+    mpi_stream(comm, count, min(m, 4 * depth), depth)
     comm.Barrier()
     t = time.perf_counter()
-    bad = mpi_stream(MPI, comm, count, m, depth)
+    bad = mpi_stream(comm, count, m, depth)
     comm.Barrier()
     per = (time.perf_counter() - t) / m
     worst, total_bad = comm.allreduce(per, op=MPI.MAX), comm.allreduce(bad, op=MPI.SUM)
