@@ -99,8 +99,8 @@ for it in range(ITERS):
     fn, kind = (reduce, "sum") if it % 2 == 0 else (gather, "gather")
     if r == 0:
         seq = comm._seq
-        signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.0005, 0.06))
-        try:
+        try:  # armed inside: a busy machine can run the handler as soon as setitimer returns
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.0005, 0.06))
             y = fn(x)
             y.block_until_ready()
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -139,8 +139,8 @@ if native_call.why_not() is None and comm._shm is not None:
         x = jnp.full(4, float(r + 1 + it))
         if r == 0:
             seq = comm._seq
-            signal.setitimer(signal.ITIMER_REAL, 0.005)
             try:
+                signal.setitimer(signal.ITIMER_REAL, 0.005)
                 small(x).block_until_ready()
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 raise AssertionError("the timer's interrupt never came")
