@@ -43,6 +43,7 @@ from .group import Group
 from .introspection import FlightRecorder
 from .lifecycle import LifecycleOps
 from .p2p import PointToPointOps
+from .p2p_lane import open_pair_lane
 from .placement import Placement
 from .planning import Planning
 from .recovery import on_member_lost
@@ -97,6 +98,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         self._shm: ShmChannel | None = engine.shm if world else None
         if self._shm is not None or view.size == 1:
             self._open_lane()
+        self._pair_lane: Any = open_pair_lane(engine, view, self._recorder.entries.append)  # (p2p_lane.py)
         self._owns_engine = parent is None  # closing it closes the engine (passed on by shrink)
         if world:  # one listener per engine, for all its communicators
             engine.mailbox.lost_listeners.append(functools.partial(on_member_lost, engine))

@@ -102,6 +102,7 @@ class FastLane:
     if TYPE_CHECKING:
         _lane: Any
         _gpu_lane: Any
+        _pair_lane: Any
         _shm: ShmChannel | None
         _engine: Engine
         _view: CommView
@@ -210,6 +211,8 @@ class FastLane:
             self._lane.enabled = False
         if self._gpu_lane is not None:
             self._gpu_lane.enabled = False
+        if self._pair_lane is not None:
+            self._pair_lane.enabled = False
 
     def _carry_on(self, x: Any, op: ReduceOp | str, handed: tuple[Any, ...],
                   timeout: float | None = None) -> Work[Any]:

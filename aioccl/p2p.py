@@ -35,6 +35,7 @@ class PointToPointOps:
     if TYPE_CHECKING:
         _view: CommView
         _engine: Engine
+        _pair_lane: Any  # (p2p_lane.py)
 
         def _peer(self, peer: int) -> int: ...
 
@@ -71,10 +72,15 @@ class PointToPointOps:
         A payload over ``AIOCCL_P2P_EAGER`` (1 MiB) goes by rendezvous: it leaves only once ``peer`` has
         posted a matching receive, so the send completes then, and its deadline counts until then.
         """
-        peer, tag = self._peer_tag(peer, tag)
-        xb = adapt(x, "x")
         t = self._op_timeout(timeout)
         self._usable()
+        lane = self._pair_lane
+        if lane is not None and stream is None:  # the native lane: done in the call, or None
+            w = lane.send(x, peer, tag)
+            if w is not None:
+                return w  # type: ignore[no-any-return]
+        peer, tag = self._peer_tag(peer, tag)
+        xb = adapt(x, "x")
         if not isinstance(xb.array, np.ndarray):
             return self._gpu_p2p("send", xb, peer, tag, _nothing, t, stream)
         if stream is not None:
@@ -95,11 +101,17 @@ class PointToPointOps:
         message that fits and that no receive posted before it takes; ``work.status`` (a ``Status``) then
         names its source and tag. From any source, a crashed rank of the communicator fails it.
         """
+        t = self._op_timeout(timeout)
+        self._usable()
+        lane, spin = self._pair_lane, True
+        if lane is not None and stream is None:  # the native lane: done in the call, or None, or False (it spun)
+            w = lane.recv(buf, peer, tag)
+            if w is not None and w is not False:
+                return w  # type: ignore[no-any-return]
+            spin = w is None
         peer, tag, wild = self._matching(peer, tag)
         bb = adapt(buf, "buf")
         need_writable(bb, "buf")
-        t = self._op_timeout(timeout)
-        self._usable()
         arr = bb.array
         if not isinstance(arr, np.ndarray):
             return self._gpu_p2p("recv", bb, peer, tag, lambda: bb.wrap(arr), t, stream)
@@ -116,7 +128,7 @@ class PointToPointOps:
             work.status = Status(peer, tag)
         return self._track(work, (arr.size, arr.dtype, None, None), start_recv_any if wild else start_recv,
                            self._engine, self._view, peer, tag, byte_view(arr), dtype_code(arr.dtype), t, work,
-                           bb.wrap(arr))
+                           bb.wrap(arr), spin)
 
     recv = irecv
 

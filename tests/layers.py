@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                  "aioccl.gpu.arrays")),
     ("engine", ("aioccl.engine", "aioccl.watchdog")),
     ("gpu", ("aioccl.gpu",)),
-    ("communicator", ("aioccl.communicator", "aioccl.collectives", "aioccl.p2p", "aioccl.lifecycle",
+    ("communicator", ("aioccl.communicator", "aioccl.collectives", "aioccl.p2p", "aioccl.p2p_lane", "aioccl.lifecycle",
                       "aioccl.tracking", "aioccl.planning", "aioccl.recovery", "aioccl.fast_lane", "aioccl.knobs",
                       "aioccl.initialization", "aioccl.lowlevel")),
     ("top", ("aioccl", "aioccl.interop", "aioccl.tools", "aioccl.run", "jax_ext")),

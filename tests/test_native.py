@@ -123,7 +123,8 @@ def test_the_core_under_address_and_undefined_behaviour_sanitizers(tmp_path):
                             "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1", f"-I{SRC / 'core'}",
                             *map(str, sorted((SRC / "core").glob("*.c"))),
                             str(ROOT / "tests" / "native" / "check_core.c"),
-                            str(ROOT / "tests" / "native" / "check_launch.c"), "-lpthread", "-lm", "-ldl",
+                            str(ROOT / "tests" / "native" / "check_launch.c"),
+                            str(ROOT / "tests" / "native" / "check_fifo.c"), "-lpthread", "-lm", "-ldl",
                             "-o", str(exe)],
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr
@@ -135,6 +136,7 @@ def test_the_core_under_address_and_undefined_behaviour_sanitizers(tmp_path):
                          env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0"})
     assert run.returncode == 0 and "native core checks passed" in run.stdout, run.stdout + run.stderr
     assert "launcher checks passed" in run.stdout, run.stdout
+    assert "fifo stream: 20000 frames" in run.stdout and "fuzz fifo: 20000 runs" in run.stdout, run.stdout
     assert "runtime error" not in run.stderr and "AddressSanitizer" not in run.stderr, run.stderr
 
 

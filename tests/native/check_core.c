@@ -8,7 +8,8 @@
  *             addresses, programs)
  *             fed random and hostile contents: every run ends in an allowed code, never outside a mapping;
  *   halves:   float16 and bfloat16 conversions round-trip every value;
- *   launch:   the GPU launcher against the stand-in driver given as argv[2] (check_launch.c).
+ *   launch:   the GPU launcher against the stand-in driver given as argv[2] (check_launch.c);
+ *   fifo:     a shared-memory pair's FIFO and its frames, streamed between threads and fuzzed (check_fifo.c).
  * Only core/ is linked: the pure-C layer builds and runs without Python's headers or library. */
 #define _GNU_SOURCE
 #include <math.h>
@@ -416,6 +417,7 @@ static void test_gate(void) {
 }
 
 void test_launcher(const char *standin); /* check_launch.c */
+void test_fifo(int iterations);         /* check_fifo.c */
 
 int main(int argc, char **argv) {
     int iterations = argc > 1 ? atoi(argv[1]) : 20000;
@@ -425,6 +427,7 @@ int main(int argc, char **argv) {
     test_fuzz_programs(iterations);
     test_gate();
     test_launcher(argc > 2 ? argv[2] : NULL);
+    test_fifo(iterations);
     printf("native core checks passed\n");
     return 0;
 }

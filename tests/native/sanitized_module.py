@@ -1,5 +1,5 @@
 """Run by tests/test_native.py under AddressSanitizer (LD_PRELOAD) with the module built with
--fsanitize=address,undefined: the CPython glue (Program, Channel, Lane) through real collectives,
+-fsanitize=address,undefined: the CPython glue (Program, Channel, Lane, PairLane) through real collectives and messages,
 jax_ext's XLA custom calls (xla_ffi.c) on two devices of this process and on a communicator of one rank,
 and the GPU lane (gpu_lane.c) against the stand-in CUDA driver (argv[2]) through tests/test_gpu_lane.py."""
 
@@ -41,6 +41,12 @@ async def main() -> None:
             got = await asyncio.gather(*(c.all_reduce(np.ones(7 + c.rank, np.float64)) for c in comms),
                                        return_exceptions=True)
             assert all(isinstance(e, aioccl.CollectiveMismatch) for e in got), got
+            a, b = comms  # point-to-point through the pair lane (pair_lane.c, core/fifo.c)
+            for k, size in enumerate((0, 5, 4000, 100_000)):
+                x, y = (np.arange(size) % 91).astype(np.int32), np.full(size, -1, np.int32)
+                await asyncio.gather(a.isend(x, 1, k), b.irecv(y, 0, k))
+                assert (y == x).all(), (size, y[:8])
+            assert a._pair_lane.stats()["sent"] >= 4 and b._pair_lane.stats()["received"] >= 1
         await close_all(comms)
 
 

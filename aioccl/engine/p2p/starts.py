@@ -159,7 +159,8 @@ def _poll(conn: TcpConnection, fut: asyncio.Future[Any], spin_s: float) -> None:
 
 
 def start_recv(eng: EngineServices, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
-               timeout: float, work: Work[Any], result: Any) -> None:
+               timeout: float, work: Work[Any], result: Any, spin: bool = True) -> None:
+    """``spin``: False when the native lane has just spun on the FIFO for it (``p2p_lane.py``)."""
     what = work.op
     if eng.aborted is not None:
         if work._start():
@@ -171,7 +172,10 @@ def start_recv(eng: EngineServices, comm: CommView, peer: int, tag: int, target:
         return None
     conn = eng.conns.get(world)
     if isinstance(conn, ShmPairConnection) and not fut.done():
-        _spin(eng, conn, fut)
+        if spin:
+            _spin(eng, conn, fut)
+        else:
+            conn.pump()  # (the lane stopped watching the FIFO: a frame published since rang no bell)
     elif isinstance(conn, TcpConnection) and not fut.done() and eng.net_spin_s and eng.placement.kind == "inline":
         _poll(conn, fut, eng.net_spin_s)
     if _settled(fut, work, result):
@@ -181,7 +185,7 @@ def start_recv(eng: EngineServices, comm: CommView, peer: int, tag: int, target:
 
 
 def start_recv_any(eng: EngineServices, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
-                   timeout: float, work: Work[Any], result: Any) -> None:
+                   timeout: float, work: Work[Any], result: Any, spin: bool = True) -> None:
     """A receive from any source (``peer`` -1) or with any tag (``tag`` -1): the earliest message that fits,
     after every receive posted before it has had its pick (``wildcards.py``)."""
     if eng.aborted is not None:

@@ -11,6 +11,7 @@
 #include "core/channel.h"
 #include "fast_lane.h"
 #include "gpu_lane.h"
+#include "pair_lane.h"
 #include "core/reduce.h"
 #ifdef AIOCCL_XLA_FFI
 #include "xla_ffi.h"
@@ -84,7 +85,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         return NULL;
     }
 #endif
-    if (acpy_awaiting_ready(m) < 0 || acpy_channel_type_ready(m) < 0 || acpy_fast_lane_ready(m) < 0 || acpy_gpu_lane_ready(m) < 0) {
+    if (acpy_awaiting_ready(m) < 0 || acpy_channel_type_ready(m) < 0 || acpy_fast_lane_ready(m) < 0 || acpy_gpu_lane_ready(m) < 0 ||
+        acpy_pair_lane_ready(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

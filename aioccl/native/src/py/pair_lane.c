@@ -1,0 +1,520 @@
+/* The point-to-point lane: comm.isend(x, peer, tag) and comm.irecv(buf, peer, tag) of a contiguous numpy
+ * array to or from a same-host peer, over the pair's byte FIFOs (core/fifo.h), from the call to the done
+ * Work in C. Its owner is aioccl/p2p_lane.py.
+ *
+ * Why: through the engine a small message costs ~20 Python calls a side (the Work, its tracking, the
+ * posting, the header, the FIFO's memoryviews, the reader's state machine, a future and its callback),
+ * some twenty microseconds where the copy costs tens of nanoseconds.
+ *
+ * The lane takes only what it can finish in the call without changing what any other path sees, and
+ * answers None (nothing done: the general way) for anything else, before a byte moves:
+ *
+ *   send: the connection is a shared-memory pair, open, with nothing queued or half written before this
+ *         frame (the engine's sends to that peer, its control frames), the frame fits the FIFO now, and
+ *         the payload is within the eager limit. It writes the frame as ShmPairConnection.send_now does
+ *         and rings the peer's bell unless the peer is watching the FIFO.
+ *   recv: nothing in the mailbox can come before this receive or take its message: no receive posted
+ *         and no message held for (peer, communicator, tag), no wildcard receive, no probe, the reader
+ *         between frames, the peer not lost. Then the first frame in the FIFO is the next message from
+ *         that peer: if it is this receive's (its tag, this communicator, its size and dtype) it is copied
+ *         straight into the buffer. A frame that is not arrives in Python (None), and a receive whose
+ *         message has not come spins for the pair's spin time, the GIL released, watching the FIFO; if
+ *         nothing comes it answers False, and the general way posts it without spinning again.
+ *
+ * Both run on the engine's thread only (the inline engine: the caller's loop), outside a group, while
+ * the communicator is usable (its owner switches `enabled` off otherwise). Everything read from the
+ * FIFOs is checked (core/fifo.c); a corrupt FIFO is left to the general way, which ends the connection. */
+#include "pair_lane.h"
+
+#include <sched.h>
+#include <stdint.h>
+#include <time.h>
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <structmember.h>
+
+#include "core/bell.h"
+#include "core/fifo.h"
+#include "work.h"
+
+#define MAX_TAG ((1LL << 62) - 1)
+#define PUBLISH_EVERY ((size_t)128 << 10) /* fifo.PUBLISH_EVERY */
+#define NOGIL_BYTES ((size_t)64 << 10)    /* copies from this size on release the GIL */
+#define STREAM_SPIN_NS 20000000LL         /* starts.MAX_STREAM_SPIN_S: a frame streaming in is waited for */
+enum { WORK_SLOT_STATUS = 17, DTYPE_CACHE = 16 };
+
+static PyObject *s_aborted, *s_closed, *s_lock, *s_locked, *s_control, *s_tx, *s_rx, *s_ctl, *s_data, *s_cap,
+    *s_paused, *s_reader, *s_done, *s_got;
+
+typedef struct {
+    PyObject_HEAD
+    acpy_work_maker wm;
+    PyObject *engine, *conns, *queued, *posted, *early, *wild, *probes, *lost;
+    PyObject *pair_type, *group_var, *record, *status_type, *dtype_code, *ranks;
+    struct { PyObject *descr; long code; } codes[DTYPE_CACHE];
+    ac_bell *bells; /* per communicator rank */
+    int fd, rank, size, yield_cpu, enabled;
+    unsigned long thread_id;
+    unsigned long long ctx;
+    Py_ssize_t eager;
+    long long spin_ns, sent, received, spun;
+} PairLane;
+
+#define PAIR_REFS(self) {&(self)->engine, &(self)->conns, &(self)->queued, &(self)->posted, &(self)->early, \
+    &(self)->wild, &(self)->probes, &(self)->lost, &(self)->pair_type, &(self)->group_var, &(self)->record, \
+    &(self)->status_type, &(self)->dtype_code, &(self)->ranks}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int PairLane_traverse(PairLane *self, visitproc visit, void *arg) {
+    PyObject **refs[] = PAIR_REFS(self);
+    for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
+        Py_VISIT(*refs[k]);
+    for (int k = 0; k < DTYPE_CACHE; k++)
+        Py_VISIT(self->codes[k].descr);
+    return acpy_work_maker_traverse(&self->wm, visit, arg);
+}
+
+static int PairLane_clear(PairLane *self) {
+    PyObject **refs[] = PAIR_REFS(self);
+    for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
+        Py_CLEAR(*refs[k]);
+    for (int k = 0; k < DTYPE_CACHE; k++)
+        Py_CLEAR(self->codes[k].descr);
+    acpy_work_maker_clear(&self->wm);
+    return 0;
+}
+
+static void PairLane_dealloc(PairLane *self) {
+    PyObject_GC_UnTrack(self);
+    PairLane_clear(self);
+    PyMem_Free(self->bells);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* PairLane(engine, conns, queued_sends, p2p_posted, p2p_early, wild_by_ctx, probes_waiting, lost, pair_type,
+ *          ctx, ranks, rank, Work, done_lock, home, thread_id, group_var, record, Status, dtype_code,
+ *          eager, spin_s, yield_cpu, bell_fd, bell_addresses) */
+static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
+    PyObject *engine, *conns, *queued, *posted, *early, *wild, *probes, *lost, *pair_type, *ranks, *work_type,
+        *done_lock, *home, *group_var, *record, *status_type, *dtype_code, *addrs;
+    unsigned long long ctx;
+    unsigned long thread_id;
+    int rank, yield_cpu, fd;
+    Py_ssize_t eager;
+    double spin_s;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "PairLane takes positional arguments only");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!O!O!OKO!iOOOkOOOOndpiO!", &engine, &PyDict_Type, &conns, &PyDict_Type,
+                          &queued, &PyDict_Type, &posted, &PyDict_Type, &early, &PyDict_Type, &wild, &PyList_Type,
+                          &probes, &PyDict_Type, &lost, &pair_type, &ctx, &PyTuple_Type, &ranks, &rank, &work_type,
+                          &done_lock, &home, &thread_id, &group_var, &record, &status_type, &dtype_code, &eager,
+                          &spin_s, &yield_cpu, &fd, &PyTuple_Type, &addrs))
+        return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(ranks);
+    if (n < 1 || rank < 0 || rank >= n || PyTuple_GET_SIZE(addrs) != n || !PyType_Check(pair_type) ||
+        !PyContextVar_CheckExact(group_var) || eager < 0 || spin_s < 0) {
+        PyErr_SetString(PyExc_ValueError, "PairLane: inconsistent ranks, bell addresses, types or limits");
+        return -1;
+    }
+    ac_bell *bells = PyMem_Calloc((size_t)n, sizeof *bells);
+    if (bells == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *a = PyTuple_GET_ITEM(addrs, j), *w = PyTuple_GET_ITEM(ranks, j);
+        if (!PyBytes_Check(a) || ac_bell_set(&bells[j], PyBytes_AS_STRING(a), (size_t)PyBytes_GET_SIZE(a)) < 0 ||
+            !PyLong_CheckExact(w)) {
+            PyMem_Free(bells);
+            PyErr_SetString(PyExc_ValueError, "PairLane: a bell address or world rank is impossible");
+            return -1;
+        }
+    }
+    if (acpy_work_maker_init(&self->wm, work_type, done_lock, home, thread_id) < 0) {
+        PyMem_Free(bells);
+        return -1;
+    }
+    PyObject *vals[] = {engine, conns, queued, posted, early, wild, probes, lost, pair_type, group_var, record,
+                        status_type, dtype_code, ranks};
+    PyObject **refs[] = PAIR_REFS(self);
+    for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
+        Py_XSETREF(*refs[k], Py_NewRef(vals[k]));
+    PyMem_Free(self->bells);
+    self->bells = bells;
+    self->fd = fd, self->rank = rank, self->size = (int)n, self->yield_cpu = yield_cpu, self->enabled = 1;
+    self->thread_id = thread_id, self->ctx = ctx, self->eager = eager;
+    self->spin_ns = (long long)(spin_s * 1e9);
+    return 0;
+}
+
+/* frames' dtype code of a descriptor (dtypes.dtype_code), cached by descriptor: 0 for none */
+static long dtype_code(PairLane *self, PyArray_Descr *d) {
+    int free_at = -1;
+    for (int k = 0; k < DTYPE_CACHE; k++) {
+        if (self->codes[k].descr == (PyObject *)d)
+            return self->codes[k].code;
+        if (self->codes[k].descr == NULL && free_at < 0)
+            free_at = k;
+    }
+    PyObject *code = PyObject_CallOneArg(self->dtype_code, (PyObject *)d);
+    if (code == NULL) { /* unsupported: the general way says so */
+        PyErr_Clear();
+        return 0;
+    }
+    long c = PyLong_AsLong(code);
+    Py_DECREF(code);
+    if (c <= 0 || c > 255) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (free_at >= 0) {
+        self->codes[free_at].descr = Py_NewRef((PyObject *)d);
+        self->codes[free_at].code = c;
+    }
+    return c;
+}
+
+/* attribute `name` of `o` is true (-1: an error) */
+static int attr_true(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* A FIFO's memory, held for one call (ByteFifo: ctl, data, cap). 1: held; 0: released or impossible. */
+typedef struct {
+    Py_buffer ctl, data;
+    ac_fifo f;
+} held;
+
+static int hold(PyObject *fifo, held *h) {
+    PyObject *ctl = PyObject_GetAttr(fifo, s_ctl), *data = PyObject_GetAttr(fifo, s_data);
+    int ok = 0;
+    if (ctl != NULL && data != NULL && PyObject_GetBuffer(ctl, &h->ctl, PyBUF_SIMPLE) == 0) {
+        if (PyObject_GetBuffer(data, &h->data, PyBUF_WRITABLE) == 0) {
+            ok = h->ctl.len >= AC_FIFO_CTRL_BYTES && h->data.len >= 64 && h->data.len % 64 == 0 &&
+                 (uintptr_t)h->ctl.buf % 8 == 0;
+            if (!ok)
+                PyBuffer_Release(&h->data);
+        }
+        if (!ok)
+            PyBuffer_Release(&h->ctl);
+    }
+    PyErr_Clear();
+    Py_XDECREF(ctl);
+    Py_XDECREF(data);
+    if (ok) {
+        h->f.ctl = h->ctl.buf;
+        h->f.data = h->data.buf;
+        h->f.cap = (uint64_t)h->data.len;
+    }
+    return ok;
+}
+
+static void unhold(held *h) {
+    PyBuffer_Release(&h->data);
+    PyBuffer_Release(&h->ctl);
+}
+
+typedef struct {
+    PyArrayObject *arr;
+    long long peer, tag;
+    PyObject *world; /* borrowed from ranks */
+    PyObject *conn;  /* borrowed from conns */
+    long code;
+    size_t nbytes;
+} call;
+
+/* the checks both ops share: 1 the lane takes the call (c filled), 0 not (the general way), -1 an error */
+static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, int writing, call *c) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "send/recv(array, peer, tag)");
+        return -1;
+    }
+    if (!self->enabled || !PyArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]) ||
+        PyThread_get_thread_ident() != self->thread_id)
+        return 0;
+    c->arr = (PyArrayObject *)args[0];
+    c->peer = PyLong_AsLongLong(args[1]);
+    c->tag = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (c->peer < 0 || c->peer >= self->size || c->peer == self->rank || c->tag < 0 || c->tag > MAX_TAG ||
+        !PyArray_IS_C_CONTIGUOUS(c->arr) || (writing && !PyArray_ISWRITEABLE(c->arr)))
+        return 0;
+    c->nbytes = (size_t)PyArray_NBYTES(c->arr);
+    if ((Py_ssize_t)c->nbytes > self->eager || !(c->code = dtype_code(self, PyArray_DESCR(c->arr))))
+        return 0;
+    int open = acpy_work_no_group(self->group_var);
+    if (open <= 0)
+        return open;
+    PyObject *aborted = PyObject_GetAttr(self->engine, s_aborted);
+    if (aborted == NULL)
+        return -1;
+    int fine = aborted == Py_None;
+    Py_DECREF(aborted);
+    if (!fine)
+        return 0;
+    c->world = PyTuple_GET_ITEM(self->ranks, c->peer);
+    c->conn = PyDict_GetItemWithError(self->conns, c->world);
+    if (c->conn == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if ((PyObject *)Py_TYPE(c->conn) != self->pair_type)
+        return 0;
+    int closed = attr_true(c->conn, s_closed);
+    return closed < 0 ? -1 : !closed;
+}
+
+/* (size, dtype, None, None): a Work's and its flight-recorder entry's description */
+static PyObject *describe(call *c) {
+    return Py_BuildValue("(nOOO)", PyArray_SIZE(c->arr), (PyObject *)PyArray_DESCR(c->arr), Py_None, Py_None);
+}
+
+static PyObject *done_work(PairLane *self, PyObject *name, call *c, PyObject *result, double t0) {
+    PyObject *desc = describe(c), *w = NULL;
+    if (name != NULL && desc != NULL) {
+        w = acpy_work_born_done(&self->wm, name, c->tag, result, desc, t0);
+        if (w != NULL && acpy_work_record(self->record, name, c->tag, desc, t0) < 0)
+            Py_CLEAR(w);
+    }
+    Py_XDECREF(desc);
+    Py_XDECREF(name);
+    return w;
+}
+
+/* send(x, peer, tag): the done Work, or None (the general way) */
+static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
+    double t0 = acpy_work_monotonic();
+    call c;
+    int took = take_call(self, args, nargs, 0, &c);
+    if (took <= 0)
+        return took < 0 ? NULL : Py_NewRef(Py_None);
+    /* nothing before this frame: no send to that peer waiting in the engine, none half written, no control */
+    PyObject *queued = PyDict_GetItemWithError(self->queued, c.world);
+    int busy = queued != NULL ? PyObject_IsTrue(queued) : PyErr_Occurred() ? -1 : 0;
+    PyObject *lock = busy == 0 ? PyObject_GetAttr(c.conn, s_lock) : NULL;
+    if (busy == 0)
+        busy = lock == NULL ? -1 : attr_true(lock, s_locked);
+    Py_XDECREF(lock);
+    if (busy == 0) {
+        PyObject *control = PyObject_GetAttr(c.conn, s_control);
+        busy = control == NULL ? -1 : PyObject_Length(control) != 0;
+        Py_XDECREF(control);
+    }
+    if (busy)
+        return busy < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *tx = PyObject_GetAttr(c.conn, s_tx);
+    if (tx == NULL)
+        return NULL;
+    held h;
+    int ok = hold(tx, &h);
+    Py_DECREF(tx);
+    if (!ok)
+        return Py_NewRef(Py_None);
+    if (ac_fifo_free(&h.f) < AC_FRAME_HEADER + c.nbytes) { /* full, or a frame longer than the FIFO */
+        unhold(&h);
+        return Py_NewRef(Py_None);
+    }
+    ac_frame fr = {.kind = AC_FRAME_P2P, .dtype = (uint8_t)c.code, .ctx = self->ctx, .seq = c.tag,
+                   .nbytes = c.nbytes};
+    uint8_t hdr[AC_FRAME_HEADER];
+    ac_frame_pack(&fr, hdr);
+    const uint8_t *payload = (const uint8_t *)PyArray_BYTES(c.arr);
+    if (c.nbytes >= NOGIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        ac_fifo_put_frame(&h.f, hdr, payload, c.nbytes, PUBLISH_EVERY);
+        Py_END_ALLOW_THREADS
+    } else {
+        ac_fifo_put_frame(&h.f, hdr, payload, c.nbytes, PUBLISH_EVERY);
+    }
+    ac_fifo_fence(); /* publish, fence, look: a peer that stopped watching reads the FIFO once more after */
+    if (!ac_fifo_flag(&h.f, AC_FIFO_WATCHING))
+        ac_bell_ring(self->fd, &self->bells[c.peer], 1, 1);
+    unhold(&h);
+    self->sent++;
+    return done_work(self, PyUnicode_FromFormat("send(peer=%lld, tag=%lld)", c.peer, c.tag), &c, Py_None, t0);
+}
+
+/* 1: the frame at the FIFO's tail is this receive's message (kind, communicator, tag, size, dtype) */
+static int mine(const PairLane *self, const call *c, const ac_frame *fr) {
+    return fr->kind == AC_FRAME_P2P && fr->ctx == self->ctx && fr->seq == c->tag && fr->nbytes == c->nbytes &&
+           (fr->dtype == c->code || !fr->nbytes) && fr->op == 0;
+}
+
+/* Watch the FIFO for this receive's frame for the pair's spin time (longer while it streams in), the GIL
+ * released; then stop watching and look once more (a frame published meanwhile rang no bell). */
+static int spin(PairLane *self, held *h, const call *c, ac_frame *fr) {
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t start = now_ns(), end = start + self->spin_ns, last = start + STREAM_SPIN_NS;
+    ac_fifo_set_flag(&h->f, AC_FIFO_WATCHING, 1);
+    for (;;) {
+        if (self->yield_cpu)
+            sched_yield();
+        st = ac_fifo_peek(&h->f, fr);
+        if (st == AC_FIFO_WHOLE || st == AC_FIFO_CORRUPT || (st == AC_FIFO_PART && !mine(self, c, fr)))
+            break;
+        int64_t t = now_ns();
+        if (t > last || (t > end && st != AC_FIFO_PART))
+            break;
+    }
+    ac_fifo_set_flag(&h->f, AC_FIFO_WATCHING, 0);
+    ac_fifo_fence();
+    st = ac_fifo_peek(&h->f, fr);
+    Py_END_ALLOW_THREADS
+    return st;
+}
+
+/* the mailbox holds nothing that comes before this receive or would take its message: 1 yes, 0 no */
+static int mailbox_clear(PairLane *self, call *c) {
+    if (PyDict_GET_SIZE(self->wild) || PyList_GET_SIZE(self->probes) || PyDict_GET_SIZE(self->lost))
+        return 0;
+    if (!PyDict_GET_SIZE(self->posted) && !PyDict_GET_SIZE(self->early))
+        return 1;
+    PyObject *key = Py_BuildValue("(OKL)", c->world, self->ctx, c->tag);
+    if (key == NULL)
+        return -1;
+    int in = PyDict_Contains(self->posted, key);
+    if (in == 0)
+        in = PyDict_Contains(self->early, key);
+    Py_DECREF(key);
+    return in < 0 ? -1 : !in;
+}
+
+/* the reader is between frames (not streaming one, no header half read): 1 yes, 0 no */
+static int reader_idle(PyObject *conn) {
+    PyObject *reader = PyObject_GetAttr(conn, s_reader);
+    if (reader == NULL)
+        return -1;
+    PyObject *done = PyObject_GetAttr(reader, s_done), *got = done ? PyObject_GetAttr(reader, s_got) : NULL;
+    Py_DECREF(reader);
+    int idle = got == NULL ? -1 : done == Py_None && PyLong_CheckExact(got) && PyLong_AsLong(got) == 0;
+    Py_XDECREF(done);
+    Py_XDECREF(got);
+    return idle;
+}
+
+/* recv(buf, peer, tag): the done Work, None (the general way), or False (the general way, without spinning:
+ * this call spun and nothing came) */
+static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
+    double t0 = acpy_work_monotonic();
+    call c;
+    int took = take_call(self, args, nargs, 1, &c);
+    if (took > 0)
+        took = mailbox_clear(self, &c);
+    if (took > 0) {
+        int paused = attr_true(c.conn, s_paused);
+        took = paused < 0 ? -1 : paused ? 0 : reader_idle(c.conn);
+    }
+    if (took <= 0)
+        return took < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *rx = PyObject_GetAttr(c.conn, s_rx);
+    if (rx == NULL)
+        return NULL;
+    held h;
+    int ok = hold(rx, &h);
+    Py_DECREF(rx);
+    if (!ok || c.nbytes > h.f.cap - AC_FRAME_HEADER) { /* (a message longer than the FIFO streams through) */
+        if (ok)
+            unhold(&h);
+        return Py_NewRef(Py_None);
+    }
+    ac_frame fr;
+    int st = ac_fifo_peek(&h.f, &fr), spun = 0;
+    if ((st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, &c, &fr))) && self->spin_ns > 0) {
+        st = spin(self, &h, &c, &fr);
+        spun = 1;
+        self->spun++;
+    }
+    if (st != AC_FIFO_WHOLE || !mine(self, &c, &fr)) {
+        unhold(&h);
+        if (spun && (st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, &c, &fr))))
+            return Py_NewRef(Py_False);
+        return Py_NewRef(Py_None); /* another message first, a corrupt FIFO, or no spinning: the general way */
+    }
+    uint8_t *dst = (uint8_t *)PyArray_BYTES(c.arr);
+    if (c.nbytes >= NOGIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        ac_fifo_take(&h.f, dst, c.nbytes);
+        Py_END_ALLOW_THREADS
+    } else {
+        ac_fifo_take(&h.f, dst, c.nbytes);
+    }
+    ac_fifo_fence(); /* freed, fence, look: a producer that waits for space wants a bell */
+    if (ac_fifo_flag(&h.f, AC_FIFO_BLOCKED))
+        ac_bell_ring(self->fd, &self->bells[c.peer], 1, 1);
+    unhold(&h);
+    self->received++;
+    PyObject *status = PyObject_CallFunction(self->status_type, "LL", c.peer, c.tag);
+    if (status == NULL)
+        return NULL;
+    PyObject *w = done_work(self, PyUnicode_FromFormat("recv(peer=%lld, tag=%lld)", c.peer, c.tag), &c,
+                            (PyObject *)c.arr, t0);
+    if (w != NULL)
+        acpy_work_set(&self->wm, w, WORK_SLOT_STATUS, status);
+    else
+        Py_DECREF(status);
+    return w;
+}
+
+static PyObject *PairLane_stats(PairLane *self, PyObject *Py_UNUSED(arg)) {
+    return Py_BuildValue("{sLsLsL}", "sent", self->sent, "received", self->received, "spun", self->spun);
+}
+
+static PyMethodDef PairLane_methods[] = {
+    {"send", (PyCFunction)(void (*)(void))PairLane_send, METH_FASTCALL,
+     "send(x, peer, tag): the done Work of an eager send over the pair's FIFO, or None (the general way)"},
+    {"recv", (PyCFunction)(void (*)(void))PairLane_recv, METH_FASTCALL,
+     "recv(buf, peer, tag): the done Work of a receive whose message is (or comes within the spin) first in the "
+     "FIFO, None (the general way), or False (the general way, without spinning again)"},
+    {"stats", (PyCFunction)PairLane_stats, METH_NOARGS, "{'sent', 'received', 'spun'}: calls finished in C"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef PairLane_members[] = {
+    {"enabled", T_INT, offsetof(PairLane, enabled), 0, "0: every call goes the general way (a closed communicator)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyTypeObject acpy_PairLaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioccl.native._core.PairLane",
+    .tp_doc = "A communicator's eager point-to-point ops over shared-memory pairs, in C (see pair_lane.c)",
+    .tp_basicsize = sizeof(PairLane),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)PairLane_init,
+    .tp_dealloc = (destructor)PairLane_dealloc,
+    .tp_traverse = (traverseproc)PairLane_traverse,
+    .tp_clear = (inquiry)PairLane_clear,
+    .tp_methods = PairLane_methods,
+    .tp_members = PairLane_members,
+};
+
+int acpy_pair_lane_ready(PyObject *m) {
+    struct { PyObject **at; const char *s; } names[] = {
+        {&s_aborted, "aborted"}, {&s_closed, "closed"}, {&s_lock, "_lock"}, {&s_locked, "_locked"},
+        {&s_control, "_control"}, {&s_tx, "tx"}, {&s_rx, "rx"}, {&s_ctl, "ctl"}, {&s_data, "data"}, {&s_cap, "cap"},
+        {&s_paused, "paused"}, {&s_reader, "reader"}, {&s_done, "_done"}, {&s_got, "_got"},
+    };
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+        if (*names[k].at == NULL && (*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
+            return -1;
+    if (PyType_Ready(&acpy_PairLaneType) < 0)
+        return -1;
+    return PyModule_AddObjectRef(m, "PairLane", (PyObject *)&acpy_PairLaneType);
+}

@@ -1,0 +1,42 @@
+"""The point-to-point lane's one owner: ``open_pair_lane`` gives a communicator its ``PairLane`` (C,
+``native/src/py/pair_lane.c``) when the engine has shared-memory pairs and the native core is loaded.
+
+``comm.isend(x, peer)`` and ``comm.irecv(buf, peer)`` of a contiguous numpy array to or from a same-host
+peer then run from the call to the done Work in C while nothing else is in their way: an eager send whose
+frame fits the FIFO with nothing queued before it, and a receive whose message is first in the FIFO (or
+comes within the pair's spin) with nothing posted or held before it. Everything else (a full FIFO, a
+rendezvous, a late message, wildcards, probes, deadlines that must run, a lost peer) is the engine's, as
+before: the lane answers None and the general way runs. It is off (``enabled``) once the communicator is
+closed, aborted, shrunk or has lost a rank (``FastLane._lane_off``), and never made with
+``AIOCCL_NATIVE=0``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import native
+from .dtypes import dtype_code
+from .engine.receives import Status
+from .group import current_group
+from .transport.shm.pair import ShmPairConnection
+from .work import BORN_DONE_LOCK, Work
+
+if TYPE_CHECKING:
+    from .engine.engine import Engine
+    from .engine.view import CommView
+
+
+def open_pair_lane(engine: Engine, view: CommView, record: Any) -> Any:
+    """The communicator's PairLane, or None: no native core, or no shared-memory pair in the engine."""
+    core, hub = native.core, engine.pair_hub
+    if core is None or hub is None:
+        return None
+    bell = hub.bell.bell
+    box = engine.mailbox
+    placement = engine.placement
+    return core.PairLane(
+        engine, engine.conns, engine.queued_sends, box.p2p_posted, box.p2p_early, box.wild.by_ctx,
+        box.probes.waiting, box.lost, ShmPairConnection, view.ctx, tuple(view.ranks), view.rank, Work,
+        BORN_DONE_LOCK, placement, placement.thread_id, current_group, record, Status, dtype_code, engine.eager,
+        hub.spin_s, hub.yield_cpu, bell.sender(), tuple(bell.address(bell.comm_id, w) for w in view.ranks))

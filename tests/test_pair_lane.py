@@ -1,0 +1,207 @@
+"""The point-to-point lane (``PairLane``, native/src/py/pair_lane.c; owner p2p_lane.py): isend and irecv of a
+numpy array over a same-host pair's FIFO, from the call to the done Work in C.
+
+Two communicators in this process over real shared-memory pairs: what the lane takes is exact for every
+dtype and size up to the eager limit; what it must not take (something posted, held or queued before it,
+a wildcard, another message first, a mismatch, input it does not check) goes the general way, so MPI's
+order and every error stay as the engine gives them. Across processes: tests/workers/pair_lane.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import aioccl
+from aioccl import ANY_SOURCE, Status, native
+from aioccl.dtypes import SUPPORTED_DTYPES
+from aioccl.errors import CollectiveMismatch, InvalidArgument
+
+from conftest import close_all, launch, make_comms
+
+pytestmark = pytest.mark.skipif(native.core is None, reason=f"the native core is not loaded: {native.status()}")
+
+
+def pair(body: Callable[[aioccl.Communicator, aioccl.Communicator], Coroutine[Any, Any, None]]) -> None:
+    async def main() -> None:
+        a, b = await make_comms(2)
+        try:
+            assert a._pair_lane is not None and b._pair_lane is not None
+            await body(a, b)
+        finally:
+            await close_all([a, b])
+
+    asyncio.run(main())
+
+
+def data(n: int, dt: Any, k: int = 0) -> np.ndarray:
+    return ((np.arange(n) + k) % 97).astype(dt)
+
+
+def poisoned(n: int, dt: Any) -> np.ndarray:
+    return np.full(n, 113, dt)
+
+
+def counts(c: aioccl.Communicator) -> tuple[int, int]:
+    s = c._pair_lane.stats()
+    return s["sent"], s["received"]
+
+
+@pytest.mark.parametrize("dt", [*SUPPORTED_DTYPES, np.dtype(ml_dtypes.bfloat16)], ids=str)
+def test_every_dtype_and_size_done_in_the_call_and_exact(dt: Any) -> None:
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        for k, n in enumerate((0, 1, 7, 1000, (80 << 10) // np.dtype(dt).itemsize + 3)):  # (the last: GIL released)
+            x, y = data(n, dt, k), poisoned(n, dt)
+            before = counts(a)[0], counts(b)[1]
+            w = a.isend(x, 1, tag=100 + k)
+            r = b.irecv(y, 0, tag=100 + k)
+            assert w.done() and r.done(), (n, w, r)  # born done in C: no loop turn needed
+            assert (counts(a)[0], counts(b)[1]) == (before[0] + 1, before[1] + 1)
+            assert await w is None and (await r) is y
+            assert r.status == Status(0, 100 + k) and w.op == f"send(peer=1, tag={100 + k})"
+            assert r.op == f"recv(peer=0, tag={100 + k})"
+            assert np.array_equal(y.view(np.uint8), x.view(np.uint8)), (n, y[:8], x[:8])
+        assert any("send(peer=1, tag=104)" in line for line in a.recent()), a.recent()
+        assert any("recv(peer=0, tag=104)" in line for line in b.recent()), b.recent()
+
+    pair(body)
+
+
+def test_a_receive_posted_first_takes_the_first_message() -> None:
+    """The lane never takes a message that an earlier receive, posted in the engine, is owed (same key)."""
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        y1, y2 = poisoned(4, np.int32), poisoned(4, np.int32)
+        r1 = b.irecv(y1, 0, 5)  # nothing there: the engine posts it
+        assert not r1.done()
+        s1, s2 = a.isend(data(4, np.int32, 1), 1, 5), a.isend(data(4, np.int32, 2), 1, 5)
+        taken = counts(b)[1]
+        r2 = b.irecv(y2, 0, 5)
+        assert counts(b)[1] == taken  # the lane stood aside
+        await asyncio.gather(s1, s2, r1, r2)
+        assert (y1 == data(4, np.int32, 1)).all() and (y2 == data(4, np.int32, 2)).all(), (y1, y2)
+
+    pair(body)
+
+
+def test_a_wildcard_posted_first_takes_the_first_message() -> None:
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        yw, y = poisoned(3, np.float64), poisoned(3, np.float64)
+        rw = b.irecv(yw, ANY_SOURCE, 7)
+        await asyncio.gather(a.isend(data(3, np.float64, 1), 1, 7), a.isend(data(3, np.float64, 2), 1, 7))
+        r = b.irecv(y, 0, 7)
+        await asyncio.gather(rw, r)
+        assert (yw == data(3, np.float64, 1)).all() and (y == data(3, np.float64, 2)).all(), (yw, y)
+        assert rw.status == Status(0, 7)
+
+    pair(body)
+
+
+def test_a_message_held_before_comes_first_then_the_lane_takes_the_next() -> None:
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        await a.isend(data(5, np.int64, 1), 1, 4)
+        for _ in range(50):  # the bell: the engine reads it into the mailbox (held for its receive)
+            await asyncio.sleep(0.002)
+            if b._engine.mailbox.p2p_early:
+                break
+        assert b._engine.mailbox.p2p_early
+        await a.isend(data(5, np.int64, 2), 1, 4)  # (still in the FIFO, behind the held one)
+        y1, y2 = poisoned(5, np.int64), poisoned(5, np.int64)
+        taken = counts(b)[1]
+        await b.irecv(y1, 0, 4)
+        await b.irecv(y2, 0, 4)
+        assert (y1 == data(5, np.int64, 1)).all() and (y2 == data(5, np.int64, 2)).all(), (y1, y2)
+        assert counts(b)[1] <= taken + 1
+
+    pair(body)
+
+
+def test_another_tag_first_in_the_fifo_goes_the_general_way() -> None:
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        await a.isend(data(2, np.uint8, 1), 1, 1)
+        await a.isend(data(2, np.uint8, 2), 1, 2)
+        y2, y1 = poisoned(2, np.uint8), poisoned(2, np.uint8)
+        await b.irecv(y2, 0, 2)  # tag 1 is first in the FIFO: the engine reads both, tag 1 is held
+        await b.irecv(y1, 0, 1)
+        assert (y1 == data(2, np.uint8, 1)).all() and (y2 == data(2, np.uint8, 2)).all(), (y1, y2)
+
+    pair(body)
+
+
+def test_a_send_behind_a_rendezvous_waits_its_turn() -> None:
+    """A send queued in the engine (here a rendezvous over the eager limit) keeps later sends behind it."""
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        big = data((a._engine.eager >> 2) + 5, np.float32, 1)
+        small = data(6, np.float32, 2)
+        sent = counts(a)[0]
+        s1, s2 = a.isend(big, 1, 9), a.isend(small, 1, 9)
+        assert counts(a)[0] == sent and not s2.done()
+        y1, y2 = poisoned(big.size, np.float32), poisoned(6, np.float32)
+        await asyncio.gather(s1, s2, b.irecv(y1, 0, 9), b.irecv(y2, 0, 9))
+        assert (y1 == big).all() and (y2 == small).all()
+        await asyncio.gather(a.isend(small, 1, 9), b.irecv(y2, 0, 9))  # and the lane again once it is through
+        assert counts(a)[0] == sent + 1
+
+    pair(body)
+
+
+def test_a_mismatch_fails_the_receive_and_the_pair_goes_on() -> None:
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        await a.isend(data(5, np.int32), 1, 3)
+        with pytest.raises(CollectiveMismatch, match="recv"):
+            await b.irecv(poisoned(6, np.int32), 0, 3)
+        with pytest.raises(CollectiveMismatch):
+            await asyncio.gather(a.isend(data(4, np.float32), 1, 3), b.irecv(poisoned(4, np.int32), 0, 3))
+        y = poisoned(5, np.int32)
+        await asyncio.gather(a.isend(data(5, np.int32, 3), 1, 3), b.irecv(y, 0, 3))
+        assert (y == data(5, np.int32, 3)).all()
+
+    pair(body)
+
+
+def test_bad_input_raises_before_a_byte_moves_and_other_arrays_go_the_general_way() -> None:
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        x = data(8, np.int32)
+        sent = counts(a)
+        for peer, tag in ((2, 0), (-1, 0), (1, -3), (1, 1 << 62), (True, 0)):
+            with pytest.raises(InvalidArgument):
+                a.isend(x, peer, tag)
+        with pytest.raises(InvalidArgument):
+            b.irecv(np.zeros(4, np.int32), 0, 1 << 62)
+        ro = np.zeros(8, np.int32)
+        ro.setflags(write=False)
+        for bad in (lambda: b.irecv(ro, 0, 0), lambda: b.irecv(np.zeros(16, np.int32)[::2], 0, 0),
+                    lambda: a.isend(data(16, np.int32)[::2], 1, 0)):
+            with pytest.raises(InvalidArgument):
+                bad()
+        assert counts(a) == sent and b._engine.mailbox.p2p_posted == {}
+
+        class Sub(np.ndarray):
+            pass
+
+        y = poisoned(8, np.int32)
+        await asyncio.gather(a.isend(data(8, np.int32, 4).view(Sub), 1, 0), b.irecv(y.view(Sub), 0, 0))
+        assert counts(a) == sent and (y == data(8, np.int32, 4)).all()  # a subclass: the general way
+        await a.close()
+        with pytest.raises(aioccl.AiocclError):
+            a.isend(x, 1, 0)
+        assert not a._pair_lane.enabled
+
+    pair(body)
+
+
+@pytest.mark.parametrize("ring", ["4096", "65536"])
+def test_streams_between_processes_exact_with_frames_round_the_fifo(ring: str) -> None:
+    """Real processes, a small FIFO (frames wrap round its end, some stream through it in Python), every
+    size from 0 to past the FIFO, both directions at once: every message exact, in order, most through the lane."""
+    r = launch(2, "pair_lane.py", env={"AIOCCL_SHM_RING": ring}, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    oks = [line for line in r.stdout.splitlines() if "PAIRLANE OK" in line]
+    assert len(oks) == 2, r.stdout[-2000:]
+    for line in oks:
+        sent, received = map(int, line.split("PAIRLANE OK", 1)[1].split())
+        assert sent > 100 and received > 50, line
