@@ -72,13 +72,13 @@ class PointToPointOps:
         A payload over ``AIOCCL_P2P_EAGER`` (1 MiB) goes by rendezvous: it leaves only once ``peer`` has
         posted a matching receive, so the send completes then, and its deadline counts until then.
         """
-        t = self._op_timeout(timeout)
-        self._usable()
         lane = self._pair_lane
-        if lane is not None and stream is None:  # the native lane: done in the call, or None
-            w = lane.send(x, peer, tag)
+        if lane is not None and timeout is None and stream is None:  # the native lane: done in the call, or None
+            w = lane.send(x, peer, tag)  # (off once the communicator is not usable: _lane_off)
             if w is not None:
                 return w  # type: ignore[no-any-return]
+        t = self._op_timeout(timeout)
+        self._usable()
         peer, tag = self._peer_tag(peer, tag)
         xb = adapt(x, "x")
         if not isinstance(xb.array, np.ndarray):
@@ -101,14 +101,14 @@ class PointToPointOps:
         message that fits and that no receive posted before it takes; ``work.status`` (a ``Status``) then
         names its source and tag. From any source, a crashed rank of the communicator fails it.
         """
-        t = self._op_timeout(timeout)
-        self._usable()
         lane, spin = self._pair_lane, True
-        if lane is not None and stream is None:  # the native lane: done in the call, or None, or False (it spun)
-            w = lane.recv(buf, peer, tag)
+        if lane is not None and timeout is None and stream is None:  # the native lane: done in the call, None,
+            w = lane.recv(buf, peer, tag)  # or False (it spun: the general way need not spin again)
             if w is not None and w is not False:
                 return w  # type: ignore[no-any-return]
             spin = w is None
+        t = self._op_timeout(timeout)
+        self._usable()
         peer, tag, wild = self._matching(peer, tag)
         bb = adapt(buf, "buf")
         need_writable(bb, "buf")

@@ -46,7 +46,7 @@
 enum { WORK_SLOT_STATUS = 17, DTYPE_CACHE = 16 };
 
 static PyObject *s_aborted, *s_closed, *s_lock, *s_locked, *s_control, *s_tx, *s_rx, *s_ctl, *s_data, *s_cap,
-    *s_paused, *s_reader, *s_done, *s_got;
+    *s_paused, *s_reader, *s_done, *s_got, *s_done_flag, *s_rts, *s_header, *s_view, *s_popleft, *s_free;
 
 typedef struct {
     PyObject_HEAD
@@ -109,10 +109,8 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
     int rank, yield_cpu, fd;
     Py_ssize_t eager;
     double spin_s;
-    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
-        PyErr_SetString(PyExc_TypeError, "PairLane takes positional arguments only");
-        return -1;
-    }
+    if (kwds != NULL && PyDict_GET_SIZE(kwds))
+        return PyErr_SetString(PyExc_TypeError, "PairLane takes positional arguments only"), -1;
     if (!PyArg_ParseTuple(args, "OO!O!O!O!O!O!O!OKO!iOOOkOOOOndpiO!", &engine, &PyDict_Type, &conns, &PyDict_Type,
                           &queued, &PyDict_Type, &posted, &PyDict_Type, &early, &PyDict_Type, &wild, &PyList_Type,
                           &probes, &PyDict_Type, &lost, &pair_type, &ctx, &PyTuple_Type, &ranks, &rank, &work_type,
@@ -126,10 +124,8 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     ac_bell *bells = PyMem_Calloc((size_t)n, sizeof *bells);
-    if (bells == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    if (bells == NULL)
+        return PyErr_NoMemory(), -1;
     for (Py_ssize_t j = 0; j < n; j++) {
         PyObject *a = PyTuple_GET_ITEM(addrs, j), *w = PyTuple_GET_ITEM(ranks, j);
         if (!PyBytes_Check(a) || ac_bell_set(&bells[j], PyBytes_AS_STRING(a), (size_t)PyBytes_GET_SIZE(a)) < 0 ||
@@ -166,16 +162,10 @@ static long dtype_code(PairLane *self, PyArray_Descr *d) {
             free_at = k;
     }
     PyObject *code = PyObject_CallOneArg(self->dtype_code, (PyObject *)d);
-    if (code == NULL) { /* unsupported: the general way says so */
-        PyErr_Clear();
-        return 0;
-    }
-    long c = PyLong_AsLong(code);
-    Py_DECREF(code);
-    if (c <= 0 || c > 255) {
-        PyErr_Clear();
-        return 0;
-    }
+    long c = code != NULL ? PyLong_AsLong(code) : 0; /* NULL: unsupported (the general way says so) */
+    Py_XDECREF(code);
+    if (c <= 0 || c > 255)
+        return PyErr_Clear(), 0;
     if (free_at >= 0) {
         self->codes[free_at].descr = Py_NewRef((PyObject *)d);
         self->codes[free_at].code = c;
@@ -249,10 +239,8 @@ static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
     c->arr = (PyArrayObject *)args[0];
     c->peer = PyLong_AsLongLong(args[1]);
     c->tag = PyLong_AsLongLong(args[2]);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
+    if (PyErr_Occurred())
+        return PyErr_Clear(), 0;
     if (c->peer < 0 || c->peer >= self->size || c->peer == self->rank || c->tag < 0 || c->tag > MAX_TAG ||
         !PyArray_IS_C_CONTIGUOUS(c->arr) || (writing && !PyArray_ISWRITEABLE(c->arr)))
         return 0;
@@ -379,20 +367,29 @@ static int spin(PairLane *self, held *h, const call *c, ac_frame *fr) {
     return st;
 }
 
-/* the mailbox holds nothing that comes before this receive or would take its message: 1 yes, 0 no */
-static int mailbox_clear(PairLane *self, call *c) {
-    if (PyDict_GET_SIZE(self->wild) || PyList_GET_SIZE(self->probes) || PyDict_GET_SIZE(self->lost))
+/* What in the mailbox comes before this receive: 1 nothing (its message is the first from that peer in the
+ * FIFO), 2 a message held for it (*held: the first of (peer, communicator, tag), borrowed), 0 something the
+ * general way must sort out (a receive posted before it, a wildcard, a probe, a lost peer), -1 an error */
+static int mailbox_ahead(PairLane *self, call *c, PyObject **held) {
+    if (PyDict_GET_SIZE(self->wild) || PyList_GET_SIZE(self->probes))
         return 0;
     if (!PyDict_GET_SIZE(self->posted) && !PyDict_GET_SIZE(self->early))
-        return 1;
+        return PyDict_GET_SIZE(self->lost) ? 0 : 1;
     PyObject *key = Py_BuildValue("(OKL)", c->world, self->ctx, c->tag);
     if (key == NULL)
         return -1;
     int in = PyDict_Contains(self->posted, key);
-    if (in == 0)
-        in = PyDict_Contains(self->early, key);
+    PyObject *queue = in == 0 ? PyDict_GetItemWithError(self->early, key) : NULL;
     Py_DECREF(key);
-    return in < 0 ? -1 : !in;
+    if (in != 0 || (queue == NULL && PyErr_Occurred()))
+        return in < 0 || PyErr_Occurred() ? -1 : 0;
+    if (queue == NULL)
+        return PyDict_GET_SIZE(self->lost) ? 0 : 1;
+    Py_ssize_t n = PyObject_Length(queue);
+    if (n <= 0)
+        return n < 0 ? -1 : 0;
+    *held = PySequence_GetItem(queue, 0); /* (a new reference: the caller drops it) */
+    return *held == NULL ? -1 : 2;
 }
 
 /* the reader is between frames (not streaming one, no header half read): 1 yes, 0 no */
@@ -408,14 +405,99 @@ static int reader_idle(PyObject *conn) {
     return idle;
 }
 
+/* a receive's done Work: it gives the buffer back and says whose message it got */
+static PyObject *recv_work(PairLane *self, call *c, double t0) {
+    PyObject *status = PyObject_CallFunction(self->status_type, "LL", c->peer, c->tag);
+    if (status == NULL)
+        return NULL;
+    PyObject *w = done_work(self, PyUnicode_FromFormat("recv(peer=%lld, tag=%lld)", c->peer, c->tag), c,
+                            (PyObject *)c->arr, t0);
+    if (w != NULL)
+        acpy_work_set(&self->wm, w, WORK_SLOT_STATUS, status);
+    else
+        Py_DECREF(status);
+    return w;
+}
+
+/* Take the message held for this receive (an Early that fully arrived, receives.py) into its buffer, as
+ * the mailbox would on posting: 1 taken (the held one gone from its queue, its buffer back in the pool),
+ * 0 not for the lane (still arriving, a rendezvous, or not what this receive expects: the general way
+ * says why), -1 an error. */
+static int take_held(PairLane *self, call *c, PyObject *e) {
+    PyObject *done = PyObject_GetAttr(e, s_done_flag), *rts = PyObject_GetAttr(e, s_rts),
+             *header = PyObject_GetAttr(e, s_header);
+    int ok = done != NULL && rts != NULL && header != NULL;
+    int fits = ok && done == Py_True && rts == Py_None && PyTuple_Check(header) && PyTuple_GET_SIZE(header) >= 7;
+    if (fits) {
+        long long kind = PyLong_AsLongLong(PyTuple_GET_ITEM(header, 0)), op = PyLong_AsLongLong(PyTuple_GET_ITEM(header, 1));
+        long long dtype = PyLong_AsLongLong(PyTuple_GET_ITEM(header, 2));
+        unsigned long long nbytes = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(header, 6));
+        fits = !PyErr_Occurred() && kind == AC_FRAME_P2P && op == 0 && nbytes == c->nbytes &&
+               (dtype == c->code || !nbytes);
+        PyErr_Clear();
+    }
+    Py_XDECREF(done);
+    Py_XDECREF(rts);
+    Py_XDECREF(header);
+    if (!ok || !fits)
+        return ok ? 0 : -1;
+    PyObject *view = PyObject_CallMethodNoArgs(e, s_view);
+    if (view == NULL)
+        return -1;
+    Py_buffer b;
+    int got = PyObject_GetBuffer(view, &b, PyBUF_SIMPLE);
+    Py_DECREF(view);
+    if (got < 0)
+        return -1;
+    if ((size_t)b.len != c->nbytes) {
+        PyBuffer_Release(&b);
+        return 0;
+    }
+    uint8_t *dst = (uint8_t *)PyArray_BYTES(c->arr);
+    if (c->nbytes >= NOGIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        memcpy(dst, b.buf, c->nbytes);
+        Py_END_ALLOW_THREADS
+    } else if (c->nbytes) {
+        memcpy(dst, b.buf, c->nbytes);
+    }
+    PyBuffer_Release(&b);
+    /* as Mailbox.post_p2p: off its queue (no empty queue kept), then its buffer back (Early.free) */
+    PyObject *key = Py_BuildValue("(OKL)", c->world, self->ctx, c->tag);
+    PyObject *queue = key ? PyDict_GetItemWithError(self->early, key) : NULL;
+    PyObject *first = queue ? PyObject_CallMethodNoArgs(queue, s_popleft) : NULL;
+    int rc = first == e ? 0 : -1;
+    if (rc == 0 && PyObject_Length(queue) == 0)
+        rc = PyDict_DelItem(self->early, key);
+    Py_XDECREF(first);
+    Py_XDECREF(key);
+    if (rc == 0) {
+        PyObject *r = PyObject_CallMethodNoArgs(e, s_free);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    if (rc < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "PairLane: the held message's queue changed under the lane");
+    return rc < 0 ? -1 : 1;
+}
+
 /* recv(buf, peer, tag): the done Work, None (the general way), or False (the general way, without spinning:
  * this call spun and nothing came) */
 static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
+    PyObject *kept = NULL;
     int took = take_call(self, args, nargs, 1, &c);
     if (took > 0)
-        took = mailbox_clear(self, &c);
+        took = mailbox_ahead(self, &c, &kept);
+    if (took == 2) { /* a message held for it: taken as the mailbox would, no FIFO involved */
+        took = take_held(self, &c, kept);
+        Py_DECREF(kept);
+        if (took <= 0)
+            return took < 0 ? NULL : Py_NewRef(Py_None);
+        self->received++;
+        return recv_work(self, &c, t0);
+    }
     if (took > 0) {
         int paused = attr_true(c.conn, s_paused);
         took = paused < 0 ? -1 : paused ? 0 : reader_idle(c.conn);
@@ -459,16 +541,7 @@ static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t
         ac_bell_ring(self->fd, &self->bells[c.peer], 1, 1);
     unhold(&h);
     self->received++;
-    PyObject *status = PyObject_CallFunction(self->status_type, "LL", c.peer, c.tag);
-    if (status == NULL)
-        return NULL;
-    PyObject *w = done_work(self, PyUnicode_FromFormat("recv(peer=%lld, tag=%lld)", c.peer, c.tag), &c,
-                            (PyObject *)c.arr, t0);
-    if (w != NULL)
-        acpy_work_set(&self->wm, w, WORK_SLOT_STATUS, status);
-    else
-        Py_DECREF(status);
-    return w;
+    return recv_work(self, &c, t0);
 }
 
 static PyObject *PairLane_stats(PairLane *self, PyObject *Py_UNUSED(arg)) {
@@ -510,6 +583,8 @@ int acpy_pair_lane_ready(PyObject *m) {
         {&s_aborted, "aborted"}, {&s_closed, "closed"}, {&s_lock, "_lock"}, {&s_locked, "_locked"},
         {&s_control, "_control"}, {&s_tx, "tx"}, {&s_rx, "rx"}, {&s_ctl, "ctl"}, {&s_data, "data"}, {&s_cap, "cap"},
         {&s_paused, "paused"}, {&s_reader, "reader"}, {&s_done, "_done"}, {&s_got, "_got"},
+        {&s_done_flag, "done"}, {&s_rts, "rts"}, {&s_header, "header"}, {&s_view, "view"}, {&s_popleft, "popleft"},
+        {&s_free, "free"},
     };
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if (*names[k].at == NULL && (*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
