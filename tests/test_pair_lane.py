@@ -196,10 +196,11 @@ def test_bad_input_raises_before_a_byte_moves_and_other_arrays_go_the_general_wa
     pair(body)
 
 
-@pytest.mark.parametrize("ring", ["4096", "65536"])
+@pytest.mark.parametrize("ring", ["4096", "65536", "4194304"])
 def test_streams_between_processes_exact_with_frames_round_the_fifo(ring: str) -> None:
-    """Real processes, a small FIFO (frames wrap round its end, some stream through it in Python), every
-    size from 0 to past the FIFO, both directions at once: every message exact, in order, most through the lane."""
+    """Real processes, every size from 0 to past the FIFO, both directions at once: every message exact, in
+    order, most through the lane. Small FIFOs: frames wrap round the end, longer ones stream through it in
+    Python; the default one: large frames copied out by the lane as they stream in."""
     r = launch(2, "pair_lane.py", env={"AIOCCL_SHM_RING": ring}, timeout=180)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     oks = [line for line in r.stdout.splitlines() if "PAIRLANE OK" in line]

@@ -2,8 +2,8 @@
  * AddressSanitizer and UBSan):
  *
  *   stream:  a producer thread writes frames of random sizes (some larger than a piece, many wrapping
- *            round the FIFO's end) as fast as they fit; the consumer thread takes each as soon as it is
- *            whole, and checks its header and every byte, in order;
+ *            round the FIFO's end) as fast as they fit; the consumer thread copies each out as it streams
+ *            in and takes it once whole, checking its header and every byte, in order;
  *   frames:  a header packs and unpacks to itself, byte for byte as frames.HEADER ("<BBBIQqQqiB4x") lays it;
  *   fuzz:    peek and take over random and hostile counters and headers (a peer's memory): every answer
  *            is an allowed code and no access leaves the FIFO; put never writes a frame that cannot fit. */
@@ -52,8 +52,8 @@ static void *producer(void *arg) {
 
 static void test_stream(void) {
     uint64_t *ctl = calloc(AC_FIFO_CTRL_BYTES / 8, 8);
-    uint8_t *data = malloc(CAP), *got = malloc(MAXLEN);
-    CHECK(ctl != NULL && data != NULL && got != NULL);
+    uint8_t *data = malloc(CAP), *got = malloc(MAXLEN), *got_bytes = malloc(MAXLEN);
+    CHECK(ctl != NULL && data != NULL && got != NULL && got_bytes != NULL);
     ac_fifo f = {ctl, data, CAP};
     pthread_t t;
     CHECK(pthread_create(&t, NULL, producer, &f) == 0);
@@ -61,12 +61,21 @@ static void test_stream(void) {
     for (int i = 0; i < FRAMES; i++) {
         ac_frame fr;
         int st;
+        size_t n = len_of(i), upto = 0;
+        memset(got_bytes, 0xAB, MAXLEN);
         while ((st = ac_fifo_peek(&f, &fr)) != AC_FIFO_WHOLE) {
             CHECK(st == AC_FIFO_NOT_YET || st == AC_FIFO_PART);
-            parts += st == AC_FIFO_PART;
+            if (st == AC_FIFO_PART) { /* copied out as it streams in, as a spinning receive does */
+                parts++;
+                size_t was = upto;
+                upto = ac_fifo_read(&f, got_bytes, upto, n);
+                CHECK(upto >= was && upto <= n);
+            }
             sched_yield();
         }
-        size_t n = len_of(i);
+        CHECK(ac_fifo_read(&f, got_bytes, upto, n) == n);
+        for (size_t j = 0; j < n; j++)
+            CHECK(got_bytes[j] == byte_of(i, j));
         CHECK(fr.kind == AC_FRAME_P2P && fr.dtype == 7 && fr.k == (uint32_t)i && fr.ctx == 0xfeedULL && fr.seq == i);
         CHECK(fr.nbytes == n && fr.count == -(int64_t)i && fr.root == -i && fr.redop == 3);
         memset(got, 0xAB, MAXLEN);
@@ -82,6 +91,7 @@ static void test_stream(void) {
     free(ctl);
     free(data);
     free(got);
+    free(got_bytes);
 }
 
 static void test_header_layout(void) {
@@ -151,6 +161,9 @@ static void test_fuzz(int iterations) {
             ac_fifo_take(&f, dst, (size_t)fr.nbytes);
             CHECK(ctl[AC_FIFO_TAIL] == tail + AC_FRAME_HEADER + fr.nbytes);
         }
+        size_t from = (size_t)(rnd() % (2 * cap)), to = (size_t)(rnd() % (2 * cap));
+        size_t upto = ac_fifo_read(&f, dst, from < cap ? from : 0, to); /* any range: only what lies in the FIFO */
+        CHECK(upto <= cap - AC_FRAME_HEADER || upto == (from < cap ? from : 0));
         ac_fifo_take(&f, dst, (size_t)(rnd() % (2 * cap))); /* a caller's wrong length: clamped, never past the FIFO */
         uint64_t free_now = ac_fifo_free(&f);
         CHECK(free_now <= cap);

@@ -110,6 +110,22 @@ void ac_fifo_take(ac_fifo *f, uint8_t *dst, size_t n) {
     store(&f->ctl[AC_FIFO_TAIL], tail + AC_FRAME_HEADER + n);
 }
 
+size_t ac_fifo_read(const ac_fifo *f, uint8_t *dst, size_t from, size_t to) {
+    uint64_t tail = f->ctl[AC_FIFO_TAIL], avail = load(&f->ctl[AC_FIFO_HEAD]) - tail;
+    if (f->cap < AC_FRAME_HEADER || avail > f->cap || avail < AC_FRAME_HEADER || to > f->cap - AC_FRAME_HEADER)
+        return from; /* impossible counters, or a frame no FIFO this size holds */
+    if (to > avail - AC_FRAME_HEADER)
+        to = (size_t)(avail - AC_FRAME_HEADER);
+    if (from >= to)
+        return from;
+    size_t n = to - from, at = (size_t)((tail + AC_FRAME_HEADER + from) % f->cap);
+    size_t first = n < f->cap - at ? n : (size_t)(f->cap - at);
+    memcpy(dst + from, f->data + at, first);
+    if (first < n)
+        memcpy(dst + from + first, f->data, n - first);
+    return to;
+}
+
 uint64_t ac_fifo_flag(const ac_fifo *f, int word) { return load(&f->ctl[word]); }
 
 void ac_fifo_set_flag(ac_fifo *f, int word, uint64_t v) { store(&f->ctl[word], v); }

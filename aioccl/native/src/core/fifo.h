@@ -57,6 +57,9 @@ int ac_fifo_peek(const ac_fifo *f, ac_frame *fr);
 /* Consumer, after AC_FIFO_WHOLE for a frame of `n` payload bytes: copies the payload into dst (NULL: drops
  * it) and frees the frame (tail stored after the copy: the producer may then overwrite it). */
 void ac_fifo_take(ac_fifo *f, uint8_t *dst, size_t n);
+/* Consumer, while the frame at the tail streams in: copies its payload bytes [from, to) into dst + from,
+ * only those published (returns how far it copied: `from` when nothing new, never past `to`). */
+size_t ac_fifo_read(const ac_fifo *f, uint8_t *dst, size_t from, size_t to);
 /* Either side: the flag words (blocked, watching), and a full fence (a store before it is seen by every
  * other core before any load after it: publish, fence, look). */
 uint64_t ac_fifo_flag(const ac_fifo *f, int word);

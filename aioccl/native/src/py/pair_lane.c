@@ -40,7 +40,7 @@
 #include "work.h"
 
 #define MAX_TAG ((1LL << 62) - 1)
-#define PUBLISH_EVERY ((size_t)128 << 10) /* fifo.PUBLISH_EVERY */
+#define PUBLISH_EVERY ((size_t)64 << 10) /* a large frame is published a piece at a time, as fifo.py does */
 #define NOGIL_BYTES ((size_t)64 << 10)    /* copies from this size on release the GIL */
 #define STREAM_SPIN_NS 20000000LL         /* starts.MAX_STREAM_SPIN_S: a frame streaming in is waited for */
 enum { WORK_SLOT_STATUS = 17, DTYPE_CACHE = 16 };
@@ -311,12 +311,10 @@ static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t
     held h;
     int ok = hold(tx, &h);
     Py_DECREF(tx);
+    if (ok && ac_fifo_free(&h.f) < AC_FRAME_HEADER + c.nbytes) /* full, or a frame longer than the FIFO */
+        unhold(&h), ok = 0;
     if (!ok)
         return Py_NewRef(Py_None);
-    if (ac_fifo_free(&h.f) < AC_FRAME_HEADER + c.nbytes) { /* full, or a frame longer than the FIFO */
-        unhold(&h);
-        return Py_NewRef(Py_None);
-    }
     ac_frame fr = {.kind = AC_FRAME_P2P, .dtype = (uint8_t)c.code, .ctx = self->ctx, .seq = c.tag,
                    .nbytes = c.nbytes};
     uint8_t hdr[AC_FRAME_HEADER];
@@ -344,18 +342,24 @@ static int mine(const PairLane *self, const call *c, const ac_frame *fr) {
 }
 
 /* Watch the FIFO for this receive's frame for the pair's spin time (longer while it streams in), the GIL
- * released; then stop watching and look once more (a frame published meanwhile rang no bell). */
-static int spin(PairLane *self, held *h, const call *c, ac_frame *fr) {
+ * released, copying what of it is published into dst as it comes (*got: how far); then stop watching and
+ * look once more (a frame published meanwhile rang no bell). The frame stays in the FIFO until taken: a
+ * receive that gives up leaves it whole for the general way (which writes the same bytes again). */
+static int spin(PairLane *self, held *h, const call *c, ac_frame *fr, uint8_t *dst, size_t *got) {
     int st;
     Py_BEGIN_ALLOW_THREADS
-    int64_t start = now_ns(), end = start + self->spin_ns, last = start + STREAM_SPIN_NS;
+    /* a large message takes its sender a copy into the FIFO first: wait that long too (~4 GB/s) */
+    int64_t start = now_ns(), end = start + self->spin_ns + (int64_t)(c->nbytes / 4), last = start + STREAM_SPIN_NS;
     ac_fifo_set_flag(&h->f, AC_FIFO_WATCHING, 1);
     for (;;) {
-        if (self->yield_cpu)
-            sched_yield();
         st = ac_fifo_peek(&h->f, fr);
         if (st == AC_FIFO_WHOLE || st == AC_FIFO_CORRUPT || (st == AC_FIFO_PART && !mine(self, c, fr)))
             break;
+        size_t before = *got;
+        if (st == AC_FIFO_PART)
+            *got = ac_fifo_read(&h->f, dst, *got, c->nbytes);
+        if (self->yield_cpu && *got == before)
+            sched_yield();
         int64_t t = now_ns();
         if (t > last || (t > end && st != AC_FIFO_PART))
             break;
@@ -447,12 +451,8 @@ static int take_held(PairLane *self, call *c, PyObject *e) {
     Py_buffer b;
     int got = PyObject_GetBuffer(view, &b, PyBUF_SIMPLE);
     Py_DECREF(view);
-    if (got < 0)
-        return -1;
-    if ((size_t)b.len != c->nbytes) {
-        PyBuffer_Release(&b);
-        return 0;
-    }
+    if (got < 0 || (size_t)b.len != c->nbytes)
+        return got < 0 ? -1 : (PyBuffer_Release(&b), 0);
     uint8_t *dst = (uint8_t *)PyArray_BYTES(c->arr);
     if (c->nbytes >= NOGIL_BYTES) {
         Py_BEGIN_ALLOW_THREADS
@@ -510,15 +510,16 @@ static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t
     held h;
     int ok = hold(rx, &h);
     Py_DECREF(rx);
-    if (!ok || c.nbytes > h.f.cap - AC_FRAME_HEADER) { /* (a message longer than the FIFO streams through) */
-        if (ok)
-            unhold(&h);
+    if (ok && c.nbytes > h.f.cap - AC_FRAME_HEADER) /* (a message longer than the FIFO streams through) */
+        unhold(&h), ok = 0;
+    if (!ok)
         return Py_NewRef(Py_None);
-    }
     ac_frame fr;
+    uint8_t *dst = (uint8_t *)PyArray_BYTES(c.arr);
+    size_t got = 0;
     int st = ac_fifo_peek(&h.f, &fr), spun = 0;
     if ((st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, &c, &fr))) && self->spin_ns > 0) {
-        st = spin(self, &h, &c, &fr);
+        st = spin(self, &h, &c, &fr, dst, &got);
         spun = 1;
         self->spun++;
     }
@@ -528,13 +529,14 @@ static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t
             return Py_NewRef(Py_False);
         return Py_NewRef(Py_None); /* another message first, a corrupt FIFO, or no spinning: the general way */
     }
-    uint8_t *dst = (uint8_t *)PyArray_BYTES(c.arr);
-    if (c.nbytes >= NOGIL_BYTES) {
+    if (c.nbytes - got >= NOGIL_BYTES) { /* the rest of it (the spin copied the front as it came) */
         Py_BEGIN_ALLOW_THREADS
-        ac_fifo_take(&h.f, dst, c.nbytes);
+        ac_fifo_read(&h.f, dst, got, c.nbytes);
+        ac_fifo_take(&h.f, NULL, c.nbytes);
         Py_END_ALLOW_THREADS
     } else {
-        ac_fifo_take(&h.f, dst, c.nbytes);
+        ac_fifo_read(&h.f, dst, got, c.nbytes);
+        ac_fifo_take(&h.f, NULL, c.nbytes);
     }
     ac_fifo_fence(); /* freed, fence, look: a producer that waits for space wants a bell */
     if (ac_fifo_flag(&h.f, AC_FIFO_BLOCKED))
