@@ -28,10 +28,12 @@ if TYPE_CHECKING:
 
 
 def open_pair_lane(engine: Engine, view: CommView, record: Any) -> Any:
-    """The communicator's PairLane, or None: no native core, or no shared-memory pair in the engine."""
+    """The communicator's PairLane, or None: no native core, no shared-memory pair in the engine, or an engine
+    on a thread of its own (the lane runs calls made on the engine's thread only: the inline engine's)."""
     core, hub = native.core, engine.pair_hub
-    if core is None or hub is None:
+    if core is None or hub is None or engine.placement.kind != "inline":  # (calls from the engine's thread only)
         return None
+    hub.unclaimed = engine.mailbox.unclaimed  # a pump leaves the last message in the FIFO for the lane to take
     bell = hub.bell.bell
     box = engine.mailbox
     placement = engine.placement

@@ -101,23 +101,63 @@ def test_a_wildcard_posted_first_takes_the_first_message() -> None:
     pair(body)
 
 
-def test_a_message_held_before_comes_first_and_both_are_the_lanes() -> None:
-    """A message the engine read in before its receive (held in the mailbox) is taken from there, in order."""
+def test_a_message_held_before_comes_first_and_all_are_the_lanes() -> None:
+    """A message the engine read in before its receive (held in the mailbox, because another came behind it)
+    is taken from there; the last one, left in the FIFO, from the FIFO; in order."""
     async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
-        await a.isend(data(5, np.int64, 1), 1, 4)
-        for _ in range(50):  # the bell: the engine reads it into the mailbox (held for its receive)
-            await asyncio.sleep(0.002)
-            if b._engine.mailbox.p2p_early:
-                break
-        assert b._engine.mailbox.p2p_early
-        await a.isend(data(5, np.int64, 2), 1, 4)  # (still in the FIFO, behind the held one)
-        y1, y2 = poisoned(5, np.int64), poisoned(5, np.int64)
+        box = b._engine.mailbox
+        for k, tag in ((1, 4), (3, 8), (2, 4)):
+            await a.isend(data(5, np.int64, k), 1, tag)
+            await settle(b)
+        assert [key[2] for key in box.p2p_early] == [4, 8]  # the first two were read in: frames came behind
+        y1, y2, y3 = poisoned(5, np.int64), poisoned(5, np.int64), poisoned(5, np.int64)
         taken = counts(b)[1]
         await b.irecv(y1, 0, 4)
-        await b.irecv(y2, 0, 4)
+        await b.irecv(y2, 0, 4)  # the last, still in the FIFO
+        await b.irecv(y3, 0, 8)
         assert (y1 == data(5, np.int64, 1)).all() and (y2 == data(5, np.int64, 2)).all(), (y1, y2)
-        assert counts(b)[1] == taken + 2
-        assert not b._engine.mailbox.p2p_early and b._engine.mailbox.budget.held.get(0, 0) == 0
+        assert (y3 == data(5, np.int64, 3)).all()
+        assert counts(b)[1] == taken + 3
+        assert not box.p2p_early and box.budget.held.get(0, 0) == 0
+
+    pair(body)
+
+
+async def settle(c: aioccl.Communicator) -> None:
+    """Let the engine hear the bell and read its FIFOs."""
+    for _ in range(5):
+        await asyncio.sleep(0.002)
+
+
+def test_the_last_message_waits_in_the_fifo_until_something_posted_wants_it() -> None:
+    """Left in the FIFO for the lane, a message is still found by every other way in: a receive with a
+    deadline (the engine's), a wildcard, a probe, and a receive after its sender closed."""
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        box, conn = b._engine.mailbox, b._engine.conns[0]
+        for tag, receive in ((6, lambda y: b.irecv(y, 0, 6, timeout=5)), (7, lambda y: b.irecv(y, ANY_SOURCE, 7)),
+                             (9, lambda y: b.irecv(y, 0, aioccl.ANY_TAG))):
+            await a.isend(data(3, np.int32, tag), 1, tag)
+            await settle(b)
+            assert conn.reader.lingered and not box.p2p_early  # left in the FIFO
+            y = poisoned(3, np.int32)
+            await receive(y)
+            assert (y == data(3, np.int32, tag)).all(), (tag, y)
+        await a.isend(data(4, np.float32, 1), 1, 10)
+        await settle(b)
+        assert conn.reader.lingered
+        m = await b.probe(0, 10)
+        assert (m.source, m.tag, m.size) == (0, 10, 4)
+        y = poisoned(4, np.float32)
+        await b.irecv(y, m.source, m.tag)
+        assert (y == data(4, np.float32, 1)).all()
+        await a.isend(data(2, np.uint8, 5), 1, 12)
+        await settle(b)
+        assert conn.reader.lingered
+        await a.close()
+        await settle(b)
+        y8 = poisoned(2, np.uint8)
+        await b.irecv(y8, 0, 12)  # read in before the connection ended: the message stays good
+        assert (y8 == data(2, np.uint8, 5)).all()
 
     pair(body)
 

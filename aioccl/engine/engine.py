@@ -120,6 +120,8 @@ class Engine:
                 self._register_pool(row.port)
             elif isinstance(row, pair_setup.PairSetup):
                 self.pair_hub = row.hub
+                if row.hub is not None:
+                    self.mailbox.on_post = row.hub.read_left  # (frames left in a FIFO for the native lane)
         for peer, sock in self.table.conns.items():
             conn = (made.get(peer) or TcpConnection(sock, peer, self.mailbox, liveness, self.table.stripes.get(peer)))
             if isinstance(conn, TcpConnection) and self.placement.kind == "inline":

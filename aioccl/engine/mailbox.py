@@ -91,6 +91,14 @@ class Mailbox(NoticeHandling, PointToPointPosting):
         self.failure_listeners: list[Callable[[int, int, AiocclError], None]] = []
         # engine hook: pass a notice (its whole frame) on to an op's ranks, but the one it came from
         self.forward: Callable[[tuple[int, ...], bytes, int], None] | None = None
+        # engine hook: a receive or probe was posted for messages from a world rank (-1: any), which a pair's
+        # FIFO may hold still (unclaimed below): read them in now
+        self.on_post: Callable[[int], None] | None = None
+
+    def unclaimed(self, peer: int, h: Header) -> bool:
+        """Would a point-to-point message from ``peer`` arriving now be held for a receive not yet posted
+        (no posted receive, wildcard or probe wants it)? Then it may wait in its FIFO instead."""
+        return not self.wild and not self.probes and (peer, h.ctx, h.seq) not in self.p2p_posted
 
     # -- from the connections' readers -----------------------------------
     def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]:

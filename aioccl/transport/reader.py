@@ -13,13 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from .frames import BYE, BYE_ABORT, HEADER_SIZE, Header, unpack
+from .frames import BYE, BYE_ABORT, HEADER_SIZE, P2P, Header, unpack
 from .shm.fifo import HEAD, TAIL, ByteFifo
 
 
 class Sink(Protocol):
     def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]: ...
     def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None: ...
+
+
+class Unclaimed(Protocol):
+    def __call__(self, peer: int, h: Header) -> bool: ...
 
 
 class Striper(Protocol):
@@ -30,13 +34,15 @@ class Striper(Protocol):
 
 
 class FrameReader:
-    __slots__ = ("peer", "sink", "bye_received", "aborted", "stripe", "_hbuf", "_hview", "_view", "_got", "_done")
+    __slots__ = ("peer", "sink", "bye_received", "aborted", "stripe", "lingered", "_hbuf", "_hview", "_view", "_got",
+                 "_done")
 
     def __init__(self, peer: int, sink: Sink) -> None:
         self.peer, self.sink = peer, sink
         self.bye_received = False
         self.aborted = False  # the peer's last words said it called abort(): no crash
         self.stripe: Striper | None = None  # a connection's stripes, when it has some
+        self.lingered = False  # feed_fifo left the last frame in the FIFO for a native receive to take
         self._hbuf = bytearray(HEADER_SIZE)
         self._hview = memoryview(self._hbuf)
         self._view = self._hview  # where the bytes being read go: the header, or a payload target
@@ -63,11 +69,18 @@ class FrameReader:
                 done()
         return budget
 
-    def feed_fifo(self, fifo: ByteFifo, budget: int) -> int:
+    def feed_fifo(self, fifo: ByteFifo, budget: int, unclaimed: Unclaimed | None = None) -> int:
         """``feed`` from a byte FIFO. A frame published whole (and not wrapping around the FIFO's end)
         is taken straight from the FIFO's memory: its header unpacked in place, its payload copied once,
-        the tail moved once. That is a small message's path; the rest goes through ``feed``."""
+        the tail moved once. That is a small message's path; the rest goes through ``feed``.
+
+        ``unclaimed(peer, header)``: given, the last frame published is left in the FIFO (``lingered``) when
+        it is a point-to-point message that nothing posted here takes: nothing behind it waits to be read,
+        and the native lane's receive takes it straight from the FIFO (``p2p_lane.py``) instead of from a
+        pooled buffer the engine copied it into. A later frame, a receive or probe posted here
+        (``Mailbox.on_post``), or the connection's end reads it in."""
         ctl, data, cap = fifo.ctl, fifo.data, fifo.cap
+        self.lingered = False
         while budget > 0 and self._done is None and not self._got:
             tail = ctl[TAIL]
             avail, at = ctl[HEAD] - tail, tail % cap
@@ -77,6 +90,9 @@ class FrameReader:
             end = HEADER_SIZE + h.nbytes
             if avail < end or at + end > cap:
                 break
+            if avail == end and unclaimed is not None and h.kind == P2P and unclaimed(self.peer, h):
+                self.lingered = True
+                return budget
             budget -= end
             if h.kind == BYE:
                 ctl[TAIL] = tail + end

@@ -9,6 +9,7 @@ import asyncio
 import functools
 import itertools
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import PeerLost
@@ -29,6 +30,7 @@ class PointToPointPosting:
     lost: dict[int, PeerLost]
     closed_peers: set[int]
     rdv: Rendezvous
+    on_post: Callable[[int], None] | None
 
     if TYPE_CHECKING:
         def _attach(self, e: Early, p: Posted) -> None: ...
@@ -57,6 +59,8 @@ class PointToPointPosting:
         p.order = next(self._posts)
         self.p2p_posted.setdefault(key, deque()).append(p)
         work._on_cancel = functools.partial(self.loop.call_soon_threadsafe, self._unpost_p2p, key, p)
+        if self.on_post is not None:
+            self.on_post(peer)  # its message may wait in a FIFO
         return fut
 
     def post_any(self, src: int, ctx: int, tag: int, ranks: tuple[int, ...], target: memoryview, dtype: int,
@@ -85,6 +89,8 @@ class PointToPointPosting:
         p.order = next(self._posts)
         self.wild.add(ctx, p)
         work._on_cancel = functools.partial(self.loop.call_soon_threadsafe, self.wild.remove, ctx, p)
+        if self.on_post is not None:
+            self.on_post(src)
         return fut
 
     def _unpost_p2p(self, key: tuple[int, int, int], p: Posted) -> None:

@@ -30,7 +30,7 @@ from ... import log
 from ...bootstrap.sockio import Closed
 from ..cma import PeerMemory
 from ..frames import BYE, SAID_ABORT, Header, abort_words
-from ..reader import FrameReader, SideChannel, Sink
+from ..reader import FrameReader, SideChannel, Sink, Unclaimed
 from ..tcp import TcpConnection
 from .fifo import BLOCKED, HEAD, TAIL, ByteFifo, fence
 from .segment import LoopBell, Segment
@@ -56,6 +56,9 @@ class PairHub:
         self.spin_s = 0.0  # how long a receive may spin on a FIFO before it waits for the bell
         self.yield_cpu = True  # and whether it yields the CPU between looks (shm.wait_policy)
         self.segment: Segment | None = None  # mine, holding my inbound FIFOs; closed with the hub
+        # given (the native point-to-point lane is on): a pump leaves the last frame in the FIFO when nothing
+        # posted takes it (FrameReader.feed_fifo), for the lane's receive to take from there
+        self.unclaimed: Unclaimed | None = None
 
     def start(self) -> None:
         self.bell.start()
@@ -67,6 +70,13 @@ class PairHub:
         for c in list(self.conns):
             c.pump()
             c.wake_sender()
+
+    def read_left(self, peer: int) -> None:
+        """A receive or probe was posted for world rank ``peer`` (-1: any): read in what a FIFO from it still
+        holds for the native lane (``unclaimed``), so the engine's matching sees it."""
+        for c in list(self.conns):
+            if c.reader.lingered and (peer < 0 or c.peer == peer):
+                c.pump()
 
     def close(self) -> None:
         self.bell.close()
@@ -201,14 +211,15 @@ class ShmPairConnection:
         if not paused:
             self.pump()
 
-    def pump(self) -> None:
-        """Read what the peer has published: headers, then payloads straight into their targets."""
+    def pump(self, everything: bool = False) -> None:
+        """Read what the peer has published: headers, then payloads straight into their targets (all of it
+        with ``everything``; else the last frame may stay for the native lane: ``PairHub.unclaimed``)."""
         if self.closed or self.paused:
             return
         ctl = self.rx.ctl
         before = ctl[HEAD] != ctl[TAIL]
         try:
-            budget = self.reader.feed_fifo(self.rx, READ_BUDGET)
+            budget = self.reader.feed_fifo(self.rx, READ_BUDGET, None if everything else self.hub.unclaimed)
         except ValueError as e:  # a corrupt header: the stream cannot be trusted any more
             self._ended(e, False)
             return
@@ -225,7 +236,7 @@ class ShmPairConnection:
 
     # -- ending ----------------------------------------------------------------
     def _side_ended(self, exc: BaseException, graceful: bool) -> None:
-        self.pump()  # what the peer wrote before it went comes first
+        self.pump(everything=True)  # what the peer wrote before it went comes first
         self._ended(exc, graceful or self.side.bye_received)
 
     def _ended(self, exc: BaseException, graceful: bool) -> None:
