@@ -101,24 +101,53 @@ def test_a_wildcard_posted_first_takes_the_first_message() -> None:
     pair(body)
 
 
-def test_a_message_held_before_comes_first_and_all_are_the_lanes() -> None:
-    """A message the engine read in before its receive (held in the mailbox, because another came behind it)
-    is taken from there; the last one, left in the FIFO, from the FIFO; in order."""
+def test_a_message_held_before_comes_first_and_both_are_the_lanes() -> None:
+    """A message the engine read in before its receive (held in the mailbox: a receive posted in the engine
+    wanted one behind it) is taken from there; one left in the FIFO, from the FIFO; in order."""
     async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
-        box = b._engine.mailbox
-        for k, tag in ((1, 4), (3, 8), (2, 4)):
-            await a.isend(data(5, np.int64, k), 1, tag)
-            await settle(b)
-        assert [key[2] for key in box.p2p_early] == [4, 8]  # the first two were read in: frames came behind
-        y1, y2, y3 = poisoned(5, np.int64), poisoned(5, np.int64), poisoned(5, np.int64)
+        box, conn = b._engine.mailbox, b._engine.conns[0]
+        await a.isend(data(5, np.int64, 1), 1, 4)
+        await a.isend(data(5, np.int64, 3), 1, 8)
+        await settle(b)
+        assert conn.reader.lingered and not box.p2p_early  # both left in the FIFO
+        y3 = poisoned(5, np.int64)
+        await b.irecv(y3, 0, 8, timeout=5)  # the engine's receive reads both in: tag 4's is held
+        assert [key[2] for key in box.p2p_early] == [4]
+        await a.isend(data(5, np.int64, 2), 1, 4)
+        await settle(b)
+        y1, y2 = poisoned(5, np.int64), poisoned(5, np.int64)
         taken = counts(b)[1]
         await b.irecv(y1, 0, 4)
         await b.irecv(y2, 0, 4)  # the last, still in the FIFO
-        await b.irecv(y3, 0, 8)
         assert (y1 == data(5, np.int64, 1)).all() and (y2 == data(5, np.int64, 2)).all(), (y1, y2)
         assert (y3 == data(5, np.int64, 3)).all()
-        assert counts(b)[1] == taken + 3
+        assert counts(b)[1] == taken + 2
         assert not box.p2p_early and box.budget.held.get(0, 0) == 0
+
+    pair(body)
+
+
+def test_a_run_of_messages_waits_in_the_fifo_and_the_lane_takes_them_in_order() -> None:
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        box, conn = b._engine.mailbox, b._engine.conns[0]
+        for k in range(20):
+            await a.isend(data(3, np.uint32, k), 1, k % 2)
+        await settle(b)
+        assert conn.reader.lingered and not box.p2p_early
+        taken = counts(b)[1]
+        for k in (0, 2, 4):  # tag 0 first: each is at the FIFO's head in turn... until a tag 1 is
+            y = poisoned(3, np.uint32)
+            await b.irecv(y, 0, 0)
+            assert (y == data(3, np.uint32, k)).all(), (k, y)
+        for k in range(1, 20, 2):
+            y = poisoned(3, np.uint32)
+            await b.irecv(y, 0, 1)
+            assert (y == data(3, np.uint32, k)).all(), (k, y)
+        for k in range(6, 20, 2):
+            y = poisoned(3, np.uint32)
+            await b.irecv(y, 0, 0)
+            assert (y == data(3, np.uint32, k)).all(), (k, y)
+        assert counts(b)[1] >= taken + 18 and not box.p2p_early
 
     pair(body)
 

@@ -17,6 +17,10 @@ from .frames import BYE, BYE_ABORT, HEADER_SIZE, P2P, Header, unpack
 from .shm.fifo import HEAD, TAIL, ByteFifo
 
 
+# a larger message is read in all the same: held in the FIFO it would keep its sender from the next one
+LINGER_MAX = 256 << 10
+
+
 class Sink(Protocol):
     def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]: ...
     def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None: ...
@@ -34,15 +38,16 @@ class Striper(Protocol):
 
 
 class FrameReader:
-    __slots__ = ("peer", "sink", "bye_received", "aborted", "stripe", "lingered", "_hbuf", "_hview", "_view", "_got",
-                 "_done")
+    __slots__ = ("peer", "sink", "bye_received", "aborted", "stripe", "lingered", "_scanned", "_hbuf", "_hview", "_view",
+                 "_got", "_done")
 
     def __init__(self, peer: int, sink: Sink) -> None:
         self.peer, self.sink = peer, sink
         self.bye_received = False
         self.aborted = False  # the peer's last words said it called abort(): no crash
         self.stripe: Striper | None = None  # a connection's stripes, when it has some
-        self.lingered = False  # feed_fifo left the last frame in the FIFO for a native receive to take
+        self.lingered = False  # feed_fifo left messages in the FIFO for the native lane's receives to take
+        self._scanned = (0, 0)  # feed_fifo's look ahead: (where the run of those begins, how far it looked)
         self._hbuf = bytearray(HEADER_SIZE)
         self._hview = memoryview(self._hbuf)
         self._view = self._hview  # where the bytes being read go: the header, or a payload target
@@ -74,15 +79,20 @@ class FrameReader:
         is taken straight from the FIFO's memory: its header unpacked in place, its payload copied once,
         the tail moved once. That is a small message's path; the rest goes through ``feed``.
 
-        ``unclaimed(peer, header)``: given, the last frame published is left in the FIFO (``lingered``) when
-        it is a point-to-point message that nothing posted here takes: nothing behind it waits to be read,
-        and the native lane's receive takes it straight from the FIFO (``p2p_lane.py``) instead of from a
-        pooled buffer the engine copied it into. A later frame, a receive or probe posted here
-        (``Mailbox.on_post``), or the connection's end reads it in."""
+        ``unclaimed(peer, header)``: given, the run of whole point-to-point messages that nothing posted here
+        takes, at the end of what is published, stays in the FIFO (``lingered``): nothing behind it waits to
+        be read, and the native lane's receives take them in order straight from the FIFO (``p2p_lane.py``)
+        instead of from pooled buffers the engine copied them into. A frame that must be read behind them,
+        a receive or probe posted here (``Mailbox.on_post``), or the connection's end reads them in."""
         ctl, data, cap = fifo.ctl, fifo.data, fifo.cap
+        keep = self._run_start(fifo, unclaimed) if unclaimed is not None and self._done is None and not self._got \
+            else None
         self.lingered = False
         while budget > 0 and self._done is None and not self._got:
             tail = ctl[TAIL]
+            if keep is not None and tail >= keep:
+                self.lingered = ctl[HEAD] > tail
+                return budget
             avail, at = ctl[HEAD] - tail, tail % cap
             if avail < HEADER_SIZE or at + HEADER_SIZE > cap:
                 break
@@ -90,9 +100,6 @@ class FrameReader:
             end = HEADER_SIZE + h.nbytes
             if avail < end or at + end > cap:
                 break
-            if avail == end and unclaimed is not None and h.kind == P2P and unclaimed(self.peer, h):
-                self.lingered = True
-                return budget
             budget -= end
             if h.kind == BYE:
                 ctl[TAIL] = tail + end
@@ -106,6 +113,35 @@ class FrameReader:
         if budget <= 0 or ctl[HEAD] == ctl[TAIL]:
             return budget
         return self.feed(fifo.read_into, budget)
+
+    def _run_start(self, fifo: ByteFifo, unclaimed: Unclaimed) -> int:
+        """Where the run of whole, unclaimed point-to-point messages at the end of what ``fifo`` has published
+        begins (its head: no run). Frames looked at before are not looked at again (``_scanned``, reset by
+        ``forget_scan`` when a claim is made); a frame still arriving, or one that must be read, ends a run."""
+        ctl, data, cap = fifo.ctl, fifo.data, fifo.cap
+        tail, head = ctl[TAIL], ctl[HEAD]
+        run, pos = self._scanned
+        if pos < tail or run < tail:
+            run = pos = tail
+        while pos < head:
+            at = pos % cap
+            if head - pos < HEADER_SIZE or at + HEADER_SIZE > cap:
+                self._scanned = (pos, pos)
+                return head  # a header still coming, or round the end: everything is read
+            h = unpack(data, at)
+            end = pos + HEADER_SIZE + h.nbytes
+            if end > head:  # still arriving: it, and the run before it, are read
+                self._scanned = (pos, pos)
+                return head
+            if h.kind != P2P or h.nbytes > LINGER_MAX or not unclaimed(self.peer, h):
+                run = end
+            pos = end
+        self._scanned = (run, pos)
+        return run
+
+    def forget_scan(self) -> None:
+        """A receive or probe was posted: messages left unclaimed may be claimed now (``_run_start``)."""
+        self._scanned = (0, 0)
 
     def _bye(self, h: Header) -> None:
         if h.op == BYE_ABORT:

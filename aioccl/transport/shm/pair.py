@@ -56,8 +56,8 @@ class PairHub:
         self.spin_s = 0.0  # how long a receive may spin on a FIFO before it waits for the bell
         self.yield_cpu = True  # and whether it yields the CPU between looks (shm.wait_policy)
         self.segment: Segment | None = None  # mine, holding my inbound FIFOs; closed with the hub
-        # given (the native point-to-point lane is on): a pump leaves the last frame in the FIFO when nothing
-        # posted takes it (FrameReader.feed_fifo), for the lane's receive to take from there
+        # given (the native point-to-point lane is on): a pump leaves the messages at the end of a FIFO that
+        # nothing posted takes (FrameReader.feed_fifo), for the lane's receives to take from there
         self.unclaimed: Unclaimed | None = None
 
     def start(self) -> None:
@@ -76,6 +76,7 @@ class PairHub:
         holds for the native lane (``unclaimed``), so the engine's matching sees it."""
         for c in list(self.conns):
             if c.reader.lingered and (peer < 0 or c.peer == peer):
+                c.reader.forget_scan()
                 c.pump()
 
     def close(self) -> None:
