@@ -16,7 +16,6 @@ from typing import Protocol
 from .frames import BYE, BYE_ABORT, HEADER_SIZE, P2P, Header, unpack
 from .shm.fifo import HEAD, TAIL, ByteFifo
 
-
 # a larger message is read in all the same: held in the FIFO it would keep its sender from the next one
 LINGER_MAX = 256 << 10
 
