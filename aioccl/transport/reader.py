@@ -37,8 +37,8 @@ class Striper(Protocol):
 
 
 class FrameReader:
-    __slots__ = ("peer", "sink", "bye_received", "aborted", "stripe", "lingered", "_scanned", "_hbuf", "_hview", "_view",
-                 "_got", "_done")
+    __slots__ = ("peer", "sink", "bye_received", "aborted", "stripe", "lingered", "_scanned", "_hbuf", "_hview",
+                 "_view", "_got", "_done")
 
     def __init__(self, peer: int, sink: Sink) -> None:
         self.peer, self.sink = peer, sink
