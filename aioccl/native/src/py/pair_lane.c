@@ -36,31 +36,15 @@
 #include <structmember.h>
 
 #include "core/bell.h"
-#include "core/fifo.h"
-#include "work.h"
+#include "pair_lane_object.h"
 
 #define MAX_TAG ((1LL << 62) - 1)
 #define PUBLISH_EVERY ((size_t)64 << 10) /* a large frame is published a piece at a time, as fifo.py does */
-#define NOGIL_BYTES ((size_t)64 << 10)    /* copies from this size on release the GIL */
 #define STREAM_SPIN_NS 20000000LL         /* starts.MAX_STREAM_SPIN_S: a frame streaming in is waited for */
-enum { WORK_SLOT_STATUS = 17, DTYPE_CACHE = 16 };
+enum { WORK_SLOT_STATUS = 17 };
 
 static PyObject *s_aborted, *s_closed, *s_lock, *s_locked, *s_control, *s_tx, *s_rx, *s_ctl, *s_data, *s_cap,
-    *s_paused, *s_reader, *s_done, *s_got, *s_done_flag, *s_rts, *s_header, *s_view, *s_popleft, *s_free;
-
-typedef struct {
-    PyObject_HEAD
-    acpy_work_maker wm;
-    PyObject *engine, *conns, *queued, *posted, *early, *wild, *probes, *lost;
-    PyObject *pair_type, *group_var, *record, *status_type, *dtype_code, *ranks;
-    struct { PyObject *descr; long code; } codes[DTYPE_CACHE];
-    ac_bell *bells; /* per communicator rank */
-    int fd, rank, size, yield_cpu, enabled;
-    unsigned long thread_id;
-    unsigned long long ctx;
-    Py_ssize_t eager;
-    long long spin_ns, sent, received, spun;
-} PairLane;
+    *s_paused, *s_reader, *s_done, *s_got;
 
 #define PAIR_REFS(self) {&(self)->engine, &(self)->conns, &(self)->queued, &(self)->posted, &(self)->early, \
     &(self)->wild, &(self)->probes, &(self)->lost, &(self)->pair_type, &(self)->group_var, &(self)->record, \
@@ -78,6 +62,8 @@ static int PairLane_traverse(PairLane *self, visitproc visit, void *arg) {
         Py_VISIT(*refs[k]);
     for (int k = 0; k < DTYPE_CACHE; k++)
         Py_VISIT(self->codes[k].descr);
+    for (int k = 0; k < 2 * NAME_CACHE; k++)
+        Py_VISIT(self->names[k / NAME_CACHE][k % NAME_CACHE].name);
     return acpy_work_maker_traverse(&self->wm, visit, arg);
 }
 
@@ -87,6 +73,8 @@ static int PairLane_clear(PairLane *self) {
         Py_CLEAR(*refs[k]);
     for (int k = 0; k < DTYPE_CACHE; k++)
         Py_CLEAR(self->codes[k].descr);
+    for (int k = 0; k < 2 * NAME_CACHE; k++)
+        Py_CLEAR(self->names[k / NAME_CACHE][k % NAME_CACHE].name);
     acpy_work_maker_clear(&self->wm);
     return 0;
 }
@@ -218,15 +206,6 @@ static void unhold(held *h) {
     PyBuffer_Release(&h->ctl);
 }
 
-typedef struct {
-    PyArrayObject *arr;
-    long long peer, tag;
-    PyObject *world; /* borrowed from ranks */
-    PyObject *conn;  /* borrowed from conns */
-    long code;
-    size_t nbytes;
-} call;
-
 /* the checks both ops share: 1 the lane takes the call (c filled), 0 not (the general way), -1 an error */
 static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, int writing, call *c) {
     if (nargs != 3) {
@@ -270,6 +249,19 @@ static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
 /* (size, dtype, None, None): a Work's and its flight-recorder entry's description */
 static PyObject *describe(call *c) {
     return Py_BuildValue("(nOOO)", PyArray_SIZE(c->arr), (PyObject *)PyArray_DESCR(c->arr), Py_None, Py_None);
+}
+
+/* "send(peer=1, tag=3)" or "recv(...)" (a new reference), from a small cache */
+static PyObject *op_name(PairLane *self, int recv, const call *c) {
+    named *n = &self->names[recv][(uint64_t)(c->peer * 31 + c->tag) % NAME_CACHE];
+    if (n->name == NULL || n->peer != c->peer || n->tag != c->tag) {
+        PyObject *name = PyUnicode_FromFormat("%s(peer=%lld, tag=%lld)", recv ? "recv" : "send", c->peer, c->tag);
+        if (name == NULL)
+            return NULL;
+        Py_XSETREF(n->name, name);
+        n->peer = c->peer, n->tag = c->tag;
+    }
+    return Py_NewRef(n->name);
 }
 
 static PyObject *done_work(PairLane *self, PyObject *name, call *c, PyObject *result, double t0) {
@@ -332,7 +324,7 @@ static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t
         ac_bell_ring(self->fd, &self->bells[c.peer], 1, 1);
     unhold(&h);
     self->sent++;
-    return done_work(self, PyUnicode_FromFormat("send(peer=%lld, tag=%lld)", c.peer, c.tag), &c, Py_None, t0);
+    return done_work(self, op_name(self, 0, &c), &c, Py_None, t0);
 }
 
 /* 1: the frame at the FIFO's tail is this receive's message (kind, communicator, tag, size, dtype) */
@@ -371,31 +363,6 @@ static int spin(PairLane *self, held *h, const call *c, ac_frame *fr, uint8_t *d
     return st;
 }
 
-/* What in the mailbox comes before this receive: 1 nothing (its message is the first from that peer in the
- * FIFO), 2 a message held for it (*held: the first of (peer, communicator, tag), borrowed), 0 something the
- * general way must sort out (a receive posted before it, a wildcard, a probe, a lost peer), -1 an error */
-static int mailbox_ahead(PairLane *self, call *c, PyObject **held) {
-    if (PyDict_GET_SIZE(self->wild) || PyList_GET_SIZE(self->probes))
-        return 0;
-    if (!PyDict_GET_SIZE(self->posted) && !PyDict_GET_SIZE(self->early))
-        return PyDict_GET_SIZE(self->lost) ? 0 : 1;
-    PyObject *key = Py_BuildValue("(OKL)", c->world, self->ctx, c->tag);
-    if (key == NULL)
-        return -1;
-    int in = PyDict_Contains(self->posted, key);
-    PyObject *queue = in == 0 ? PyDict_GetItemWithError(self->early, key) : NULL;
-    Py_DECREF(key);
-    if (in != 0 || (queue == NULL && PyErr_Occurred()))
-        return in < 0 || PyErr_Occurred() ? -1 : 0;
-    if (queue == NULL)
-        return PyDict_GET_SIZE(self->lost) ? 0 : 1;
-    Py_ssize_t n = PyObject_Length(queue);
-    if (n <= 0)
-        return n < 0 ? -1 : 0;
-    *held = PySequence_GetItem(queue, 0); /* (a new reference: the caller drops it) */
-    return *held == NULL ? -1 : 2;
-}
-
 /* the reader is between frames (not streaming one, no header half read): 1 yes, 0 no */
 static int reader_idle(PyObject *conn) {
     PyObject *reader = PyObject_GetAttr(conn, s_reader);
@@ -411,74 +378,19 @@ static int reader_idle(PyObject *conn) {
 
 /* a receive's done Work: it gives the buffer back and says whose message it got */
 static PyObject *recv_work(PairLane *self, call *c, double t0) {
-    PyObject *status = PyObject_CallFunction(self->status_type, "LL", c->peer, c->tag);
+    PyObject *items = Py_BuildValue("((LL))", c->peer, c->tag), *status = NULL;
+    if (items != NULL) /* Status(peer, tag), a named tuple, made as tuple.__new__ makes it (no Python __new__) */
+        status = PyTuple_Type.tp_new((PyTypeObject *)self->status_type, items, NULL);
+    Py_XDECREF(items);
     if (status == NULL)
         return NULL;
-    PyObject *w = done_work(self, PyUnicode_FromFormat("recv(peer=%lld, tag=%lld)", c->peer, c->tag), c,
+    PyObject *w = done_work(self, op_name(self, 1, c), c,
                             (PyObject *)c->arr, t0);
     if (w != NULL)
         acpy_work_set(&self->wm, w, WORK_SLOT_STATUS, status);
     else
         Py_DECREF(status);
     return w;
-}
-
-/* Take the message held for this receive (an Early that fully arrived, receives.py) into its buffer, as
- * the mailbox would on posting: 1 taken (the held one gone from its queue, its buffer back in the pool),
- * 0 not for the lane (still arriving, a rendezvous, or not what this receive expects: the general way
- * says why), -1 an error. */
-static int take_held(PairLane *self, call *c, PyObject *e) {
-    PyObject *done = PyObject_GetAttr(e, s_done_flag), *rts = PyObject_GetAttr(e, s_rts),
-             *header = PyObject_GetAttr(e, s_header);
-    int ok = done != NULL && rts != NULL && header != NULL;
-    int fits = ok && done == Py_True && rts == Py_None && PyTuple_Check(header) && PyTuple_GET_SIZE(header) >= 7;
-    if (fits) {
-        long long kind = PyLong_AsLongLong(PyTuple_GET_ITEM(header, 0)), op = PyLong_AsLongLong(PyTuple_GET_ITEM(header, 1));
-        long long dtype = PyLong_AsLongLong(PyTuple_GET_ITEM(header, 2));
-        unsigned long long nbytes = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(header, 6));
-        fits = !PyErr_Occurred() && kind == AC_FRAME_P2P && op == 0 && nbytes == c->nbytes &&
-               (dtype == c->code || !nbytes);
-        PyErr_Clear();
-    }
-    Py_XDECREF(done);
-    Py_XDECREF(rts);
-    Py_XDECREF(header);
-    if (!ok || !fits)
-        return ok ? 0 : -1;
-    PyObject *view = PyObject_CallMethodNoArgs(e, s_view);
-    if (view == NULL)
-        return -1;
-    Py_buffer b;
-    int got = PyObject_GetBuffer(view, &b, PyBUF_SIMPLE);
-    Py_DECREF(view);
-    if (got < 0 || (size_t)b.len != c->nbytes)
-        return got < 0 ? -1 : (PyBuffer_Release(&b), 0);
-    uint8_t *dst = (uint8_t *)PyArray_BYTES(c->arr);
-    if (c->nbytes >= NOGIL_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        memcpy(dst, b.buf, c->nbytes);
-        Py_END_ALLOW_THREADS
-    } else if (c->nbytes) {
-        memcpy(dst, b.buf, c->nbytes);
-    }
-    PyBuffer_Release(&b);
-    /* as Mailbox.post_p2p: off its queue (no empty queue kept), then its buffer back (Early.free) */
-    PyObject *key = Py_BuildValue("(OKL)", c->world, self->ctx, c->tag);
-    PyObject *queue = key ? PyDict_GetItemWithError(self->early, key) : NULL;
-    PyObject *first = queue ? PyObject_CallMethodNoArgs(queue, s_popleft) : NULL;
-    int rc = first == e ? 0 : -1;
-    if (rc == 0 && PyObject_Length(queue) == 0)
-        rc = PyDict_DelItem(self->early, key);
-    Py_XDECREF(first);
-    Py_XDECREF(key);
-    if (rc == 0) {
-        PyObject *r = PyObject_CallMethodNoArgs(e, s_free);
-        rc = r == NULL ? -1 : 0;
-        Py_XDECREF(r);
-    }
-    if (rc < 0 && !PyErr_Occurred())
-        PyErr_SetString(PyExc_RuntimeError, "PairLane: the held message's queue changed under the lane");
-    return rc < 0 ? -1 : 1;
 }
 
 /* recv(buf, peer, tag): the done Work, None (the general way), or False (the general way, without spinning:
@@ -489,9 +401,9 @@ static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t
     PyObject *kept = NULL;
     int took = take_call(self, args, nargs, 1, &c);
     if (took > 0)
-        took = mailbox_ahead(self, &c, &kept);
+        took = acpy_pair_ahead(self, &c, &kept);
     if (took == 2) { /* a message held for it: taken as the mailbox would, no FIFO involved */
-        took = take_held(self, &c, kept);
+        took = acpy_pair_take_held(self, &c, kept);
         Py_DECREF(kept);
         if (took <= 0)
             return took < 0 ? NULL : Py_NewRef(Py_None);
@@ -585,13 +497,11 @@ int acpy_pair_lane_ready(PyObject *m) {
         {&s_aborted, "aborted"}, {&s_closed, "closed"}, {&s_lock, "_lock"}, {&s_locked, "_locked"},
         {&s_control, "_control"}, {&s_tx, "tx"}, {&s_rx, "rx"}, {&s_ctl, "ctl"}, {&s_data, "data"}, {&s_cap, "cap"},
         {&s_paused, "paused"}, {&s_reader, "reader"}, {&s_done, "_done"}, {&s_got, "_got"},
-        {&s_done_flag, "done"}, {&s_rts, "rts"}, {&s_header, "header"}, {&s_view, "view"}, {&s_popleft, "popleft"},
-        {&s_free, "free"},
     };
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if (*names[k].at == NULL && (*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
             return -1;
-    if (PyType_Ready(&acpy_PairLaneType) < 0)
+    if (acpy_pair_held_ready() < 0 || PyType_Ready(&acpy_PairLaneType) < 0)
         return -1;
     return PyModule_AddObjectRef(m, "PairLane", (PyObject *)&acpy_PairLaneType);
 }

@@ -1,0 +1,54 @@
+/* The point-to-point lane's object, shared by its two files: pair_lane.c (the type, send, recv from the FIFO)
+ * and pair_held.c (recv against what the engine's mailbox holds). Not exported beyond src/py/. */
+#ifndef AIOCCL_PAIR_LANE_OBJECT_H
+#define AIOCCL_PAIR_LANE_OBJECT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <numpy/arrayobject.h>
+
+#include "core/bell.h"
+#include "core/fifo.h"
+#include "work.h"
+
+#define NOGIL_BYTES ((size_t)64 << 10) /* copies from this size on release the GIL */
+enum { DTYPE_CACHE = 16, NAME_CACHE = 64 };
+
+typedef struct {
+    long long peer, tag;
+    PyObject *name;
+} named;
+
+typedef struct {
+    PyObject_HEAD
+    acpy_work_maker wm;
+    PyObject *engine, *conns, *queued, *posted, *early, *wild, *probes, *lost;
+    PyObject *pair_type, *group_var, *record, *status_type, *dtype_code, *ranks;
+    struct { PyObject *descr; long code; } codes[DTYPE_CACHE];
+    named names[2][NAME_CACHE]; /* send's and recv's Work names by (peer, tag): formatting one costs more than a send */
+    ac_bell *bells; /* per communicator rank */
+    int fd, rank, size, yield_cpu, enabled;
+    unsigned long thread_id;
+    unsigned long long ctx;
+    Py_ssize_t eager;
+    long long spin_ns, sent, received, spun;
+} PairLane;
+
+/* one call's arguments, checked (pair_lane.c's take_call) */
+typedef struct {
+    PyArrayObject *arr;
+    long long peer, tag;
+    PyObject *world; /* borrowed from ranks */
+    PyObject *conn;  /* borrowed from conns */
+    long code;
+    size_t nbytes;
+} call;
+
+/* What in the mailbox comes before this receive: 1 nothing, 2 a message held for it (*held, a new reference),
+ * 0 something the general way must sort out, -1 an error (pair_held.c) */
+int acpy_pair_ahead(PairLane *self, call *c, PyObject **held);
+/* Take the held message `e` into the receive's buffer: 1 taken, 0 not for the lane, -1 an error */
+int acpy_pair_take_held(PairLane *self, call *c, PyObject *e);
+int acpy_pair_held_ready(void);
+
+#endif
