@@ -19,6 +19,7 @@ from .engine.p2p.probes import Message as Message
 from .engine.p2p.starts import start_drain, start_probe, start_recv, start_recv_any, start_send
 from .engine.receives import Status as Status
 from .errors import InvalidArgument
+from .fast_lane import NOT_HOST, host_view
 from .work import Work
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ class PointToPointOps:
         """
         lane = self._pair_lane
         if lane is not None and timeout is None and stream is None:  # the native lane: done in the call, or None
-            w = lane.send(x, peer, tag)  # (off once the communicator is not usable: _lane_off)
+            w = lane.send(x if x.__class__ is np.ndarray else _on_host(x), peer, tag)  # (off once not usable)
             if w is not None:
                 return w  # type: ignore[no-any-return]
         t = self._op_timeout(timeout)
@@ -103,7 +104,8 @@ class PointToPointOps:
         """
         lane, spin = self._pair_lane, True
         if lane is not None and timeout is None and stream is None:  # the native lane: done in the call, None,
-            w = lane.recv(buf, peer, tag)  # or False (it spun: the general way need not spin again)
+            # or False (it spun: the general way need not spin again); a CPU tensor as its numpy view
+            w = lane.recv(buf if buf.__class__ is np.ndarray else _on_host(buf), peer, tag, buf)
             if w is not None and w is not False:
                 return w  # type: ignore[no-any-return]
             spin = w is None
@@ -178,3 +180,9 @@ def _probe(peer: int) -> Callable[[], list[int]]:
 
 def _nothing() -> None:
     return None
+
+
+def _on_host(x: Any) -> Any:
+    """A dense CPU tensor as the numpy array the lane takes (None, which it declines, for anything else)."""
+    view = host_view(x)
+    return None if view is NOT_HOST else view

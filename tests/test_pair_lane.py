@@ -72,6 +72,25 @@ def test_every_dtype_and_size_done_in_the_call_and_exact(dt: Any) -> None:
     pair(body)
 
 
+def test_cpu_tensors_go_through_the_lane_and_come_back_as_themselves() -> None:
+    torch = pytest.importorskip("torch")
+
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        for dt in (torch.int32, torch.float64, torch.uint8):
+            x, y = torch.arange(11).to(dt), torch.full((11,), 113).to(dt)
+            before = counts(a)[0], counts(b)[1]
+            w, r = a.isend(x, 1, 2), b.irecv(y, 0, 2)
+            assert w.done() and r.done() and (counts(a)[0], counts(b)[1]) == (before[0] + 1, before[1] + 1)
+            got = await r
+            assert got is y and torch.equal(y, x), (dt, y)
+        g, out = torch.arange(3.0, requires_grad=True), np.zeros(3, np.float32)  # no numpy view: the general way
+        sent = counts(a)[0]
+        await asyncio.gather(a.isend(g, 1, 2), b.irecv(out, 0, 2))
+        assert counts(a)[0] == sent and (out == [0.0, 1.0, 2.0]).all()
+
+    pair(body)
+
+
 def test_a_receive_posted_first_takes_the_first_message() -> None:
     """The lane never takes a message that an earlier receive, posted in the engine, is owed (same key)."""
     async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:

@@ -208,8 +208,8 @@ static void unhold(held *h) {
 
 /* the checks both ops share: 1 the lane takes the call (c filled), 0 not (the general way), -1 an error */
 static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, int writing, call *c) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "send/recv(array, peer, tag)");
+    if (nargs != 3 && !(writing && nargs == 4)) {
+        PyErr_SetString(PyExc_TypeError, "send(array, peer, tag) or recv(array, peer, tag[, given])");
         return -1;
     }
     if (!self->enabled || !PyArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]) ||
@@ -377,7 +377,7 @@ static int reader_idle(PyObject *conn) {
 }
 
 /* a receive's done Work: it gives the buffer back and says whose message it got */
-static PyObject *recv_work(PairLane *self, call *c, double t0) {
+static PyObject *recv_work(PairLane *self, call *c, PyObject *given, double t0) {
     PyObject *items = Py_BuildValue("((LL))", c->peer, c->tag), *status = NULL;
     if (items != NULL) /* Status(peer, tag), a named tuple, made as tuple.__new__ makes it (no Python __new__) */
         status = PyTuple_Type.tp_new((PyTypeObject *)self->status_type, items, NULL);
@@ -385,7 +385,7 @@ static PyObject *recv_work(PairLane *self, call *c, double t0) {
     if (status == NULL)
         return NULL;
     PyObject *w = done_work(self, op_name(self, 1, c), c,
-                            (PyObject *)c->arr, t0);
+                            given, t0);
     if (w != NULL)
         acpy_work_set(&self->wm, w, WORK_SLOT_STATUS, status);
     else
@@ -408,7 +408,7 @@ static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t
         if (took <= 0)
             return took < 0 ? NULL : Py_NewRef(Py_None);
         self->received++;
-        return recv_work(self, &c, t0);
+        return recv_work(self, &c, nargs == 4 ? args[3] : args[0], t0);
     }
     if (took > 0) {
         int paused = attr_true(c.conn, s_paused);
@@ -455,7 +455,7 @@ static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t
         ac_bell_ring(self->fd, &self->bells[c.peer], 1, 1);
     unhold(&h);
     self->received++;
-    return recv_work(self, &c, t0);
+    return recv_work(self, &c, nargs == 4 ? args[3] : args[0], t0);
 }
 
 static PyObject *PairLane_stats(PairLane *self, PyObject *Py_UNUSED(arg)) {
@@ -466,7 +466,7 @@ static PyMethodDef PairLane_methods[] = {
     {"send", (PyCFunction)(void (*)(void))PairLane_send, METH_FASTCALL,
      "send(x, peer, tag): the done Work of an eager send over the pair's FIFO, or None (the general way)"},
     {"recv", (PyCFunction)(void (*)(void))PairLane_recv, METH_FASTCALL,
-     "recv(buf, peer, tag): the done Work of a receive whose message is (or comes within the spin) first in the "
+     "recv(buf, peer, tag[, given]): the done Work (giving back `given`, by default buf) of a receive whose message is (or comes within the spin) first in the "
      "FIFO, None (the general way), or False (the general way, without spinning again)"},
     {"stats", (PyCFunction)PairLane_stats, METH_NOARGS, "{'sent', 'received', 'spun'}: calls finished in C"},
     {NULL, NULL, 0, NULL},
