@@ -284,6 +284,25 @@ def test_bad_input_raises_before_a_byte_moves_and_other_arrays_go_the_general_wa
     pair(body)
 
 
+def test_a_full_fifo_of_unclaimed_messages_never_holds_back_the_one_awaited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4 KiB FIFO filled with messages nobody has asked for yet, and the message the receiver waits for
+    behind them: the sender waits for room, so the engine reads the others in, and the awaited one comes."""
+    monkeypatch.setenv("AIOCCL_SHM_RING", "4096")
+
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        # 64-byte frames (a header and 4 int32): 64 fill the FIFO exactly, so no byte of the next is in it
+        sends = [a.isend(data(4, np.int32, k), 1, 1) for k in range(200)] + [a.isend(data(4, np.int32, 999), 1, 2)]
+        y = poisoned(4, np.int32)
+        await asyncio.wait_for(b.irecv(y, 0, 2), 10)
+        assert (y == data(4, np.int32, 999)).all()
+        for k in range(200):
+            await asyncio.wait_for(b.irecv(y, 0, 1), 10)
+            assert (y == data(4, np.int32, k)).all(), (k, y)
+        await asyncio.gather(*sends)
+
+    pair(body)
+
+
 @pytest.mark.parametrize("ring", ["4096", "65536", "4194304"])
 def test_streams_between_processes_exact_with_frames_round_the_fifo(ring: str) -> None:
     """Real processes, every size from 0 to past the FIFO, both directions at once: every message exact, in

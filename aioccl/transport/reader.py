@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .frames import BYE, BYE_ABORT, HEADER_SIZE, P2P, Header, unpack
-from .shm.fifo import HEAD, TAIL, ByteFifo
+from .shm.fifo import BLOCKED, HEAD, TAIL, ByteFifo
 
 # a larger message is read in all the same: held in the FIFO it would keep its sender from the next one
 LINGER_MAX = 256 << 10
@@ -116,18 +116,23 @@ class FrameReader:
     def _run_start(self, fifo: ByteFifo, unclaimed: Unclaimed) -> int:
         """Where the run of whole, unclaimed point-to-point messages at the end of what ``fifo`` has published
         begins (its head: no run). Frames looked at before are not looked at again (``_scanned``, reset by
-        ``forget_scan`` when a claim is made); a frame still arriving, or one that must be read, ends a run."""
+        ``forget_scan`` when a claim is made); a frame still arriving, or one that must be read, ends a run.
+        No run while the sender waits for room in the FIFO: the frame it holds back might be the one this
+        rank waits for, so the engine reads everything in (into pooled buffers, as without the lane)."""
         ctl, data, cap = fifo.ctl, fifo.data, fifo.cap
         tail, head = ctl[TAIL], ctl[HEAD]
+        if ctl[BLOCKED]:  # the sender waits for room: what it holds back may be what this rank waits for
+            return head
         run, pos = self._scanned
         if pos < tail or run < tail:
             run = pos = tail
         while pos < head:
             at = pos % cap
-            if head - pos < HEADER_SIZE or at + HEADER_SIZE > cap:
+            if head - pos < HEADER_SIZE:
                 self._scanned = (pos, pos)
-                return head  # a header still coming, or round the end: everything is read
-            h = unpack(data, at)
+                return head  # a header still coming: everything is read
+            wrap = at + HEADER_SIZE - cap  # (a header round the FIFO's end: its two parts)
+            h = unpack(data, at) if wrap <= 0 else unpack(bytes(data[at:]) + bytes(data[:wrap]))
             end = pos + HEADER_SIZE + h.nbytes
             if end > head:  # still arriving: it, and the run before it, are read
                 self._scanned = (pos, pos)

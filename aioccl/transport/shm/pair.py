@@ -155,7 +155,6 @@ class ShmPairConnection:
             if n:
                 off += n
                 continue
-            self.hub.ring(self.peer)  # the FIFO is full: the reader must drain it before more fits
             await self._wait_for_space()
 
     async def _wait_for_space(self) -> None:
@@ -164,6 +163,8 @@ class ShmPairConnection:
         self._space.clear()
         self._waiting = True
         self.tx.set_blocked(True)
+        fence()  # the flag, then the bell: the reader sees it waits (and reads in what it left for the lane)
+        self.hub.ring(self.peer)  # the FIFO is full: the reader must drain it before more fits
         try:
             if self.tx.free() == 0:  # re-check after raising the flag: the reader may have just freed space
                 try:
