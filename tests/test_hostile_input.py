@@ -69,8 +69,14 @@ async def test_fuzzed_ports_do_not_stop_real_ranks(caplog):
     assert set(ports) <= fuzz_ports, "a real rank's connection was dropped"
     assert any(line.startswith("root: dropped") for line in dropped), dropped  # both servers were attacked
     assert any(line.startswith("rank 0: dropped") for line in dropped), dropped
+    # past 8 drops at one server the rest are summarised (at its close at the latest), naming their source; how many
+    # connections the fuzzer gets in depends on the machine's load (a loaded run saw 5 and 3), so none may come:
+    # test_flood.py holds the one-by-one-then-summary rule itself, deterministically
     summaries = [r.getMessage() for r in caplog.records if " more connections in " in r.getMessage()]
-    assert summaries and all("from 127.0.0.1 (" in line for line in summaries), summaries
+    assert all("from 127.0.0.1 (" in line for line in summaries), summaries
+    for who in ("root", "rank 0"):
+        one_by_one = [line for line in dropped if line.startswith(f"{who}: dropped")]
+        assert len(one_by_one) <= 8, one_by_one  # never more lines than the rule allows
     # bounded: nothing kept per stranger
     assert _rss_kib() - rss_before < 64 * 1024
     await asyncio.sleep(0.2)
