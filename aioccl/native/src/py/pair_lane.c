@@ -43,7 +43,7 @@
 #define STREAM_SPIN_NS 20000000LL         /* starts.MAX_STREAM_SPIN_S: a frame streaming in is waited for */
 enum { WORK_SLOT_STATUS = 17 };
 
-static PyObject *s_aborted, *s_closed, *s_lock, *s_locked, *s_control, *s_tx, *s_rx, *s_ctl, *s_data, *s_cap,
+static PyObject *s_aborted, *s_closed, *s_lock, *s_locked, *s_control, *s_tx, *s_rx, *s_ctl, *s_data,
     *s_paused, *s_reader, *s_done, *s_got;
 
 #define PAIR_REFS(self) {&(self)->engine, &(self)->conns, &(self)->queued, &(self)->posted, &(self)->early, \
@@ -495,7 +495,7 @@ PyTypeObject acpy_PairLaneType = {
 int acpy_pair_lane_ready(PyObject *m) {
     struct { PyObject **at; const char *s; } names[] = {
         {&s_aborted, "aborted"}, {&s_closed, "closed"}, {&s_lock, "_lock"}, {&s_locked, "_locked"},
-        {&s_control, "_control"}, {&s_tx, "tx"}, {&s_rx, "rx"}, {&s_ctl, "ctl"}, {&s_data, "data"}, {&s_cap, "cap"},
+        {&s_control, "_control"}, {&s_tx, "tx"}, {&s_rx, "rx"}, {&s_ctl, "ctl"}, {&s_data, "data"},
         {&s_paused, "paused"}, {&s_reader, "reader"}, {&s_done, "_done"}, {&s_got, "_got"},
     };
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
