@@ -71,6 +71,11 @@ def fast_lane(comm: Communicator) -> Any:
     return comm._lane
 
 
+def pair_lane(comm: Communicator) -> Any:
+    """``comm``'s native point-to-point lane (``aioccl.native.core.PairLane``, ``p2p_lane.py``), or None."""
+    return comm._pair_lane
+
+
 def channel(comm: Communicator) -> Any:
     """``comm``'s shared-memory channel (``engine/shm/channel.py``), or None when its ranks span hosts."""
     return comm._shm

@@ -2,13 +2,18 @@
 ``native/src/py/pair_lane.c``) when the engine has shared-memory pairs and the native core is loaded.
 
 ``comm.isend(x, peer)`` and ``comm.irecv(buf, peer)`` of a contiguous numpy array to or from a same-host
-peer then run from the call to the done Work in C while nothing else is in their way: an eager send whose
-frame fits the FIFO with nothing queued before it, and a receive whose message is first in the FIFO (or
-comes within the pair's spin) with nothing posted or held before it. Everything else (a full FIFO, a
+peer, called on the engine's thread (the inline engine's: the caller's loop), then run from the call to
+the done Work in C while nothing else is in their way: an eager send whose frame fits the FIFO with
+nothing queued before it, and a receive whose message is first in the FIFO (or comes within the pair's
+spin) with nothing posted or held before it. Everything else (a full FIFO, a
 rendezvous, a late message, wildcards, probes, deadlines that must run, a lost peer) is the engine's, as
 before: the lane answers None and the general way runs. It is off (``enabled``) once the communicator is
 closed, aborted, shrunk or has lost a rank (``FastLane._lane_off``), and never made with
 ``AIOCCL_NATIVE=0``.
+
+Callers outside Python use the same lane on an engine of its own thread: jax_ext's point-to-point custom
+calls, from XLA's thread, borrow the idle engine (its lock, as ``Placement.borrow``) for the call
+(``native/src/py/pair_native.c``); the loop is woken (``Placement.wake``) when they took what it held.
 """
 
 from __future__ import annotations
@@ -28,10 +33,9 @@ if TYPE_CHECKING:
 
 
 def open_pair_lane(engine: Engine, view: CommView, record: Any) -> Any:
-    """The communicator's PairLane, or None: no native core, no shared-memory pair in the engine, or an engine
-    on a thread of its own (the lane runs calls made on the engine's thread only: the inline engine's)."""
+    """The communicator's PairLane, or None: no native core, or no shared-memory pair in the engine."""
     core, hub = native.core, engine.pair_hub
-    if core is None or hub is None or engine.placement.kind != "inline":  # (calls from the engine's thread only)
+    if core is None or hub is None:
         return None
     hub.unclaimed = engine.mailbox.unclaimed  # a pump leaves the last message in the FIFO for the lane to take
     bell = hub.bell.bell
@@ -41,4 +45,5 @@ def open_pair_lane(engine: Engine, view: CommView, record: Any) -> Any:
         engine, engine.conns, engine.queued_sends, box.p2p_posted, box.p2p_early, box.wild.by_ctx,
         box.probes.waiting, box.lost, ShmPairConnection, view.ctx, tuple(view.ranks), view.rank, Work,
         BORN_DONE_LOCK, placement, placement.thread_id, current_group, record, Status, dtype_code, engine.eager,
-        hub.spin_s, hub.yield_cpu, bell.sender(), tuple(bell.address(bell.comm_id, w) for w in view.ranks))
+        hub.spin_s, hub.yield_cpu, bell.sender(), tuple(bell.address(bell.comm_id, w) for w in view.ranks),
+        placement.lock, placement.wake)

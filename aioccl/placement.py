@@ -119,6 +119,10 @@ class Placement:
         if busy or ready or timers is None or len(timers) != self._timers_at_borrow:
             self.call(_nothing)
 
+    def wake(self) -> None:
+        """Have the loop look at what a borrower left it (the native lane's callers, ``p2p_lane.py``)."""
+        self.call(_nothing)
+
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the engine loop soon, from any thread."""
         if self.on_loop_thread():

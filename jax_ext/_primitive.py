@@ -257,18 +257,20 @@ def callback_factory(name: str, run: RunFn) -> Callable[..., _compat.HostCallbac
 
 def define(name: str, *, abstract: Callable[..., Any], run: RunFn,
            alias: bool | Callable[..., bool] = False, multiple_results: bool = False,
-           replayable: Callable[..., bool] = lambda **_: True) -> Any:
+           replayable: Callable[..., bool] = lambda **_: True, pair: native_call.Pair | None = None) -> Any:
     """A new ordered primitive ``aioccl_<name>`` whose last operand is the mesh position. ``alias``
     (or ``alias(**params)``): the output may share the first input's buffer (same shape and dtype).
     ``replayable(rank=, same=, **params)``: ``run`` is exactly one op of the communicator on the buffers
-    it is given (nothing copied around it), so a native custom call may run that op alone (native_call.py)."""
+    it is given (nothing copied around it), so a native custom call may run that op alone (native_call.py).
+    ``pair(rank=, **params)``: a point-to-point op's ``(dest, source, tag)`` (-1: no such half; None: not
+    one the native lane runs), for the native custom call's point-to-point lane (native_call.py)."""
     p = _compat.new_primitive(f"aioccl_{name}", multiple_results)
     _compat.def_abstract_eval(p, abstract, effects_of)
     def aliases(**params: Any) -> dict[int, int]:
         return {0: 0} if (alias(**params) if callable(alias) else alias) else {}
 
     _compat.def_lowering(p, callback_factory(name, run), aliases, effects_of,
-                         native_call.site_maker(name, run, replayable))
+                         native_call.site_maker(name, run, replayable, pair))
     return p
 
 

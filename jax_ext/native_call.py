@@ -10,7 +10,11 @@ site (and each member, and each aliasing of input and output) goes the engine's 
 fallback below, with the GIL; the op it runs is *captured*, and when it is one the core runs (a
 small op of lockstep steps on a same-host channel, whose buffers are exactly XLA's), the site learns
 its program. Later calls run it in C: the lane's counters, the channel's gate, the protocol. The
-rest stay on the fallback for good: large ops, other hosts, point-to-point.
+rest stay on the fallback for good: large ops, other hosts. A point-to-point op (``send``, ``recv``,
+``sendrecv``, ``ppermute``) learns its peers and tag at its first call (``pair=`` of its primitive) and
+runs from then on through its communicator's native point-to-point lane (``aioccl/p2p_lane.py``):
+whatever the lane cannot take (a full FIFO, a message past the eager limit, a wildcard, a late peer)
+comes back here, whole or with its send done (``PAIR_SENT``: the receive alone runs here).
 
 An op the core started and cannot finish (a late peer past the spin, a failure) is carried on by
 the engine from where the core left it (``aioccl.lowlevel.resume_native``): deadlines, verdicts,
@@ -33,6 +37,7 @@ import numpy as np
 
 from aioccl import Communicator, lowlevel, native
 from aioccl.algorithms.table import TABLE
+from aioccl.dtypes import dtype_code
 from aioccl.fast_lane import CAPTURE
 
 from . import _compat, call_log
@@ -44,6 +49,7 @@ ON_IN, ON_OUT, ON_NONE = 0, 1, 2
 TARGETS: tuple[tuple[str, bool], ...] = (*((c.name, True) for c in TABLE), ("send", False), ("recv", False),
                                          ("sendrecv", False), ("ppermute", False))
 NOT_NOW = -100  # the handler did not run the op: run it the engine's way (fast_lane.h's ACPY_LANE_NOT_NOW)
+PAIR_SENT = -101  # the handler did a point-to-point op's send, not its receive (pair_lane.h's ACPY_PAIR_SENT)
 _lock = threading.Lock()
 _sites: dict[Any, int] = {}
 _errors: OrderedDict[int, BaseException] = OrderedDict()  # the last errors reported to XLA, by number
@@ -75,9 +81,11 @@ def _register() -> None:
 
 
 Replayable = Callable[..., bool]  # replayable(rank, same, **params): the run is the one op and nothing else
+Pair = Callable[..., "tuple[int, int, int] | None"]  # pair(rank, **params): (dest, source, tag), -1: no such half
 
 
-def site_maker(name: str, run: Callable[..., None], replayable: Replayable) -> _compat.SiteMaker:
+def site_maker(name: str, run: Callable[..., None], replayable: Replayable,
+               pair: Pair | None = None) -> _compat.SiteMaker:
     """``make_site(info, avals_in, avals_out, group=..., **params)`` for ``_compat.def_lowering``: the site
     index of a lowering (made once per op, group, parameters and shapes), or None: a host callback instead."""
 
@@ -95,7 +103,7 @@ def site_maker(name: str, run: Callable[..., None], replayable: Replayable) -> _
             return ix
         _register()
         members = getattr(resolve, "members", 1)
-        site = Site(name, run, replayable, resolve, avals_in[:-1], avals_out, params)
+        site = Site(name, run, replayable, resolve, avals_in[:-1], avals_out, params, pair)
         with _lock:
             ix = _sites.get(key)
             if ix is None:
@@ -119,8 +127,11 @@ class Site:
     """One lowered op: the Python side of its native handler (first calls, fallback, carrying on)."""
 
     def __init__(self, name: str, run: Callable[..., None], replayable: Replayable, resolve: Any,
-                 avals_in: Sequence[Any], avals_out: Sequence[Any], params: dict[str, Any]) -> None:
+                 avals_in: Sequence[Any], avals_out: Sequence[Any], params: dict[str, Any],
+                 pair: Pair | None = None) -> None:
         self.name, self.run, self.replayable, self.resolve, self.params = name, run, replayable, resolve, params
+        self.pair = pair
+        self.pairs: dict[int, tuple[int, int, int] | None] = {}  # position -> its point-to-point op, as taught
         self.ins = [(np.dtype(a.dtype), tuple(a.shape)) for a in avals_in]
         self.outs = [(np.dtype(a.dtype), tuple(a.shape)) for a in avals_out]
         self.index = -1
@@ -150,7 +161,7 @@ class Site:
             with call_log.logged(comm.rank, self.what, items, ""):
                 self._call(comm, pos, variant, rc, seq, order, arrays, outs_)
         except BaseException as e:  # noqa: BLE001 - reported to XLA as its text, kept for error_cause
-            if rc != NOT_NOW and not self._carried(pos, seq):
+            if rc not in (NOT_NOW, PAIR_SENT) and not self._carried(pos, seq):
                 raise  # a started op not taken on yet (an interrupt on the way in): the handler calls again
             raise RuntimeError(report(e)) from None
 
@@ -160,6 +171,10 @@ class Site:
             with _lock:  # one rank: the handler gives the input back itself from the next call on
                 native.core.ffi_member(self.index, pos, lowlevel.fast_lane(comm))  # type: ignore[union-attr]
                 self.members.add(pos)
+        if rc == PAIR_SENT:  # the core sent; the receive is the engine's (dropped by an interrupt: withdrawn)
+            _, source, tag = self.pairs[pos] or (-1, -1, -1)
+            run_guarded(lambda c, a, b, same: c.irecv(b[0], source, tag).wait(), comm, ins, outs, bool(variant))
+            return
         if rc != NOT_NOW:
             wait_guarded(self._carrier(comm, pos, variant, rc, seq, order, ins, outs))
             return
@@ -169,8 +184,29 @@ class Site:
                 self.run(comm, a, b, same, **params)
             self._learn(comm, pos, variant, ops, a, b, same)
 
+        if self.pair is not None:
+            run_guarded(self.run, comm, ins, outs, bool(variant), **self.params)
+            if pos not in self.pairs:
+                self._learn_pair(comm, pos)
+            return
         run = learning if (pos, variant) not in self.templates else self.run
         run_guarded(run, comm, ins, outs, bool(variant), **self.params)
+
+    def _learn_pair(self, comm: Communicator, pos: int) -> None:
+        """Teach the handler this member's point-to-point op, run from then on by the communicator's native
+        lane (``aioccl/p2p_lane.py``), when it has one and the op is one the lane runs."""
+        core, lane = native.core, lowlevel.pair_lane(comm)
+        assert self.pair is not None
+        peers = self.pairs[pos] = self.pair(rank=comm.rank, **self.params)
+        if core is None or lane is None or peers is None or comm.rank in peers[:2]:
+            return
+        dest, source, tag = peers
+        try:
+            codes = (dtype_code(self.ins[0][0]) if dest >= 0 else 0, dtype_code(self.outs[0][0]) if source >= 0 else 0)
+        except (TypeError, ValueError, IndexError):
+            return  # (a dtype the frames do not carry: the engine's way says so)
+        with _lock:
+            core.ffi_pair(self.index, pos, lane, dest, source, tag, *codes)
 
     def _carrier(self, comm: Communicator, pos: int, variant: int, rc: int, seq: int, order: int,
                  ins: list[np.ndarray], outs: list[np.ndarray]) -> Job:

@@ -5,12 +5,13 @@ Members that no pair sends to get zeros. Transpose: the inverse permutation.
 Two ways, chosen per call at trace time:
 
 - small (the whole group's data within the native core's size limit, on CPU): an ``all_gather`` of
-  every member's block, and each member takes its source's block. Why: point-to-point is not native,
-  a gather is (one lockstep step on shared memory, in C inside jitted code: a few microseconds, where
-  the point-to-point path costs a hand-off to the engine's thread, ~100x that). Autodiff and vmap
-  follow the gather and the take (the cotangent reaches the source through the gather's transpose).
+  every member's block, and each member takes its source's block. Why: a gather is one lockstep step on
+  shared memory, in C inside jitted code on any engine, where point-to-point runs in C only on a
+  same-host pair with an engine of its own thread (the native lane borrows it) and costs a hand-off to
+  the engine otherwise. Autodiff and vmap follow the gather and the take (the cotangent reaches the
+  source through the gather's transpose).
 - otherwise the group's point-to-point path under a tag of its own, so it never matches a user's
-  ``send``/``recv``.
+  ``send``/``recv`` (in C, through the native lane, where it can: ``native_call.py``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,12 @@ def _run(comm: Communicator, ins: list[np.ndarray], outs: list[np.ndarray], same
         w.wait()
 
 
-ppermute_p = define("ppermute", abstract=_abstract, run=_run)
+def _pair(*, rank: int, perm: tuple[tuple[int, int], ...]) -> tuple[int, int, int]:
+    """This member's (dest, source, TAG) for the native lane; -1: it sends or receives nothing."""
+    return (next((d for s, d in perm if s == rank), -1), next((s for s, d in perm if d == rank), -1), TAG)
+
+
+ppermute_p = define("ppermute", abstract=_abstract, run=_run, pair=_pair)
 def_linear(ppermute_p, lambda ct, pos, *, group, perm: ppermute_p.bind(
     ct, pos, group=group, perm=tuple((d, s) for s, d in perm)))
 def_batching(ppermute_p, axis0=False)

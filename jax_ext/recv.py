@@ -68,7 +68,9 @@ def _run(comm: Communicator, ins: list[np.ndarray], outs: list[np.ndarray], same
     fill(status, w.status.source, w.status.tag, outs[0])
 
 
-recv_p = define("recv", abstract=_abstract, run=_run)
+recv_p = define("recv", abstract=_abstract, run=_run,  # (wildcards and a Status to fill: the engine's)
+                pair=lambda *, rank, source, tag, status: (-1, source, tag) if status is None and source >= 0
+                and tag >= 0 else None)
 def_batching(recv_p, axis0=False)
 
 

@@ -32,7 +32,8 @@ def _run(comm: Communicator, ins: list[np.ndarray], outs: list[np.ndarray], same
     comm.isend(ins[0], dest, tag).wait()
 
 
-send_p = define("send", abstract=_abstract, run=_run, multiple_results=True)
+send_p = define("send", abstract=_abstract, run=_run, multiple_results=True,
+                pair=lambda *, rank, dest, tag: (dest, -1, tag))
 def_batching(send_p, axis0=False)
 
 

@@ -37,7 +37,8 @@ def _run(comm: Communicator, ins: list[np.ndarray], outs: list[np.ndarray], same
     fill(status, source, tag, outs[0])
 
 
-sendrecv_p = define("sendrecv", abstract=_abstract, run=_run)
+sendrecv_p = define("sendrecv", abstract=_abstract, run=_run,  # (a Status to fill: the engine's)
+                    pair=lambda *, rank, source, dest, tag, status, **_: None if status else (dest, source, tag))
 
 
 def _batch(args: Any, dims: Any, **params: Any) -> Any:

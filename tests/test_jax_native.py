@@ -90,3 +90,13 @@ def test_a_closed_communicator_refuses_a_jitted_op_answered_in_c() -> None:
     with pytest.raises(Exception) as info:
         f(jnp.arange(3.0)).block_until_ready()
     assert isinstance(jax_ext.error_cause(info.value), aioccl.CommAborted), info.value
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_point_to_point_calls_run_on_the_native_lane_exact(n: int) -> None:
+    """sendrecv, send/recv and a large ppermute inside jitted code, in C after their first call (the lane,
+    the engine borrowed from XLA's thread): every dtype and size exact, a late peer, a quiet FIFO."""
+    done = launch(n, "jax_pair.py", env=TRANSPORT_ENV["shm"], timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = re.findall(r"JAXPAIR ok rank (\d+) native (\d+) carried (\d+)", done.stdout)
+    assert len(lines) == n, done.stdout + done.stderr

@@ -21,6 +21,7 @@ import aioccl
 from aioccl import ANY_SOURCE, Status, native
 from aioccl.dtypes import SUPPORTED_DTYPES
 from aioccl.errors import CollectiveMismatch, InvalidArgument
+from aioccl.transport.shm.fifo import QUIET
 
 from conftest import close_all, launch, make_comms
 
@@ -206,6 +207,49 @@ def test_the_last_message_waits_in_the_fifo_until_something_posted_wants_it() ->
         y8 = poisoned(2, np.uint8)
         await b.irecv(y8, 0, 12)  # read in before the connection ended: the message stays good
         assert (y8 == data(2, np.uint8, 5)).all()
+
+    pair(body)
+
+
+def test_a_quiet_fifo_rings_no_bell_and_every_other_way_in_still_finds_the_message() -> None:
+    """Once the receiver's lane saw nothing posted, its FIFO is *quiet*: the sender's lane rings no bell for a
+    message, so the engine never hears of it; a receive, wildcard or probe posted later makes the FIFO loud
+    again and reads it (fence between: the message is found whichever side went first), as does the end of
+    the connection."""
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        conn = b._engine.conns[0]
+
+        async def quiet_send(k: int, tag: int, dt: Any = np.int32) -> None:
+            await a.isend(data(1, np.int8), 1, 99)  # a round trip through both lanes: b's FIFO from a is quiet
+            y1 = poisoned(1, np.int8)
+            await b.irecv(y1, 0, 99)
+            await settle(b)  # (the bell that message rang)
+            assert conn.rx.ctl[QUIET] == 1
+            before, scanned = conn.rx.available(), conn.reader._scanned
+            await a.isend(data(k, dt, tag), 1, tag)
+            await settle(b)
+            assert conn.rx.available() > before and conn.reader._scanned == scanned  # never read: no bell rang
+
+        ways = ((6, lambda y: b.irecv(y, 0, 6, timeout=5)), (7, lambda y: b.irecv(y, ANY_SOURCE, 7)),
+                (9, lambda y: b.irecv(y, 0, aioccl.ANY_TAG)))
+        for tag, receive in ways:
+            await quiet_send(3, tag)
+            y = poisoned(3, np.int32)
+            await asyncio.wait_for(receive(y), 10)
+            assert (y == data(3, np.int32, tag)).all(), (tag, y)
+            assert conn.rx.ctl[QUIET] == 0
+        await quiet_send(4, 10, np.float32)
+        m = await asyncio.wait_for(b.probe(0, 10), 10)
+        assert (m.source, m.tag, m.size) == (0, 10, 4)
+        y = poisoned(4, np.float32)
+        await b.irecv(y, m.source, m.tag)
+        assert (y == data(4, np.float32, 10)).all()
+        await quiet_send(2, 12, np.uint8)
+        await a.close()
+        await settle(b)
+        y8 = poisoned(2, np.uint8)
+        await asyncio.wait_for(b.irecv(y8, 0, 12), 10)  # read in as the connection ended
+        assert (y8 == data(2, np.uint8, 12)).all()
 
     pair(body)
 

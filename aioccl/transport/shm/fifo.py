@@ -10,7 +10,9 @@ Layout, from ``base``::
     [head: u64][pad to 64]   bytes ever published (written by the producer only)
     [tail: u64][pad to 64]   bytes ever consumed (written by the consumer only)
     [blocked: u64][pad]      1 while the producer waits for space (it wants a bell)
-    [watching: u64][pad]     1 while the consumer spins on the FIFO (it needs no bell)
+    [watching: u64]          1 while the consumer spins on the FIFO (it needs no bell)
+    [quiet: u64][pad]        1 while the consumer's engine waits for no point-to-point message from
+                             the producer: the native lane's sends ring no bell for one (``pair.py``)
     [data: cap bytes]
 
 Each counter has its own cache line and one writer; an aligned 8-byte store
@@ -25,7 +27,7 @@ import threading
 
 CTRL_BYTES = 256
 PUBLISH_EVERY = 128 << 10  # a large frame is published in pieces of this size (see write_frame)
-HEAD, TAIL, BLOCKED, WATCHING = 0, 8, 16, 24  # u64 indices into the control block
+HEAD, TAIL, BLOCKED, WATCHING, QUIET = 0, 8, 16, 24, 25  # u64 indices into the control block
 _fence_lock = threading.Lock()
 
 

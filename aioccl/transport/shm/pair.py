@@ -32,7 +32,7 @@ from ..cma import PeerMemory
 from ..frames import BYE, SAID_ABORT, Header, abort_words
 from ..reader import FrameReader, SideChannel, Sink, Unclaimed
 from ..tcp import TcpConnection
-from .fifo import BLOCKED, HEAD, TAIL, ByteFifo, fence
+from .fifo import BLOCKED, HEAD, QUIET, TAIL, ByteFifo, fence
 from .segment import LoopBell, Segment
 
 _log = log.get("SHM")
@@ -73,11 +73,20 @@ class PairHub:
 
     def read_left(self, peer: int) -> None:
         """A receive or probe was posted for world rank ``peer`` (-1: any): read in what a FIFO from it still
-        holds for the native lane (``unclaimed``), so the engine's matching sees it."""
+        holds for the native lane (``unclaimed``), so the engine's matching sees it. A FIFO the lane made
+        *quiet* (its peer's lane sends ring no bell: nothing here waited for a message) is loud again first:
+        cleared, fence, read, so a frame whose sender saw it quiet is read here (Dekker, as ``_notify``)."""
         for c in list(self.conns):
-            if c.reader.lingered and (peer < 0 or c.peer == peer):
-                c.reader.forget_scan()
-                c.pump()
+            if peer >= 0 and c.peer != peer:
+                continue
+            ctl = c.rx.ctl
+            if ctl[QUIET]:
+                ctl[QUIET] = 0
+                fence()
+            elif not c.reader.lingered:
+                continue
+            c.reader.forget_scan()
+            c.pump()
 
     def close(self) -> None:
         self.bell.close()

@@ -3,7 +3,10 @@
  *
  * Layout (u64 words from the FIFO's base): head at word 0 (bytes ever published, the producer's), tail at
  * word 8 (bytes ever consumed, the consumer's), blocked at 16 (the producer waits for space), watching at
- * 24 (the consumer spins on the FIFO and needs no bell), each on its own cache line; then `cap` bytes of
+ * 24 (the consumer spins on the FIFO and needs no bell), each on its own cache line, with quiet at 25
+ * (the consumer's, beside watching: its engine waits for no point-to-point message from this producer, so
+ * a point-to-point frame of up to AC_FIFO_LINGER_MAX bytes needs no bell either: it waits in the FIFO for
+ * the consumer's lane, or for the engine to read it in once a receive is posted); then `cap` bytes of
  * data, a byte at head % cap. The producer copies, then stores head (release): a consumer that loads head
  * (acquire) sees the bytes before it. Frames are written as on a socket: header, then payload.
  *
@@ -17,7 +20,8 @@
 #include <stdint.h>
 
 #define AC_FIFO_CTRL_BYTES 256
-enum { AC_FIFO_HEAD = 0, AC_FIFO_TAIL = 8, AC_FIFO_BLOCKED = 16, AC_FIFO_WATCHING = 24 };
+enum { AC_FIFO_HEAD = 0, AC_FIFO_TAIL = 8, AC_FIFO_BLOCKED = 16, AC_FIFO_WATCHING = 24, AC_FIFO_QUIET = 25 };
+#define AC_FIFO_LINGER_MAX ((size_t)256 << 10) /* reader.LINGER_MAX: a larger message is read in at once */
 #define AC_FRAME_HEADER 48
 #define AC_FRAME_MAX ((uint64_t)1 << 46) /* frames.MAX_FRAME: a longer payload is a corrupt header */
 #define AC_FRAME_P2P 2                    /* frames.P2P: a point-to-point message */
@@ -60,7 +64,7 @@ void ac_fifo_take(ac_fifo *f, uint8_t *dst, size_t n);
 /* Consumer, while the frame at the tail streams in: copies its payload bytes [from, to) into dst + from,
  * only those published (returns how far it copied: `from` when nothing new, never past `to`). */
 size_t ac_fifo_read(const ac_fifo *f, uint8_t *dst, size_t from, size_t to);
-/* Either side: the flag words (blocked, watching), and a full fence (a store before it is seen by every
+/* Either side: the flag words (blocked, watching, quiet), and a full fence (a store before it is seen by every
  * other core before any load after it: publish, fence, look). */
 uint64_t ac_fifo_flag(const ac_fifo *f, int word);
 void ac_fifo_set_flag(ac_fifo *f, int word, uint64_t v);

@@ -64,7 +64,7 @@ int acpy_pair_take_held(PairLane *self, call *c, PyObject *e) {
     Py_DECREF(view);
     if (got < 0 || (size_t)b.len != c->nbytes)
         return got < 0 ? -1 : (PyBuffer_Release(&b), 0);
-    uint8_t *dst = (uint8_t *)PyArray_BYTES(c->arr);
+    uint8_t *dst = c->buf;
     if (c->nbytes >= NOGIL_BYTES) {
         Py_BEGIN_ALLOW_THREADS
         memcpy(dst, b.buf, c->nbytes);

@@ -48,7 +48,7 @@ static PyObject *s_aborted, *s_closed, *s_lock, *s_locked, *s_control, *s_tx, *s
 
 #define PAIR_REFS(self) {&(self)->engine, &(self)->conns, &(self)->queued, &(self)->posted, &(self)->early, \
     &(self)->wild, &(self)->probes, &(self)->lost, &(self)->pair_type, &(self)->group_var, &(self)->record, \
-    &(self)->status_type, &(self)->dtype_code, &(self)->ranks}
+    &(self)->status_type, &(self)->dtype_code, &(self)->ranks, &(self)->lock, &(self)->wake}
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -88,10 +88,10 @@ static void PairLane_dealloc(PairLane *self) {
 
 /* PairLane(engine, conns, queued_sends, p2p_posted, p2p_early, wild_by_ctx, probes_waiting, lost, pair_type,
  *          ctx, ranks, rank, Work, done_lock, home, thread_id, group_var, record, Status, dtype_code,
- *          eager, spin_s, yield_cpu, bell_fd, bell_addresses) */
+ *          eager, spin_s, yield_cpu, bell_fd, bell_addresses, lock, wake) */
 static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
     PyObject *engine, *conns, *queued, *posted, *early, *wild, *probes, *lost, *pair_type, *ranks, *work_type,
-        *done_lock, *home, *group_var, *record, *status_type, *dtype_code, *addrs;
+        *done_lock, *home, *group_var, *record, *status_type, *dtype_code, *addrs, *lock, *wake;
     unsigned long long ctx;
     unsigned long thread_id;
     int rank, yield_cpu, fd;
@@ -99,15 +99,15 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
     double spin_s;
     if (kwds != NULL && PyDict_GET_SIZE(kwds))
         return PyErr_SetString(PyExc_TypeError, "PairLane takes positional arguments only"), -1;
-    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!O!O!OKO!iOOOkOOOOndpiO!", &engine, &PyDict_Type, &conns, &PyDict_Type,
+    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!O!O!OKO!iOOOkOOOOndpiO!OO", &engine, &PyDict_Type, &conns, &PyDict_Type,
                           &queued, &PyDict_Type, &posted, &PyDict_Type, &early, &PyDict_Type, &wild, &PyList_Type,
                           &probes, &PyDict_Type, &lost, &pair_type, &ctx, &PyTuple_Type, &ranks, &rank, &work_type,
                           &done_lock, &home, &thread_id, &group_var, &record, &status_type, &dtype_code, &eager,
-                          &spin_s, &yield_cpu, &fd, &PyTuple_Type, &addrs))
+                          &spin_s, &yield_cpu, &fd, &PyTuple_Type, &addrs, &lock, &wake))
         return -1;
     Py_ssize_t n = PyTuple_GET_SIZE(ranks);
     if (n < 1 || rank < 0 || rank >= n || PyTuple_GET_SIZE(addrs) != n || !PyType_Check(pair_type) ||
-        !PyContextVar_CheckExact(group_var) || eager < 0 || spin_s < 0) {
+        !PyContextVar_CheckExact(group_var) || eager < 0 || spin_s < 0 || (lock != Py_None && !PyCallable_Check(wake))) {
         PyErr_SetString(PyExc_ValueError, "PairLane: inconsistent ranks, bell addresses, types or limits");
         return -1;
     }
@@ -128,7 +128,7 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     PyObject *vals[] = {engine, conns, queued, posted, early, wild, probes, lost, pair_type, group_var, record,
-                        status_type, dtype_code, ranks};
+                        status_type, dtype_code, ranks, lock, wake};
     PyObject **refs[] = PAIR_REFS(self);
     for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
         Py_XSETREF(*refs[k], Py_NewRef(vals[k]));
@@ -206,7 +206,8 @@ static void unhold(held *h) {
     PyBuffer_Release(&h->ctl);
 }
 
-/* the checks both ops share: 1 the lane takes the call (c filled), 0 not (the general way), -1 an error */
+/* a Python caller's arguments: 1 the lane may take the call (c filled in), 0 not (the general way), -1 an
+ * error */
 static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, int writing, call *c) {
     if (nargs != 3 && !(writing && nargs == 4)) {
         PyErr_SetString(PyExc_TypeError, "send(array, peer, tag) or recv(array, peer, tag[, given])");
@@ -216,15 +217,22 @@ static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
         PyThread_get_thread_ident() != self->thread_id)
         return 0;
     c->arr = (PyArrayObject *)args[0];
+    c->buf = (uint8_t *)PyArray_BYTES(c->arr);
     c->peer = PyLong_AsLongLong(args[1]);
     c->tag = PyLong_AsLongLong(args[2]);
     if (PyErr_Occurred())
         return PyErr_Clear(), 0;
-    if (c->peer < 0 || c->peer >= self->size || c->peer == self->rank || c->tag < 0 || c->tag > MAX_TAG ||
-        !PyArray_IS_C_CONTIGUOUS(c->arr) || (writing && !PyArray_ISWRITEABLE(c->arr)))
+    if (!PyArray_IS_C_CONTIGUOUS(c->arr) || (writing && !PyArray_ISWRITEABLE(c->arr)))
         return 0;
     c->nbytes = (size_t)PyArray_NBYTES(c->arr);
     if ((Py_ssize_t)c->nbytes > self->eager || !(c->code = dtype_code(self, PyArray_DESCR(c->arr))))
+        return 0;
+    return acpy_pair_check(self, c);
+}
+
+int acpy_pair_check(PairLane *self, call *c) {
+    if (!self->enabled || c->peer < 0 || c->peer >= self->size || c->peer == self->rank || c->tag < 0 ||
+        c->tag > MAX_TAG || (Py_ssize_t)c->nbytes > self->eager || c->code <= 0 || c->code > 255)
         return 0;
     int open = acpy_work_no_group(self->group_var);
     if (open <= 0)
@@ -276,54 +284,60 @@ static PyObject *done_work(PairLane *self, PyObject *name, call *c, PyObject *re
     return w;
 }
 
+int acpy_pair_put(PairLane *self, call *c) {
+    /* nothing before this frame: no send to that peer waiting in the engine, none half written, no control */
+    PyObject *queued = PyDict_GetItemWithError(self->queued, c->world);
+    int busy = queued != NULL ? PyObject_IsTrue(queued) : PyErr_Occurred() ? -1 : 0;
+    PyObject *lock = busy == 0 ? PyObject_GetAttr(c->conn, s_lock) : NULL;
+    if (busy == 0)
+        busy = lock == NULL ? -1 : attr_true(lock, s_locked);
+    Py_XDECREF(lock);
+    if (busy == 0) {
+        PyObject *control = PyObject_GetAttr(c->conn, s_control);
+        busy = control == NULL ? -1 : PyObject_Length(control) != 0;
+        Py_XDECREF(control);
+    }
+    if (busy)
+        return busy < 0 ? -1 : 0;
+    PyObject *tx = PyObject_GetAttr(c->conn, s_tx);
+    if (tx == NULL)
+        return -1;
+    held h;
+    int ok = hold(tx, &h);
+    Py_DECREF(tx);
+    if (ok && ac_fifo_free(&h.f) < AC_FRAME_HEADER + c->nbytes) /* full, or a frame longer than the FIFO */
+        unhold(&h), ok = 0;
+    if (!ok)
+        return 0;
+    ac_frame fr = {.kind = AC_FRAME_P2P, .dtype = (uint8_t)c->code, .ctx = self->ctx, .seq = c->tag,
+                   .nbytes = c->nbytes};
+    uint8_t hdr[AC_FRAME_HEADER];
+    ac_frame_pack(&fr, hdr);
+    if (c->nbytes >= NOGIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        ac_fifo_put_frame(&h.f, hdr, c->buf, c->nbytes, PUBLISH_EVERY);
+        Py_END_ALLOW_THREADS
+    } else {
+        ac_fifo_put_frame(&h.f, hdr, c->buf, c->nbytes, PUBLISH_EVERY);
+    }
+    ac_fifo_fence(); /* publish, fence, look: a peer that stopped watching reads the FIFO once more after, and
+                      * one whose engine posts a receive clears quiet and then reads the FIFO (pair.py) */
+    if (!ac_fifo_flag(&h.f, AC_FIFO_WATCHING) && !(c->nbytes <= AC_FIFO_LINGER_MAX && ac_fifo_flag(&h.f, AC_FIFO_QUIET)))
+        ac_bell_ring(self->fd, &self->bells[c->peer], 1, 1);
+    unhold(&h);
+    self->sent++;
+    return 1;
+}
+
 /* send(x, peer, tag): the done Work, or None (the general way) */
 static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
     int took = take_call(self, args, nargs, 0, &c);
+    if (took > 0)
+        took = acpy_pair_put(self, &c);
     if (took <= 0)
         return took < 0 ? NULL : Py_NewRef(Py_None);
-    /* nothing before this frame: no send to that peer waiting in the engine, none half written, no control */
-    PyObject *queued = PyDict_GetItemWithError(self->queued, c.world);
-    int busy = queued != NULL ? PyObject_IsTrue(queued) : PyErr_Occurred() ? -1 : 0;
-    PyObject *lock = busy == 0 ? PyObject_GetAttr(c.conn, s_lock) : NULL;
-    if (busy == 0)
-        busy = lock == NULL ? -1 : attr_true(lock, s_locked);
-    Py_XDECREF(lock);
-    if (busy == 0) {
-        PyObject *control = PyObject_GetAttr(c.conn, s_control);
-        busy = control == NULL ? -1 : PyObject_Length(control) != 0;
-        Py_XDECREF(control);
-    }
-    if (busy)
-        return busy < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *tx = PyObject_GetAttr(c.conn, s_tx);
-    if (tx == NULL)
-        return NULL;
-    held h;
-    int ok = hold(tx, &h);
-    Py_DECREF(tx);
-    if (ok && ac_fifo_free(&h.f) < AC_FRAME_HEADER + c.nbytes) /* full, or a frame longer than the FIFO */
-        unhold(&h), ok = 0;
-    if (!ok)
-        return Py_NewRef(Py_None);
-    ac_frame fr = {.kind = AC_FRAME_P2P, .dtype = (uint8_t)c.code, .ctx = self->ctx, .seq = c.tag,
-                   .nbytes = c.nbytes};
-    uint8_t hdr[AC_FRAME_HEADER];
-    ac_frame_pack(&fr, hdr);
-    const uint8_t *payload = (const uint8_t *)PyArray_BYTES(c.arr);
-    if (c.nbytes >= NOGIL_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        ac_fifo_put_frame(&h.f, hdr, payload, c.nbytes, PUBLISH_EVERY);
-        Py_END_ALLOW_THREADS
-    } else {
-        ac_fifo_put_frame(&h.f, hdr, payload, c.nbytes, PUBLISH_EVERY);
-    }
-    ac_fifo_fence(); /* publish, fence, look: a peer that stopped watching reads the FIFO once more after */
-    if (!ac_fifo_flag(&h.f, AC_FIFO_WATCHING))
-        ac_bell_ring(self->fd, &self->bells[c.peer], 1, 1);
-    unhold(&h);
-    self->sent++;
     return done_work(self, op_name(self, 0, &c), &c, Py_None, t0);
 }
 
@@ -393,69 +407,78 @@ static PyObject *recv_work(PairLane *self, call *c, PyObject *given, double t0) 
     return w;
 }
 
+int acpy_pair_get(PairLane *self, call *c) {
+    PyObject *kept = NULL;
+    int took = acpy_pair_ahead(self, c, &kept);
+    if (took == 2) { /* a message held for it: taken as the mailbox would, no FIFO involved */
+        took = acpy_pair_take_held(self, c, kept);
+        Py_DECREF(kept);
+        if (took > 0)
+            self->received++;
+        return took > 0 ? 3 : took;
+    }
+    if (took > 0) {
+        int paused = attr_true(c->conn, s_paused);
+        took = paused < 0 ? -1 : paused ? 0 : reader_idle(c->conn);
+    }
+    if (took <= 0)
+        return took;
+    PyObject *rx = PyObject_GetAttr(c->conn, s_rx);
+    if (rx == NULL)
+        return -1;
+    held h;
+    int ok = hold(rx, &h);
+    Py_DECREF(rx);
+    if (ok && c->nbytes > h.f.cap - AC_FRAME_HEADER) /* (a message longer than the FIFO streams through) */
+        unhold(&h), ok = 0;
+    if (!ok)
+        return 0;
+    /* nothing posted, no wildcard, no probe: the engine waits for no message, so the peer's lane need not
+     * wake it for one (until a receive is posted: PairHub.read_left clears this, then reads the FIFO) */
+    if (!PyDict_GET_SIZE(self->posted) && !PyDict_GET_SIZE(self->wild) && !PyList_GET_SIZE(self->probes) &&
+        !ac_fifo_flag(&h.f, AC_FIFO_QUIET))
+        ac_fifo_set_flag(&h.f, AC_FIFO_QUIET, 1);
+    ac_frame fr;
+    size_t got = 0;
+    int st = ac_fifo_peek(&h.f, &fr), spun = 0;
+    if ((st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, c, &fr))) && self->spin_ns > 0) {
+        st = spin(self, &h, c, &fr, c->buf, &got);
+        spun = 1;
+        self->spun++;
+    }
+    if (st != AC_FIFO_WHOLE || !mine(self, c, &fr)) {
+        unhold(&h);
+        /* not come within the spin: 2; another message first, a corrupt FIFO, or no spinning: 0 */
+        return spun && (st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, c, &fr))) ? 2 : 0;
+    }
+    if (c->nbytes - got >= NOGIL_BYTES) { /* the rest of it (the spin copied the front as it came) */
+        Py_BEGIN_ALLOW_THREADS
+        ac_fifo_read(&h.f, c->buf, got, c->nbytes);
+        ac_fifo_take(&h.f, NULL, c->nbytes);
+        Py_END_ALLOW_THREADS
+    } else {
+        ac_fifo_read(&h.f, c->buf, got, c->nbytes);
+        ac_fifo_take(&h.f, NULL, c->nbytes);
+    }
+    ac_fifo_fence(); /* freed, fence, look: a producer that waits for space wants a bell */
+    if (ac_fifo_flag(&h.f, AC_FIFO_BLOCKED))
+        ac_bell_ring(self->fd, &self->bells[c->peer], 1, 1);
+    unhold(&h);
+    self->received++;
+    return 1;
+}
+
 /* recv(buf, peer, tag): the done Work, None (the general way), or False (the general way, without spinning:
  * this call spun and nothing came) */
 static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
-    PyObject *kept = NULL;
     int took = take_call(self, args, nargs, 1, &c);
     if (took > 0)
-        took = acpy_pair_ahead(self, &c, &kept);
-    if (took == 2) { /* a message held for it: taken as the mailbox would, no FIFO involved */
-        took = acpy_pair_take_held(self, &c, kept);
-        Py_DECREF(kept);
-        if (took <= 0)
-            return took < 0 ? NULL : Py_NewRef(Py_None);
-        self->received++;
+        took = acpy_pair_get(self, &c);
+    if (took == 1 || took == 3)
         return recv_work(self, &c, nargs == 4 ? args[3] : args[0], t0);
-    }
-    if (took > 0) {
-        int paused = attr_true(c.conn, s_paused);
-        took = paused < 0 ? -1 : paused ? 0 : reader_idle(c.conn);
-    }
-    if (took <= 0)
-        return took < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *rx = PyObject_GetAttr(c.conn, s_rx);
-    if (rx == NULL)
-        return NULL;
-    held h;
-    int ok = hold(rx, &h);
-    Py_DECREF(rx);
-    if (ok && c.nbytes > h.f.cap - AC_FRAME_HEADER) /* (a message longer than the FIFO streams through) */
-        unhold(&h), ok = 0;
-    if (!ok)
-        return Py_NewRef(Py_None);
-    ac_frame fr;
-    uint8_t *dst = (uint8_t *)PyArray_BYTES(c.arr);
-    size_t got = 0;
-    int st = ac_fifo_peek(&h.f, &fr), spun = 0;
-    if ((st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, &c, &fr))) && self->spin_ns > 0) {
-        st = spin(self, &h, &c, &fr, dst, &got);
-        spun = 1;
-        self->spun++;
-    }
-    if (st != AC_FIFO_WHOLE || !mine(self, &c, &fr)) {
-        unhold(&h);
-        if (spun && (st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, &c, &fr))))
-            return Py_NewRef(Py_False);
-        return Py_NewRef(Py_None); /* another message first, a corrupt FIFO, or no spinning: the general way */
-    }
-    if (c.nbytes - got >= NOGIL_BYTES) { /* the rest of it (the spin copied the front as it came) */
-        Py_BEGIN_ALLOW_THREADS
-        ac_fifo_read(&h.f, dst, got, c.nbytes);
-        ac_fifo_take(&h.f, NULL, c.nbytes);
-        Py_END_ALLOW_THREADS
-    } else {
-        ac_fifo_read(&h.f, dst, got, c.nbytes);
-        ac_fifo_take(&h.f, NULL, c.nbytes);
-    }
-    ac_fifo_fence(); /* freed, fence, look: a producer that waits for space wants a bell */
-    if (ac_fifo_flag(&h.f, AC_FIFO_BLOCKED))
-        ac_bell_ring(self->fd, &self->bells[c.peer], 1, 1);
-    unhold(&h);
-    self->received++;
-    return recv_work(self, &c, nargs == 4 ? args[3] : args[0], t0);
+    return took < 0 ? NULL : Py_NewRef(took == 2 ? Py_False : Py_None);
 }
 
 static PyObject *PairLane_stats(PairLane *self, PyObject *Py_UNUSED(arg)) {
@@ -501,7 +524,7 @@ int acpy_pair_lane_ready(PyObject *m) {
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if (*names[k].at == NULL && (*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
             return -1;
-    if (acpy_pair_held_ready() < 0 || PyType_Ready(&acpy_PairLaneType) < 0)
+    if (acpy_pair_held_ready() < 0 || acpy_pair_native_ready() < 0 || PyType_Ready(&acpy_PairLaneType) < 0)
         return -1;
     return PyModule_AddObjectRef(m, "PairLane", (PyObject *)&acpy_PairLaneType);
 }

@@ -1,5 +1,6 @@
-/* The point-to-point lane's object, shared by its two files: pair_lane.c (the type, send, recv from the FIFO)
- * and pair_held.c (recv against what the engine's mailbox holds). Not exported beyond src/py/. */
+/* The point-to-point lane's object, shared by its three files: pair_lane.c (the type, send, recv from the
+ * FIFO), pair_held.c (recv against what the engine's mailbox holds) and pair_native.c (the same verbs for a
+ * caller outside Python, with the engine borrowed). Not exported beyond src/py/. */
 #ifndef AIOCCL_PAIR_LANE_OBJECT_H
 #define AIOCCL_PAIR_LANE_OBJECT_H
 
@@ -24,6 +25,7 @@ typedef struct {
     acpy_work_maker wm;
     PyObject *engine, *conns, *queued, *posted, *early, *wild, *probes, *lost;
     PyObject *pair_type, *group_var, *record, *status_type, *dtype_code, *ranks;
+    PyObject *lock, *wake; /* a proxy thread's engine lock and its loop's wake-up (None inline: nothing to lend) */
     struct { PyObject *descr; long code; } codes[DTYPE_CACHE];
     named names[2][NAME_CACHE]; /* send's and recv's Work names by (peer, tag): formatting one costs more than a send */
     ac_bell *bells; /* per communicator rank */
@@ -34,15 +36,27 @@ typedef struct {
     long long spin_ns, sent, received, spun;
 } PairLane;
 
-/* one call's arguments, checked (pair_lane.c's take_call) */
+/* one call's arguments, checked (pair_lane.c's acpy_pair_check) */
 typedef struct {
-    PyArrayObject *arr;
+    PyArrayObject *arr; /* the caller's array; NULL: a native caller's buffer (pair_native.c) */
+    uint8_t *buf;
     long long peer, tag;
     PyObject *world; /* borrowed from ranks */
     PyObject *conn;  /* borrowed from conns */
     long code;
     size_t nbytes;
 } call;
+
+/* The lane's verbs on a call whose buffer, peer, tag, code and size are filled in, by a caller that holds
+ * the engine (its thread, or its lock borrowed) and the GIL (pair_lane.c):
+ *   acpy_pair_check: 1 the lane may take it (world and conn filled in), 0 not (the general way), -1 an error;
+ *   acpy_pair_put: 1 sent, 0 not (nothing written: the general way), -1 an error;
+ *   acpy_pair_get: 1 received from the FIFO, 3 received a message the mailbox held (the engine may have
+ *   work: wake its loop), 0 not (the general way), 2 not come within the spin (the general way, without
+ *   spinning again), -1 an error. */
+int acpy_pair_check(PairLane *self, call *c);
+int acpy_pair_put(PairLane *self, call *c);
+int acpy_pair_get(PairLane *self, call *c);
 
 /* What in the mailbox comes before this receive: 1 nothing, 2 a message held for it (*held, a new reference),
  * 0 something the general way must sort out, -1 an error (pair_held.c) */

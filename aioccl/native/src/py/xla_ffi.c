@@ -8,9 +8,12 @@
  * fallback, with the GIL taken then only:
  *   - the first call of each shape, which runs the op the engine's way and teaches the site the program
  *     it ran, so that the next calls are native (jax_ext/native_call.py);
- *   - ops the core cannot run (large, other hosts, point-to-point) and calls that find the channel busy;
+ *   - ops the core cannot run (large, other hosts) and calls that find the channel busy;
  *   - a native op that must wait longer than a spin, or failed: the engine carries it on from where the
  *     core left it (deadlines, verdicts, lost peers, errors are the engine's, as for any op).
+ * Point-to-point ops (send, recv, sendrecv, ppermute) run on the member communicator's PairLane after the
+ * first call taught the site its peers (pair_native.c): both halves in C, or the send in C and the receive
+ * the fallback's (ACPY_PAIR_SENT), or nothing (the fallback runs it all).
  * A Python exception becomes the call's error (its text; jax_ext keeps the exception itself).
  *
  * Everything read from the call frame is checked: the attribute's type and range, each operand's
@@ -24,6 +27,7 @@
 #include "core/channel.h"
 #include "fast_lane.h"
 #include "core/reduce.h"
+#include "pair_lane.h"
 #include "xla_ffi.h"
 
 enum { SITES_MAX = 4096, VARIANTS = 2, MAX_OPERANDS = 8, ON_IN = 0, ON_OUT = 1, ON_NONE = 2 };
@@ -52,6 +56,9 @@ typedef struct {
 typedef struct {
     PyObject *lane; /* the member communicator's Lane (owned), or NULL: always the fallback */
     recipe r[VARIANTS]; /* [0]: output apart from the input, [1]: the same buffer (XLA aliased them) */
+    PyObject *pair;     /* point-to-point: the member communicator's PairLane (owned), or NULL */
+    acpy_pair_op op;    /* and its peers, tag and dtype codes (the buffers are each call's) */
+    int pair_ready;     /* set last (release), as recipe.ready */
 } member;
 
 typedef struct {
@@ -59,6 +66,8 @@ typedef struct {
     member *members;
     PyObject *fallback;
 } site;
+
+_Static_assert((int)ACPY_PAIR_NOT_NOW == (int)ACPY_LANE_NOT_NOW, "one code for 'nothing done' in the fallback");
 
 static site *sites[SITES_MAX];
 static int nsites;
@@ -166,7 +175,7 @@ static XLA_FFI_Error *fallback(const XLA_FFI_CallFrame *cf, site *s, int pos, in
     for (int tries = 0; vin != NULL && vout != NULL; tries++) {
         r = PyObject_CallFunction(s->fallback, "iiiLLOO", pos, variant, rc, (long long)seq, (long long)order, vin,
                                   vout);
-        if (r != NULL || rc == ACPY_LANE_NOT_NOW || tries == CARRY_TRIES)
+        if (r != NULL || rc == ACPY_LANE_NOT_NOW || rc == ACPY_PAIR_SENT || tries == CARRY_TRIES)
             break;
         PyObject *exc = take_exception();
         if (error_text(exc, msg, sizeof msg)) { /* the op was taken on and has ended: its error */
@@ -199,6 +208,23 @@ static void *pick(int which, XLA_FFI_Buffer *in, XLA_FFI_Buffer *out, size_t *le
     XLA_FFI_Buffer *b = which == ON_IN ? in : which == ON_OUT ? out : NULL;
     *len = b ? buffer_bytes(b) : 0;
     return b ? b->data : NULL;
+}
+
+/* A learnt point-to-point op on this call's buffers (the send's is the input, the receive's the output,
+ * their sizes checked against the frames by the lane); no source: the output is zeros (ppermute's rule). */
+static int pair_call(const member *m, XLA_FFI_Buffer *in, size_t in_len, XLA_FFI_Buffer *out, size_t out_len) {
+    acpy_pair_op op = m->op;
+    if ((op.dest >= 0 && in == NULL) || (op.source >= 0 && out == NULL))
+        return ACPY_PAIR_NOT_NOW;
+    if (op.dest >= 0)
+        op.send = in->data, op.send_len = in_len;
+    if (op.source >= 0)
+        op.recv = out->data, op.recv_len = out_len;
+    else if (out != NULL && out_len)
+        memset(out->data, 0, out_len);
+    if (op.dest < 0 && op.source < 0)
+        return ACPY_PAIR_DONE;
+    return acpy_pair_native(m->pair, &op);
 }
 
 static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
@@ -260,6 +286,14 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
             memcpy(out->data, in->data, out_len);
         __atomic_fetch_add(&calls_native, 1, __ATOMIC_RELAXED);
         return NULL;
+    }
+    if (!kind_collective[kind] && __atomic_load_n(&m->pair_ready, __ATOMIC_ACQUIRE)) {
+        rc = pair_call(m, in, in_len, out, out_len);
+        if (rc == ACPY_PAIR_DONE) {
+            __atomic_fetch_add(&calls_native, 1, __ATOMIC_RELAXED);
+            return NULL;
+        }
+        return fallback(cf, s, pos, variant, rc, seq, order, ins, nin, outs, nout);
     }
     if (lane != NULL && __atomic_load_n(&r->ready, __ATOMIC_ACQUIRE)) {
         size_t alen, blen;
@@ -376,6 +410,34 @@ static PyObject *ffi_learn(PyObject *Py_UNUSED(m), PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* ffi_pair(index, pos, pair_lane, dest, source, tag, send_code, recv_code): the point-to-point op of that
+ * member, run by its communicator's PairLane (dest/source -1: no such half) */
+static PyObject *ffi_pair(PyObject *Py_UNUSED(m), PyObject *args) {
+    PyObject *index, *pair;
+    int pos, dest, source, send_code, recv_code;
+    long long tag;
+    if (!PyArg_ParseTuple(args, "OiO!iiLii", &index, &pos, &acpy_PairLaneType, &pair, &dest, &source, &tag,
+                          &send_code, &recv_code))
+        return NULL;
+    site *s = site_at(index);
+    if (s == NULL)
+        return NULL;
+    if (kind_collective[s->kind] || pos < 0 || pos >= s->nmembers || dest < -1 || source < -1 || tag < 0 ||
+        send_code < 0 || send_code > 255 || recv_code < 0 || recv_code > 255) {
+        PyErr_SetString(PyExc_ValueError, "ffi_pair: a point-to-point site, a position in range, peers from -1, "
+                                          "a tag from 0, dtype codes of a byte");
+        return NULL;
+    }
+    member *mem = &s->members[pos];
+    if (__atomic_load_n(&mem->pair_ready, __ATOMIC_ACQUIRE))
+        Py_RETURN_FALSE; /* learnt already (a handler may be reading it) */
+    mem->pair = Py_NewRef(pair);
+    mem->op = (acpy_pair_op){.dest = dest, .source = source, .tag = tag, .send_code = send_code,
+                             .recv_code = recv_code};
+    __atomic_store_n(&mem->pair_ready, 1, __ATOMIC_RELEASE);
+    Py_RETURN_TRUE;
+}
+
 /* ffi_handlers(targets): targets a tuple of (op name, is a collective), one kind each, in order; the same
  * every call (the sites made name them): {op name: the capsule of its handler} */
 static PyObject *ffi_handlers(PyObject *Py_UNUSED(m), PyObject *targets) {
@@ -426,6 +488,7 @@ static PyMethodDef ffi_methods[] = {
     {"ffi_site", ffi_site, METH_VARARGS, "ffi_site(op, members, fallback) -> index (an XLA call site)"},
     {"ffi_member", ffi_member, METH_VARARGS, "ffi_member(index, pos, lane)"},
     {"ffi_learn", ffi_learn, METH_VARARGS, "ffi_learn(index, pos, variant, program, dtype, redop, in_is, out_is)"},
+    {"ffi_pair", ffi_pair, METH_VARARGS, "ffi_pair(index, pos, pair_lane, dest, source, tag, send_code, recv_code)"},
     {"ffi_handlers", ffi_handlers, METH_O,
      "ffi_handlers(targets): {op: PyCapsule of its XLA FFI handler}; targets: ((op, collective), ...)"},
     {"ffi_stats", ffi_stats, METH_NOARGS, "calls done natively, started natively and carried on by the engine, run through Python, with output on "
