@@ -5,8 +5,8 @@
  * word 8 (bytes ever consumed, the consumer's), blocked at 16 (the producer waits for space), watching at
  * 24 (the consumer spins on the FIFO and needs no bell), each on its own cache line, with quiet at 25
  * (the consumer's, beside watching: its engine waits for no point-to-point message from this producer, so
- * a point-to-point frame of up to AC_FIFO_LINGER_MAX bytes needs no bell either: it waits in the FIFO for
- * the consumer's lane, or for the engine to read it in once a receive is posted); then `cap` bytes of
+ * the lane's point-to-point frame needs no bell either: it waits in the FIFO for the consumer's lane, or
+ * for the engine to read it in once a receive is posted or a frame behind it rings); then `cap` bytes of
  * data, a byte at head % cap. The producer copies, then stores head (release): a consumer that loads head
  * (acquire) sees the bytes before it. Frames are written as on a socket: header, then payload.
  *
@@ -21,7 +21,6 @@
 
 #define AC_FIFO_CTRL_BYTES 256
 enum { AC_FIFO_HEAD = 0, AC_FIFO_TAIL = 8, AC_FIFO_BLOCKED = 16, AC_FIFO_WATCHING = 24, AC_FIFO_QUIET = 25 };
-#define AC_FIFO_LINGER_MAX ((size_t)256 << 10) /* reader.LINGER_MAX: a larger message is read in at once */
 #define AC_FRAME_HEADER 48
 #define AC_FRAME_MAX ((uint64_t)1 << 46) /* frames.MAX_FRAME: a longer payload is a corrupt header */
 #define AC_FRAME_P2P 2                    /* frames.P2P: a point-to-point message */

@@ -322,7 +322,7 @@ int acpy_pair_put(PairLane *self, call *c) {
     }
     ac_fifo_fence(); /* publish, fence, look: a peer that stopped watching reads the FIFO once more after, and
                       * one whose engine posts a receive clears quiet and then reads the FIFO (pair.py) */
-    if (!ac_fifo_flag(&h.f, AC_FIFO_WATCHING) && !(c->nbytes <= AC_FIFO_LINGER_MAX && ac_fifo_flag(&h.f, AC_FIFO_QUIET)))
+    if (!ac_fifo_flag(&h.f, AC_FIFO_WATCHING) && !ac_fifo_flag(&h.f, AC_FIFO_QUIET))
         ac_bell_ring(self->fd, &self->bells[c->peer], 1, 1);
     unhold(&h);
     self->sent++;
