@@ -21,8 +21,10 @@
  *         message has not come spins for the pair's spin time, the GIL released, watching the FIFO; if
  *         nothing comes it answers False, and the general way posts it without spinning again.
  *
- * Both run on the engine's thread only (the inline engine: the caller's loop), outside a group, while
- * the communicator is usable (its owner switches `enabled` off otherwise). Everything read from the
+ * Both run while the caller holds the engine, outside a group, while the communicator is usable (its owner
+ * switches `enabled` off otherwise): on the engine's thread (the inline engine: the caller's loop), or on
+ * another thread with a proxy thread's idle engine borrowed for the call (its lock, taken without waiting:
+ * a busy engine means the general way), as a small collective borrows it (pair_native.c). Everything read from the
  * FIFOs is checked (core/fifo.c); a corrupt FIFO is left to the general way, which ends the connection. */
 #include "pair_lane.h"
 
@@ -213,8 +215,7 @@ static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
         PyErr_SetString(PyExc_TypeError, "send(array, peer, tag) or recv(array, peer, tag[, given])");
         return -1;
     }
-    if (!self->enabled || !PyArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]) ||
-        PyThread_get_thread_ident() != self->thread_id)
+    if (!self->enabled || !PyArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]))
         return 0;
     c->arr = (PyArrayObject *)args[0];
     c->buf = (uint8_t *)PyArray_BYTES(c->arr);
@@ -329,13 +330,26 @@ int acpy_pair_put(PairLane *self, call *c) {
     return 1;
 }
 
+/* The caller holds the engine: 1 on its thread, 2 its lock borrowed from another thread (give it back), 0
+ * neither (an engine busy, or inline: the general way), -1 an error */
+static int on_engine(PairLane *self) {
+    if (PyThread_get_thread_ident() == self->thread_id)
+        return 1;
+    int got = acpy_pair_borrow(self);
+    return got > 0 ? 2 : got;
+}
+
 /* send(x, peer, tag): the done Work, or None (the general way) */
 static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
-    int took = take_call(self, args, nargs, 0, &c);
+    int lent = 0, took = take_call(self, args, nargs, 0, &c);
+    if (took > 0)
+        took = lent = on_engine(self);
     if (took > 0)
         took = acpy_pair_put(self, &c);
+    if (lent > 1 && acpy_pair_give_back(self, 0) < 0)
+        took = -1;
     if (took <= 0)
         return took < 0 ? NULL : Py_NewRef(Py_None);
     return done_work(self, op_name(self, 0, &c), &c, Py_None, t0);
@@ -473,9 +487,13 @@ int acpy_pair_get(PairLane *self, call *c) {
 static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
-    int took = take_call(self, args, nargs, 1, &c);
+    int lent = 0, took = take_call(self, args, nargs, 1, &c);
+    if (took > 0)
+        took = lent = on_engine(self);
     if (took > 0)
         took = acpy_pair_get(self, &c);
+    if (lent > 1 && acpy_pair_give_back(self, took == 3) < 0)
+        took = -1;
     if (took == 1 || took == 3)
         return recv_work(self, &c, nargs == 4 ? args[3] : args[0], t0);
     return took < 0 ? NULL : Py_NewRef(took == 2 ? Py_False : Py_None);

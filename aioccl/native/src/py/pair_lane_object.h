@@ -55,6 +55,11 @@ typedef struct {
  *   work: wake its loop), 0 not (the general way), 2 not come within the spin (the general way, without
  *   spinning again), -1 an error. */
 int acpy_pair_check(PairLane *self, call *c);
+/* The engine of a proxy thread, for a caller on another thread (pair_native.c): its lock taken without
+ * waiting (1 taken, 0 busy or nothing to lend, -1 an error), and given back (`wake`: the engine's state
+ * changed under it, a held message taken, so its loop looks; 0, or -1 an error) */
+int acpy_pair_borrow(PairLane *self);
+int acpy_pair_give_back(PairLane *self, int wake);
 int acpy_pair_put(PairLane *self, call *c);
 int acpy_pair_get(PairLane *self, call *c);
 

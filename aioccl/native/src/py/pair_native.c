@@ -34,16 +34,16 @@ static int64_t clock_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* the engine's lock, taken without waiting: 1 taken, 0 busy, -1 an error */
-static int borrow(PairLane *self) {
+int acpy_pair_borrow(PairLane *self) {
+    if (self->lock == NULL || self->lock == Py_None)
+        return 0;
     PyObject *r = PyObject_CallMethodOneArg(self->lock, s_acquire, Py_False);
     int yes = r == NULL ? -1 : PyObject_IsTrue(r);
     Py_XDECREF(r);
     return yes;
 }
 
-/* the lock back; `wake`: the engine's state changed under it (a held message taken), so its loop looks */
-static int give_back(PairLane *self, int wake) {
+int acpy_pair_give_back(PairLane *self, int wake) {
     PyObject *r = PyObject_CallMethodNoArgs(self->lock, s_release);
     int rc = r == NULL ? -1 : 0;
     Py_XDECREF(r);
@@ -76,7 +76,7 @@ int acpy_pair_native(PyObject *obj, const acpy_pair_op *op) {
     int sent = op->dest < 0, rc = ACPY_PAIR_NOT_NOW;
     int64_t until = clock_ns() + PAIR_WAIT_NS;
     for (;;) {
-        int got = borrow(self), r = 1, woke = 0;
+        int got = acpy_pair_borrow(self), r = 1, woke = 0;
         if (got < 0)
             break;
         if (got) {
@@ -95,7 +95,7 @@ int acpy_pair_native(PyObject *obj, const acpy_pair_op *op) {
                     r = acpy_pair_get(self, &c);
                 woke = r == 3;
             }
-            if (give_back(self, woke) < 0)
+            if (acpy_pair_give_back(self, woke) < 0)
                 break;
             if (r == 1 || r == 3) {
                 rc = ACPY_PAIR_DONE;
