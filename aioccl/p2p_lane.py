@@ -4,13 +4,14 @@
 ``comm.isend(x, peer)`` and ``comm.irecv(buf, peer)`` of a contiguous numpy array to or from a same-host
 peer, called on the engine's thread (the inline engine's: the caller's loop) or on another thread while a
 proxy thread's engine is idle (borrowed for the call, as ``Placement.borrow``: synchronous code, torch's
-backend), then run from the call to the done Work in C while nothing else is in their way: an eager send whose frame fits the FIFO with
-nothing queued before it, and a receive whose message is first in the FIFO (or comes within the pair's
-spin) with nothing posted or held before it. Everything else (a full FIFO, a
-rendezvous, a late message, wildcards, probes, deadlines that must run, a lost peer) is the engine's, as
-before: the lane answers None and the general way runs. It is off (``enabled``) once the communicator is
-closed, aborted, shrunk or has lost a rank (``FastLane._lane_off``), and never made with
-``AIOCCL_NATIVE=0``.
+backend), then run from the call to the done Work in C while nothing else is in their way: an eager send
+whose frame fits the FIFO with nothing queued before it, and a receive whose message is first in the FIFO
+(or comes within the pair's spin) with nothing posted or held before it. From 64 KiB a receive that spins
+announces its buffer and the send writes the payload straight into it (cross-memory attach: one copy).
+Everything else (a full FIFO, a rendezvous, a late message, wildcards, probes, deadlines that must run, a
+lost peer) is the engine's, as before: the lane answers None and the general way runs. It is off
+(``enabled``) once the communicator is closed, aborted, shrunk or has lost a rank (``FastLane._lane_off``),
+and never made with ``AIOCCL_NATIVE=0``.
 
 Callers outside Python use the same lane and the same borrowing: jax_ext's point-to-point custom calls,
 from XLA's thread (``native/src/py/pair_native.c``). A borrower that took what the engine held wakes its

@@ -137,6 +137,7 @@ def test_the_core_under_address_and_undefined_behaviour_sanitizers(tmp_path):
     assert run.returncode == 0 and "native core checks passed" in run.stdout, run.stdout + run.stderr
     assert "launcher checks passed" in run.stdout, run.stdout
     assert "fifo stream: 20000 frames" in run.stdout and "fuzz fifo: 20000 runs" in run.stdout, run.stdout
+    assert "fifo want: 20000 messages" in run.stdout, run.stdout
     assert "runtime error" not in run.stderr and "AddressSanitizer" not in run.stderr, run.stderr
 
 

@@ -4,7 +4,8 @@ numpy array over a same-host pair's FIFO, from the call to the done Work in C.
 Two communicators in this process over real shared-memory pairs: what the lane takes is exact for every
 dtype and size up to the eager limit; what it must not take (something posted, held or queued before it,
 a wildcard, another message first, a mismatch, input it does not check) goes the general way, so MPI's
-order and every error stay as the engine gives them. Across processes: tests/workers/pair_lane.py.
+order and every error stay as the engine gives them. Across processes: tests/workers/pair_lane.py. From
+other threads than the engine's, and the single copy: tests/test_pair_lane_threads.py.
 """
 
 from __future__ import annotations
@@ -145,40 +146,6 @@ def test_a_message_held_before_comes_first_and_both_are_the_lanes() -> None:
         assert not box.p2p_early and box.budget.held.get(0, 0) == 0
 
     pair(body)
-
-
-def test_from_another_thread_the_lane_borrows_a_proxy_engine() -> None:
-    """Synchronous code (torch.distributed's backend, a script) calls from its own thread while a proxy thread
-    runs the engine: the lane borrows the idle engine (its lock) for the call, as a small collective does.
-    Done in the call and exact; a message the engine held is taken from the mailbox (its loop woken after)."""
-    async def main() -> None:
-        a, b = await make_comms(2, engine="thread")
-        try:
-            assert a._pair_lane is not None and b._engine.placement.kind == "thread"
-            for k, n in enumerate((1, 1000, (80 << 10) // 4 + 3)):
-                x, y = data(n, np.float32, k), poisoned(n, np.float32)
-                before = counts(a)[0], counts(b)[1]
-                w, r = a.isend(x, 1, 30 + k), b.irecv(y, 0, 30 + k)
-                assert w.done() and r.done(), (n, w, r)
-                assert (counts(a)[0], counts(b)[1]) == (before[0] + 1, before[1] + 1)
-                assert r.wait() is y and np.array_equal(y, x), (n, y[:8])
-            box = b._engine.mailbox
-            await a.isend(data(5, np.int64, 1), 1, 4)
-            await a.isend(data(5, np.int64, 3), 1, 8)
-            y3 = poisoned(5, np.int64)
-            await b.irecv(y3, 0, 8, timeout=5)  # the engine's receive reads both in: tag 4's is held
-            assert [key[2] for key in box.p2p_early] == [4] and (y3 == data(5, np.int64, 3)).all()
-            y1, taken = poisoned(5, np.int64), counts(b)[1]
-            r1 = b.irecv(y1, 0, 4)
-            assert r1.done() and counts(b)[1] == taken + 1 and (y1 == data(5, np.int64, 1)).all(), y1
-            assert not box.p2p_early
-            y2 = poisoned(2, np.uint8)  # and the engine still serves the general way after the wake-up
-            await asyncio.gather(a.isend(data(2, np.uint8, 9), 1, 5, timeout=5), b.irecv(y2, 0, 5, timeout=5))
-            assert (y2 == data(2, np.uint8, 9)).all()
-        finally:
-            await close_all([a, b])
-
-    asyncio.run(main())
 
 
 def test_a_run_of_messages_waits_in_the_fifo_and_the_lane_takes_them_in_order() -> None:

@@ -5,8 +5,14 @@
  *            round the FIFO's end) as fast as they fit; the consumer thread copies each out as it streams
  *            in and takes it once whole, checking its header and every byte, in order;
  *   frames:  a header packs and unpacks to itself, byte for byte as frames.HEADER ("<BBBIQqQqiB4x") lays it;
+ *   want:    the single-copy handshake (want, claim, unwant) between a producer and a consumer thread: the
+ *            consumer announces some receives and gives up on them after a random spin; the producer
+ *            writes a claimed one straight into the receive's buffer and puts a delivered frame, else a
+ *            plain one. Every message arrives exactly once, exact, in order, and a delivered frame only
+ *            ever for a want the consumer found claimed (or saw delivered before giving up);
  *   fuzz:    peek and take over random and hostile counters and headers (a peer's memory): every answer
- *            is an allowed code and no access leaves the FIFO; put never writes a frame that cannot fit. */
+ *            is an allowed code and no access leaves the FIFO; put never writes a frame that cannot fit;
+ *            a claim over hostile want words claims only a want that is exactly the message's. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -94,6 +100,81 @@ static void test_stream(void) {
     free(got_bytes);
 }
 
+enum { WANTS = 20000, WANT_MAX = 200 };
+static size_t want_len(int i) { return (size_t)(i * 7919u % WANT_MAX) + 1; }
+
+static void *want_producer(void *arg) {
+    ac_fifo *f = arg;
+    uint8_t payload[WANT_MAX];
+    for (int i = 0; i < WANTS; i++) {
+        size_t n = want_len(i);
+        for (size_t j = 0; j < n; j++)
+            payload[j] = byte_of(i, j);
+        ac_frame fr = {.kind = AC_FRAME_P2P, .dtype = 3, .ctx = 0xfeedULL, .seq = i, .nbytes = n};
+        uint8_t hdr[AC_FRAME_HEADER];
+        while (ac_fifo_free(f) < AC_FRAME_HEADER + n || (i % 2 && ac_fifo_flag(f, AC_FIFO_HEAD) != ac_fifo_flag(f, AC_FIFO_TAIL)))
+            sched_yield(); /* (every other message once the last is taken: the consumer may want it meanwhile) */
+        for (int k = i % 3; k > 0; k--)
+            sched_yield();
+        ac_want w;
+        if (ac_fifo_claim(f, n, i, 0xfeedULL, &w)) { /* (cross-memory attach, here within one process) */
+            CHECK(w.len == n && w.tag == i && w.ctx == 0xfeedULL);
+            memcpy((void *)(uintptr_t)w.at, payload, n);
+            fr.op = AC_FRAME_DELIVERED, fr.nbytes = 0, fr.count = (int64_t)n;
+        }
+        ac_frame_pack(&fr, hdr);
+        CHECK(ac_fifo_put_frame(f, hdr, payload, (size_t)fr.nbytes, 0) == 0);
+    }
+    return NULL;
+}
+
+static void test_want(void) {
+    uint64_t *ctl = calloc(AC_FIFO_CTRL_BYTES / 8, 8);
+    uint8_t *data = malloc(CAP), buf[WANT_MAX];
+    CHECK(ctl != NULL && data != NULL);
+    ac_fifo f = {ctl, data, CAP};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, want_producer, &f) == 0);
+    uint64_t serial = 0;
+    int delivered = 0, claimed_late = 0;
+    for (int i = 0; i < WANTS; i++) {
+        size_t n = want_len(i);
+        memset(buf, 0xAB, sizeof buf);
+        ac_frame fr;
+        uint64_t mine = 0;
+        int st = ac_fifo_peek(&f, &fr);
+        if (i % 4 != 0 && st == AC_FIFO_NOT_YET) {
+            mine = ++serial;
+            ac_fifo_want(&f, mine, &(ac_want){(uint64_t)(uintptr_t)buf, n, 0xfeedULL, i});
+        }
+        for (int spins = (int)(rnd() % 40); st != AC_FIFO_WHOLE && spins > 0; spins--) {
+            sched_yield();
+            st = ac_fifo_peek(&f, &fr);
+        }
+        if (mine && ac_fifo_unwant(&f, mine) && st != AC_FIFO_WHOLE)
+            claimed_late++; /* claimed: its frame is on its way (delivered, or plain if the want was gone) */
+        while ((st = ac_fifo_peek(&f, &fr)) != AC_FIFO_WHOLE) /* (or the general way reads it later) */
+            sched_yield();
+        CHECK(fr.kind == AC_FRAME_P2P && fr.seq == i && fr.ctx == 0xfeedULL && fr.dtype == 3);
+        if (fr.op == AC_FRAME_DELIVERED) {
+            CHECK(mine != 0 && fr.nbytes == 0 && fr.count == (int64_t)n);
+            ac_fifo_take(&f, NULL, 0);
+            delivered++;
+        } else {
+            CHECK(fr.op == 0 && fr.nbytes == n);
+            ac_fifo_take(&f, buf, n);
+        }
+        for (size_t j = 0; j < n; j++)
+            CHECK(buf[j] == byte_of(i, j));
+    }
+    CHECK(pthread_join(t, NULL) == 0);
+    CHECK(ctl[AC_FIFO_HEAD] == ctl[AC_FIFO_TAIL] && ctl[AC_FIFO_WANT] == 0);
+    printf("fifo want: %d messages, %d written straight into the receive, %d claimed as it gave up\n", WANTS,
+           delivered, claimed_late);
+    free(ctl);
+    free(data);
+}
+
 static void test_header_layout(void) {
     ac_frame fr = {.kind = 2, .op = 0, .dtype = 5, .k = 0x01020304u, .ctx = 0x1112131415161718ULL, .seq = -2,
                    .nbytes = 0x2122232425262728ULL, .count = 0x3132333435363738LL, .root = -3, .redop = 9};
@@ -118,6 +199,22 @@ static uint64_t hostile_word(uint64_t near) {
     case 4: return near + CAP + rnd() % 8;
     default: return rnd();
     }
+}
+
+/* A claim over hostile want words (the consumer's): it claims only a want exactly this message's */
+static void fuzz_claim(uint64_t *ctl) {
+    for (int k = AC_FIFO_WANT; k <= AC_FIFO_CLAIM; k++)
+        ctl[k] = rnd() % 4 ? hostile_word(rnd() % 64) : rnd();
+    if (rnd() % 2)
+        ctl[AC_FIFO_HEAD] = ctl[AC_FIFO_TAIL];
+    uint64_t len = rnd() % 2 ? ctl[AC_FIFO_WANT_LEN] : rnd() % 64, ctx = rnd() % 2 ? ctl[AC_FIFO_WANT_CTX] : 7;
+    int64_t tag = rnd() % 2 ? (int64_t)ctl[AC_FIFO_WANT_TAG] : 5;
+    ac_fifo f = {ctl, NULL, 64};
+    ac_want w;
+    uint64_t got = ac_fifo_claim(&f, len, tag, ctx, &w);
+    if (got)
+        CHECK(got == ctl[AC_FIFO_WANT] && ctl[AC_FIFO_CLAIM] == got && w.len == len && w.tag == tag && w.ctx == ctx &&
+              w.at != 0 && ctl[AC_FIFO_HEAD] == ctl[AC_FIFO_TAIL]);
 }
 
 static void test_fuzz(int iterations) {
@@ -171,6 +268,7 @@ static void test_fuzz(int iterations) {
         uint8_t hdr[AC_FRAME_HEADER] = {0};
         int put = ac_fifo_put_frame(&f, hdr, dst, n < cap ? n : cap, 64);
         CHECK(put == 0 || (n < cap ? n : cap) > cap - AC_FRAME_HEADER);
+        fuzz_claim(ctl);
         free(ctl);
         free(data);
         free(dst);
@@ -182,5 +280,6 @@ static void test_fuzz(int iterations) {
 void test_fifo(int iterations) {
     test_header_layout();
     test_stream();
+    test_want();
     test_fuzz(iterations);
 }

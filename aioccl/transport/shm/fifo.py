@@ -11,8 +11,10 @@ Layout, from ``base``::
     [tail: u64][pad to 64]   bytes ever consumed (written by the consumer only)
     [blocked: u64][pad]      1 while the producer waits for space (it wants a bell)
     [watching: u64]          1 while the consumer spins on the FIFO (it needs no bell)
-    [quiet: u64][pad]        1 while the consumer's engine waits for no point-to-point message from
+    [quiet: u64]             1 while the consumer's engine waits for no point-to-point message from
                              the producer: the native lane's sends ring no bell for one (``pair.py``)
+    [want: 5 u64, claim: u64] a receive spinning in the native lane announces its buffer; its sender
+                             writes the payload straight into it (``native/src/core/fifo.h``)
     [data: cap bytes]
 
 Each counter has its own cache line and one writer; an aligned 8-byte store
@@ -28,6 +30,7 @@ import threading
 CTRL_BYTES = 256
 PUBLISH_EVERY = 128 << 10  # a large frame is published in pieces of this size (see write_frame)
 HEAD, TAIL, BLOCKED, WATCHING, QUIET = 0, 8, 16, 24, 25  # u64 indices into the control block
+WANT = 26  # (26-31: a waiting receive's buffer and its sender's claim, written and read in C: core/fifo.h)
 _fence_lock = threading.Lock()
 
 

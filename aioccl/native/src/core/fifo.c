@@ -131,3 +131,32 @@ uint64_t ac_fifo_flag(const ac_fifo *f, int word) { return load(&f->ctl[word]); 
 void ac_fifo_set_flag(ac_fifo *f, int word, uint64_t v) { store(&f->ctl[word], v); }
 
 void ac_fifo_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+void ac_fifo_want(ac_fifo *f, uint64_t serial, const ac_want *w) {
+    store(&f->ctl[AC_FIFO_WANT_AT], w->at);
+    store(&f->ctl[AC_FIFO_WANT_LEN], w->len);
+    store(&f->ctl[AC_FIFO_WANT_TAG], (uint64_t)w->tag);
+    store(&f->ctl[AC_FIFO_WANT_CTX], w->ctx);
+    store(&f->ctl[AC_FIFO_WANT], serial); /* last (release): a producer that sees it sees the rest */
+}
+
+int ac_fifo_unwant(ac_fifo *f, uint64_t serial) {
+    store(&f->ctl[AC_FIFO_WANT], 0);
+    ac_fifo_fence();
+    return load(&f->ctl[AC_FIFO_CLAIM]) == serial;
+}
+
+uint64_t ac_fifo_claim(ac_fifo *f, uint64_t len, int64_t tag, uint64_t ctx, ac_want *w) {
+    uint64_t serial = load(&f->ctl[AC_FIFO_WANT]);
+    if (serial == 0 || load(&f->ctl[AC_FIFO_CLAIM]) == serial || load(&f->ctl[AC_FIFO_HEAD]) != load(&f->ctl[AC_FIFO_TAIL]))
+        return 0;
+    w->at = load(&f->ctl[AC_FIFO_WANT_AT]);
+    w->len = load(&f->ctl[AC_FIFO_WANT_LEN]);
+    w->tag = (int64_t)load(&f->ctl[AC_FIFO_WANT_TAG]);
+    w->ctx = load(&f->ctl[AC_FIFO_WANT_CTX]);
+    if (w->len != len || w->tag != tag || w->ctx != ctx || w->at == 0)
+        return 0;
+    store(&f->ctl[AC_FIFO_CLAIM], serial);
+    ac_fifo_fence();
+    return load(&f->ctl[AC_FIFO_WANT]) == serial ? serial : 0; /* gone meanwhile: it will wait for a plain frame */
+}

@@ -21,6 +21,15 @@
 
 #define AC_FIFO_CTRL_BYTES 256
 enum { AC_FIFO_HEAD = 0, AC_FIFO_TAIL = 8, AC_FIFO_BLOCKED = 16, AC_FIFO_WATCHING = 24, AC_FIFO_QUIET = 25 };
+/* The consumer's *want* (words 26-30, its line): a receive waiting for its message, whose producer may
+ * write the payload straight into the receive's buffer (cross-memory attach: one copy instead of two) and
+ * put a header-only frame marked delivered. The producer's *claim* at 31. Dekker's handshake: the producer
+ * claims, fences, and looks that the want still stands; the consumer takes it back, fences, and looks for
+ * a claim, and if it finds one it waits for the producer's next frame (delivered, or a plain frame if the
+ * producer saw the want gone). Serials are never reused, so a want seen late reads as gone. */
+enum { AC_FIFO_WANT = 26, AC_FIFO_WANT_AT = 27, AC_FIFO_WANT_LEN = 28, AC_FIFO_WANT_TAG = 29,
+       AC_FIFO_WANT_CTX = 30, AC_FIFO_CLAIM = 31 };
+#define AC_FRAME_DELIVERED 1 /* a P2P frame's op: no payload, `count` bytes were written into the receive */
 #define AC_FRAME_HEADER 48
 #define AC_FRAME_MAX ((uint64_t)1 << 46) /* frames.MAX_FRAME: a longer payload is a corrupt header */
 #define AC_FRAME_P2P 2                    /* frames.P2P: a point-to-point message */
@@ -63,6 +72,22 @@ void ac_fifo_take(ac_fifo *f, uint8_t *dst, size_t n);
 /* Consumer, while the frame at the tail streams in: copies its payload bytes [from, to) into dst + from,
  * only those published (returns how far it copied: `from` when nothing new, never past `to`). */
 size_t ac_fifo_read(const ac_fifo *f, uint8_t *dst, size_t from, size_t to);
+/* A receive the consumer waits for: where its buffer is (in the consumer's address space), its length, tag
+ * and communicator */
+typedef struct {
+    uint64_t at, len, ctx;
+    int64_t tag;
+} ac_want;
+/* Consumer: announce the receive `w` (serial: nonzero, never used before). */
+void ac_fifo_want(ac_fifo *f, uint64_t serial, const ac_want *w);
+/* Consumer: take announcement `serial` back; 1 when a producer claimed it (its next frame is on its way:
+ * wait for that frame), else 0. */
+int ac_fifo_unwant(ac_fifo *f, uint64_t serial);
+/* Producer: claim the consumer's announcement if it is for this message (len, tag, ctx) and nothing unread
+ * lies before it in the FIFO: its serial (write the payload to w->at, then put the delivered frame; on a
+ * failure, put the message as a plain frame instead), or 0 (put it as a plain frame). It only reads what
+ * the consumer wrote: a hostile consumer can at most have the payload written into its own memory. */
+uint64_t ac_fifo_claim(ac_fifo *f, uint64_t len, int64_t tag, uint64_t ctx, ac_want *w);
 /* Either side: the flag words (blocked, watching, quiet), and a full fence (a store before it is seen by every
  * other core before any load after it: publish, fence, look). */
 uint64_t ac_fifo_flag(const ac_fifo *f, int word);

@@ -313,8 +313,11 @@ int acpy_pair_put(PairLane *self, call *c) {
     ac_frame fr = {.kind = AC_FRAME_P2P, .dtype = (uint8_t)c->code, .ctx = self->ctx, .seq = c->tag,
                    .nbytes = c->nbytes};
     uint8_t hdr[AC_FRAME_HEADER];
-    ac_frame_pack(&fr, hdr);
-    if (c->nbytes >= NOGIL_BYTES) {
+    if (c->nbytes >= DIRECT_MIN && acpy_pair_deliver(self, c, &h.f)) {
+        fr.op = AC_FRAME_DELIVERED, fr.nbytes = 0, fr.count = (int64_t)c->nbytes;
+        ac_frame_pack(&fr, hdr);
+        ac_fifo_put_frame(&h.f, hdr, hdr, 0, PUBLISH_EVERY); /* (no payload: any pointer, never read) */
+    } else if (ac_frame_pack(&fr, hdr), c->nbytes >= NOGIL_BYTES) {
         Py_BEGIN_ALLOW_THREADS
         ac_fifo_put_frame(&h.f, hdr, c->buf, c->nbytes, PUBLISH_EVERY);
         Py_END_ALLOW_THREADS
@@ -330,22 +333,13 @@ int acpy_pair_put(PairLane *self, call *c) {
     return 1;
 }
 
-/* The caller holds the engine: 1 on its thread, 2 its lock borrowed from another thread (give it back), 0
- * neither (an engine busy, or inline: the general way), -1 an error */
-static int on_engine(PairLane *self) {
-    if (PyThread_get_thread_ident() == self->thread_id)
-        return 1;
-    int got = acpy_pair_borrow(self);
-    return got > 0 ? 2 : got;
-}
-
 /* send(x, peer, tag): the done Work, or None (the general way) */
 static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
     int lent = 0, took = take_call(self, args, nargs, 0, &c);
     if (took > 0)
-        took = lent = on_engine(self);
+        took = lent = acpy_pair_on_engine(self);
     if (took > 0)
         took = acpy_pair_put(self, &c);
     if (lent > 1 && acpy_pair_give_back(self, 0) < 0)
@@ -355,21 +349,25 @@ static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t
     return done_work(self, op_name(self, 0, &c), &c, Py_None, t0);
 }
 
-/* 1: the frame at the FIFO's tail is this receive's message (kind, communicator, tag, size, dtype) */
+/* 1: the frame at the FIFO's tail is this receive's message (kind, communicator, tag, size, dtype); 2: its
+ * delivered frame (the payload is in the buffer already: the receive wanted it, core/fifo.h); 0: neither */
 static int mine(const PairLane *self, const call *c, const ac_frame *fr) {
-    return fr->kind == AC_FRAME_P2P && fr->ctx == self->ctx && fr->seq == c->tag && fr->nbytes == c->nbytes &&
-           (fr->dtype == c->code || !fr->nbytes) && fr->op == 0;
+    if (fr->kind != AC_FRAME_P2P || fr->ctx != self->ctx || fr->seq != c->tag)
+        return 0;
+    if (fr->op == AC_FRAME_DELIVERED)
+        return c->want && !fr->nbytes && fr->count == (int64_t)c->nbytes && fr->dtype == c->code ? 2 : 0;
+    return fr->nbytes == c->nbytes && (fr->dtype == c->code || !fr->nbytes) && fr->op == 0;
 }
 
 /* Watch the FIFO for this receive's frame for the pair's spin time (longer while it streams in), the GIL
  * released, copying what of it is published into dst as it comes (*got: how far); then stop watching and
  * look once more (a frame published meanwhile rang no bell). The frame stays in the FIFO until taken: a
  * receive that gives up leaves it whole for the general way (which writes the same bytes again). */
-static int spin(PairLane *self, held *h, const call *c, ac_frame *fr, uint8_t *dst, size_t *got) {
+static int spin(PairLane *self, held *h, const call *c, ac_frame *fr, uint8_t *dst, size_t *got, int64_t wait_ns) {
     int st;
     Py_BEGIN_ALLOW_THREADS
     /* a large message takes its sender a copy into the FIFO first: wait that long too (~4 GB/s) */
-    int64_t start = now_ns(), end = start + self->spin_ns + (int64_t)(c->nbytes / 4), last = start + STREAM_SPIN_NS;
+    int64_t start = now_ns(), end = start + wait_ns + (int64_t)(c->nbytes / 4), last = start + STREAM_SPIN_NS;
     ac_fifo_set_flag(&h->f, AC_FIFO_WATCHING, 1);
     for (;;) {
         st = ac_fifo_peek(&h->f, fr);
@@ -454,18 +452,30 @@ int acpy_pair_get(PairLane *self, call *c) {
         ac_fifo_set_flag(&h.f, AC_FIFO_QUIET, 1);
     ac_frame fr;
     size_t got = 0;
-    int st = ac_fifo_peek(&h.f, &fr), spun = 0;
+    int st = ac_fifo_peek(&h.f, &fr), spun = 0, m;
+    c->want = 0;
+    if (st == AC_FIFO_NOT_YET && c->nbytes >= DIRECT_MIN && self->spin_ns > 0) { /* its sender may write it here */
+        c->want = ++self->wants;
+        ac_fifo_want(&h.f, c->want, &(ac_want){(uint64_t)(uintptr_t)c->buf, c->nbytes, self->ctx, c->tag});
+    }
     if ((st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, c, &fr))) && self->spin_ns > 0) {
-        st = spin(self, &h, c, &fr, c->buf, &got);
+        st = spin(self, &h, c, &fr, c->buf, &got, self->spin_ns);
         spun = 1;
         self->spun++;
     }
-    if (st != AC_FIFO_WHOLE || !mine(self, c, &fr)) {
+    m = st == AC_FIFO_WHOLE ? mine(self, c, &fr) : 0;
+    if (c->want && ac_fifo_unwant(&h.f, c->want) && !m) { /* claimed: its sender's next frame is on its way */
+        st = spin(self, &h, c, &fr, c->buf, &got, STREAM_SPIN_NS);
+        m = st == AC_FIFO_WHOLE ? mine(self, c, &fr) : 0;
+    }
+    if (!m) {
         unhold(&h);
         /* not come within the spin: 2; another message first, a corrupt FIFO, or no spinning: 0 */
         return spun && (st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, c, &fr))) ? 2 : 0;
     }
-    if (c->nbytes - got >= NOGIL_BYTES) { /* the rest of it (the spin copied the front as it came) */
+    if (m == 2) { /* delivered: the payload is in the buffer, only the header to take */
+        ac_fifo_take(&h.f, NULL, 0);
+    } else if (c->nbytes - got >= NOGIL_BYTES) { /* the rest of it (the spin copied the front as it came) */
         Py_BEGIN_ALLOW_THREADS
         ac_fifo_read(&h.f, c->buf, got, c->nbytes);
         ac_fifo_take(&h.f, NULL, c->nbytes);
@@ -489,7 +499,7 @@ static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t
     call c;
     int lent = 0, took = take_call(self, args, nargs, 1, &c);
     if (took > 0)
-        took = lent = on_engine(self);
+        took = lent = acpy_pair_on_engine(self);
     if (took > 0)
         took = acpy_pair_get(self, &c);
     if (lent > 1 && acpy_pair_give_back(self, took == 3) < 0)
@@ -500,7 +510,8 @@ static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t
 }
 
 static PyObject *PairLane_stats(PairLane *self, PyObject *Py_UNUSED(arg)) {
-    return Py_BuildValue("{sLsLsL}", "sent", self->sent, "received", self->received, "spun", self->spun);
+    return Py_BuildValue("{sLsLsLsL}", "sent", self->sent, "received", self->received, "spun", self->spun,
+                         "delivered", self->delivered);
 }
 
 static PyMethodDef PairLane_methods[] = {
@@ -509,7 +520,7 @@ static PyMethodDef PairLane_methods[] = {
     {"recv", (PyCFunction)(void (*)(void))PairLane_recv, METH_FASTCALL,
      "recv(buf, peer, tag[, given]): the done Work (giving back `given`, by default buf) of a receive whose message is (or comes within the spin) first in the "
      "FIFO, None (the general way), or False (the general way, without spinning again)"},
-    {"stats", (PyCFunction)PairLane_stats, METH_NOARGS, "{'sent', 'received', 'spun'}: calls finished in C"},
+    {"stats", (PyCFunction)PairLane_stats, METH_NOARGS, "{'sent', 'received', 'spun', 'delivered'}: calls finished in C (delivered: sends written into the receive)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -542,7 +553,8 @@ int acpy_pair_lane_ready(PyObject *m) {
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if (*names[k].at == NULL && (*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
             return -1;
-    if (acpy_pair_held_ready() < 0 || acpy_pair_native_ready() < 0 || PyType_Ready(&acpy_PairLaneType) < 0)
+    if (acpy_pair_held_ready() < 0 || acpy_pair_native_ready() < 0 || acpy_pair_direct_ready() < 0 ||
+        PyType_Ready(&acpy_PairLaneType) < 0)
         return -1;
     return PyModule_AddObjectRef(m, "PairLane", (PyObject *)&acpy_PairLaneType);
 }

@@ -33,7 +33,8 @@ typedef struct {
     unsigned long thread_id;
     unsigned long long ctx;
     Py_ssize_t eager;
-    long long spin_ns, sent, received, spun;
+    long long spin_ns, sent, received, spun, delivered;
+    uint64_t wants; /* the serial of this lane's last want (core/fifo.h) */
 } PairLane;
 
 /* one call's arguments, checked (pair_lane.c's acpy_pair_check) */
@@ -45,6 +46,7 @@ typedef struct {
     PyObject *conn;  /* borrowed from conns */
     long code;
     size_t nbytes;
+    uint64_t want; /* a receive's want announced in the FIFO (its serial), or 0 */
 } call;
 
 /* The lane's verbs on a call whose buffer, peer, tag, code and size are filled in, by a caller that holds
@@ -60,6 +62,15 @@ int acpy_pair_check(PairLane *self, call *c);
  * changed under it, a held message taken, so its loop looks; 0, or -1 an error) */
 int acpy_pair_borrow(PairLane *self);
 int acpy_pair_give_back(PairLane *self, int wake);
+/* For a Python caller (pair_native.c): 1 on the engine's thread, 2 a proxy engine borrowed (give it back),
+ * 0 neither (inline, or busy past the pair's spin: the general way), -1 an error */
+int acpy_pair_on_engine(PairLane *self);
+
+/* The single copy (pair_direct.c): from DIRECT_MIN bytes, a send whose receive waits and announced its
+ * buffer writes the payload into it: 1 done (put the delivered frame), 0 not (put the plain frame) */
+#define DIRECT_MIN ((size_t)64 << 10)
+int acpy_pair_deliver(PairLane *self, const call *c, ac_fifo *f);
+int acpy_pair_direct_ready(void);
 int acpy_pair_put(PairLane *self, call *c);
 int acpy_pair_get(PairLane *self, call *c);
 

@@ -55,6 +55,25 @@ int acpy_pair_give_back(PairLane *self, int wake) {
     return rc;
 }
 
+/* The caller holds the engine: 1 on its thread, 2 its lock borrowed from another thread (give it back), 0
+ * neither (inline, or an engine busy for longer than the pair's spin: the general way), -1 an error. A busy
+ * engine is mostly reading a FIFO for a moment (a bell): it is given that moment, the GIL released. */
+int acpy_pair_on_engine(PairLane *self) {
+    if (PyThread_get_thread_ident() == self->thread_id)
+        return 1;
+    if (self->lock == Py_None)
+        return 0;
+    int64_t until = clock_ns() + self->spin_ns;
+    for (;;) {
+        int got = acpy_pair_borrow(self);
+        if (got != 0 || clock_ns() > until)
+            return got > 0 ? 2 : got;
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+    }
+}
+
 static void fill(call *c, void *buf, size_t len, int peer, int code, long long tag) {
     c->arr = NULL;
     c->buf = (uint8_t *)buf;
