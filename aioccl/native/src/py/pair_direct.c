@@ -44,8 +44,9 @@ int acpy_pair_deliver(PairLane *self, const call *c, ac_fifo *f) {
     int err = 0, got;
     Py_BEGIN_ALLOW_THREADS
     /* No receive waits yet: give it a moment to come (a ping-pong's peer is a few microseconds behind): up
-     * to nbytes/32 ns (1 MiB: 32 us), a fraction of the copy through the FIFO it would save (~100 us) */
-    int64_t until = clock_ns() + (int64_t)(c->nbytes / 32);
+     * to nbytes/32 ns (1 MiB: 32 us), a fraction of the copy through the FIFO it would save (~100 us). Not
+     * for a native caller: it receives next (a sendrecv), and its peer may be doing the same */
+    int64_t until = clock_ns() + (c->native ? 0 : (int64_t)(c->nbytes / 32));
     while (!(got = ac_fifo_claim(f, c->nbytes, c->tag, self->ctx, &w) != 0) && !ac_fifo_flag(f, AC_FIFO_WANT) &&
            clock_ns() < until)
         sched_yield();

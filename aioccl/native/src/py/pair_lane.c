@@ -219,6 +219,7 @@ static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
         return 0;
     c->arr = (PyArrayObject *)args[0];
     c->buf = (uint8_t *)PyArray_BYTES(c->arr);
+    c->want = 0, c->native = 0;
     c->peer = PyLong_AsLongLong(args[1]);
     c->tag = PyLong_AsLongLong(args[2]);
     if (PyErr_Occurred())
@@ -454,7 +455,7 @@ int acpy_pair_get(PairLane *self, call *c) {
     size_t got = 0;
     int st = ac_fifo_peek(&h.f, &fr), spun = 0, m;
     c->want = 0;
-    if (st == AC_FIFO_NOT_YET && c->nbytes >= DIRECT_MIN && self->spin_ns > 0) { /* its sender may write it here */
+    if (st == AC_FIFO_NOT_YET && c->nbytes >= DIRECT_MIN && self->spin_ns > 0 && !c->native) { /* written here */
         c->want = ++self->wants;
         ac_fifo_want(&h.f, c->want, &(ac_want){(uint64_t)(uintptr_t)c->buf, c->nbytes, self->ctx, c->tag});
     }

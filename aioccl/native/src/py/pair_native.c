@@ -76,6 +76,8 @@ int acpy_pair_on_engine(PairLane *self) {
 
 static void fill(call *c, void *buf, size_t len, int peer, int code, long long tag) {
     c->arr = NULL;
+    c->want = 0;
+    c->native = 1;
     c->buf = (uint8_t *)buf;
     c->nbytes = len;
     c->peer = peer;
