@@ -334,17 +334,25 @@ int acpy_pair_put(PairLane *self, call *c) {
     return 1;
 }
 
+/* A Python caller's call of `verb` (acpy_pair_put or acpy_pair_get), the engine held for it (its thread, or
+ * borrowed and given back, its loop woken when the verb took what the mailbox held): the verb's answer */
+static int held_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, int writing, call *c,
+                     int (*verb)(PairLane *, call *)) {
+    int lent = 0, took = take_call(self, args, nargs, writing, c);
+    if (took > 0)
+        took = lent = acpy_pair_on_engine(self);
+    if (took > 0)
+        took = verb(self, c);
+    if (lent > 1 && acpy_pair_give_back(self, took == 3) < 0)
+        took = -1;
+    return took;
+}
+
 /* send(x, peer, tag): the done Work, or None (the general way) */
 static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
-    int lent = 0, took = take_call(self, args, nargs, 0, &c);
-    if (took > 0)
-        took = lent = acpy_pair_on_engine(self);
-    if (took > 0)
-        took = acpy_pair_put(self, &c);
-    if (lent > 1 && acpy_pair_give_back(self, 0) < 0)
-        took = -1;
+    int took = held_call(self, args, nargs, 0, &c, acpy_pair_put);
     if (took <= 0)
         return took < 0 ? NULL : Py_NewRef(Py_None);
     return done_work(self, op_name(self, 0, &c), &c, Py_None, t0);
@@ -498,13 +506,7 @@ int acpy_pair_get(PairLane *self, call *c) {
 static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
-    int lent = 0, took = take_call(self, args, nargs, 1, &c);
-    if (took > 0)
-        took = lent = acpy_pair_on_engine(self);
-    if (took > 0)
-        took = acpy_pair_get(self, &c);
-    if (lent > 1 && acpy_pair_give_back(self, took == 3) < 0)
-        took = -1;
+    int took = held_call(self, args, nargs, 1, &c, acpy_pair_get);
     if (took == 1 || took == 3)
         return recv_work(self, &c, nargs == 4 ? args[3] : args[0], t0);
     return took < 0 ? NULL : Py_NewRef(took == 2 ? Py_False : Py_None);
