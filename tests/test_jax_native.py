@@ -96,7 +96,8 @@ def test_a_closed_communicator_refuses_a_jitted_op_answered_in_c() -> None:
 def test_point_to_point_calls_run_on_the_native_lane_exact(n: int) -> None:
     """sendrecv, send/recv and a large ppermute inside jitted code, in C after their first call (the lane,
     the engine borrowed from XLA's thread): every dtype and size exact, a late peer, a quiet FIFO."""
-    done = launch(n, "jax_pair.py", env=TRANSPORT_ENV["shm"], timeout=240)
+    # (a ppermute past the native core's size goes point-to-point rather than by a gather)
+    done = launch(n, "jax_pair.py", env={**TRANSPORT_ENV["shm"], "AIOCCL_NATIVE_MAX_BYTES": "65536"}, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = re.findall(r"JAXPAIR ok rank (\d+) native (\d+) carried (\d+)", done.stdout)
     assert len(lines) == n, done.stdout + done.stderr

@@ -1,10 +1,12 @@
 """Run by tests/test_native.py under AddressSanitizer (LD_PRELOAD) with the module built with
 -fsanitize=address,undefined: the CPython glue (Program, Channel, Lane, PairLane) through real collectives and messages,
-jax_ext's XLA custom calls (xla_ffi.c) on two devices of this process and on a communicator of one rank,
+jax_ext's XLA custom calls (xla_ffi.c; pair_native.c through a point-to-point ppermute) on two devices of
+this process and on a communicator of one rank,
 and the GPU lane (gpu_lane.c) against the stand-in CUDA driver (argv[2]) through tests/test_gpu_lane.py."""
 
 import asyncio
 import importlib.util
+import os
 import sys
 
 spec = importlib.util.spec_from_file_location("aioccl.native._core", sys.argv[1])
@@ -64,6 +66,17 @@ if hasattr(core, "ffi_handlers"):  # jax_ext's custom calls through this module:
     for _ in range(3):
         got = np.asarray(f(jnp.arange(8.0)))
         assert (got == np.tile(np.arange(4.0, 8.0), 2)).all(), got
+    # a point-to-point ppermute (past the gather's size, set small here) on the pair lane from XLA's threads
+    # (pair_native.c)
+    os.environ["AIOCCL_NATIVE_MAX_BYTES"] = "65536"
+    swap = jax.jit(jax.shard_map(lambda v: jax.lax.fori_loop(0, 10, lambda i, a: jax_ext.ppermute(
+        a, "i", perm=[(0, 1), (1, 0)]) + 1.0, v), mesh=mesh, in_specs=jax.P("i"), out_specs=jax.P("i"),
+        check_vma=False))
+    before = core.ffi_stats()["native"]
+    for _ in range(3):
+        got = np.asarray(swap(jnp.arange(2 * 65536, dtype=jnp.float32)))
+        assert (got == np.arange(2 * 65536, dtype=np.float32) + 10).all(), got[:4]
+    assert core.ffi_stats()["native"] > before, core.ffi_stats()
     one = jax.jit(lambda v: jax_ext.all_reduce(v))  # the process's communicator: one rank here
     for _ in range(3):
         assert (np.asarray(one(jnp.arange(4.0))) == np.arange(4.0)).all()

@@ -63,15 +63,17 @@ for k in range(6):
     same(got, block(prv + k, 5, np.int32), f"send/recv {k}")
 assert stats()[0] >= before + 8, native_call.stats()
 
-# a large ppermute (past the gather's size: point-to-point), rank 0 receives nothing: zeros
+# a ppermute past the gather's size (AIOCCL_NATIVE_MAX_BYTES, set small by the test: point-to-point), rank 0
+# receives nothing: zeros
 big = 1 << 17
 perm = [(k, k + 1) for k in range(n - 1)]
 pp = jax.jit(lambda v: jax_ext.ppermute(v, perm=perm))
-before = stats()[0]
+before, sent = stats()[0], comm._pair_lane.stats()["sent"]
 for k in range(4):
     same(pp(jnp.asarray(block(r + k, big, np.float32))),
          block(r - 1 + k, big, np.float32) if r else np.zeros(big, np.float32), f"ppermute {k}")
 assert stats()[0] >= before + 2, native_call.stats()
+assert r == n - 1 or comm._pair_lane.stats()["sent"] >= sent + 2, comm._pair_lane.stats()  # (not a gather)
 
 # 50 in a jitted loop, every one native (or carried: a peer past the wait)
 loop = jax.jit(lambda v: jax.lax.fori_loop(0, 50, lambda i, a: jax_ext.sendrecv(a, source=prv, dest=nxt), v))
