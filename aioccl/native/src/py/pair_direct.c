@@ -7,25 +7,17 @@
  * Where the kernel refuses (another user, Yama's ptrace scope: conn.memory is None) or no receive waits
  * for this message, the message goes through the FIFO as before. */
 #include <sched.h>
-#include <time.h>
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include "core/cma.h"
 #include "pair_lane_object.h"
 
-static PyObject *s_memory, *s_pid;
-
-static int64_t clock_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-/* The peer's pid when this rank may write its memory (conn.memory: cross-memory attach proved), else 0 */
+/* The peer's pid when this rank may write its memory (conn.memory: cross-memory attach proved), else 0 (two
+ * lookups by name: a message this large takes tens of microseconds to copy) */
 static int32_t peer_pid(PyObject *conn) {
-    PyObject *mem = PyObject_GetAttr(conn, s_memory);
-    PyObject *pid = mem != NULL && mem != Py_None ? PyObject_GetAttr(mem, s_pid) : NULL;
+    PyObject *mem = PyObject_GetAttrString(conn, "memory");
+    PyObject *pid = mem != NULL && mem != Py_None ? PyObject_GetAttrString(mem, "pid") : NULL;
     long v = pid != NULL ? PyLong_AsLong(pid) : 0;
     Py_XDECREF(mem);
     Py_XDECREF(pid);
@@ -46,9 +38,9 @@ int acpy_pair_deliver(PairLane *self, const call *c, ac_fifo *f) {
     /* No receive waits yet: give it a moment to come (a ping-pong's peer is a few microseconds behind): up
      * to nbytes/32 ns (1 MiB: 32 us), a fraction of the copy through the FIFO it would save (~100 us). Not
      * for a native caller: it receives next (a sendrecv), and its peer may be doing the same */
-    int64_t until = clock_ns() + (c->native ? 0 : (int64_t)(c->nbytes / 32));
+    double until = acpy_work_monotonic() + (c->native ? 0.0 : (double)c->nbytes / 32e9);
     while (!(got = ac_fifo_claim(f, c->nbytes, c->tag, self->ctx, &w) != 0) && !ac_fifo_flag(f, AC_FIFO_WANT) &&
-           clock_ns() < until)
+           acpy_work_monotonic() < until)
         sched_yield();
     if (got)
         err = ac_cma_write(pid, w.at, c->buf, c->nbytes);
@@ -58,12 +50,4 @@ int acpy_pair_deliver(PairLane *self, const call *c, ac_fifo *f) {
     if (!err)
         self->delivered++;
     return !err;
-}
-
-int acpy_pair_direct_ready(void) {
-    if (s_memory == NULL && (s_memory = PyUnicode_InternFromString("memory")) == NULL)
-        return -1;
-    if (s_pid == NULL && (s_pid = PyUnicode_InternFromString("pid")) == NULL)
-        return -1;
-    return 0;
 }

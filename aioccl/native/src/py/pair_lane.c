@@ -556,8 +556,7 @@ int acpy_pair_lane_ready(PyObject *m) {
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if (*names[k].at == NULL && (*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
             return -1;
-    if (acpy_pair_held_ready() < 0 || acpy_pair_native_ready() < 0 || acpy_pair_direct_ready() < 0 ||
-        PyType_Ready(&acpy_PairLaneType) < 0)
+    if (acpy_pair_held_ready() < 0 || acpy_pair_native_ready() < 0 || PyType_Ready(&acpy_PairLaneType) < 0)
         return -1;
     return PyModule_AddObjectRef(m, "PairLane", (PyObject *)&acpy_PairLaneType);
 }

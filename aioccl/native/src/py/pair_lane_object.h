@@ -73,7 +73,6 @@ int acpy_pair_on_engine(PairLane *self);
  * buffer writes the payload into it: 1 done (put the delivered frame), 0 not (put the plain frame) */
 #define DIRECT_MIN ((size_t)64 << 10)
 int acpy_pair_deliver(PairLane *self, const call *c, ac_fifo *f);
-int acpy_pair_direct_ready(void);
 int acpy_pair_put(PairLane *self, call *c);
 int acpy_pair_get(PairLane *self, call *c);
 

@@ -10,29 +10,22 @@
  * holds its engine lock except while it waits for events, and the caller takes that lock (never waiting
  * for it: a busy engine is tried again after a yield) and the GIL, runs the verbs, and gives both back.
  * A receive whose message has not come spins the lane's spin with the lock held, then lets go, yields and
- * tries again, for up to PAIR_WAIT_NS (the caller waits anyway; a hand-over to the engine costs far more);
+ * tries again, for up to PAIR_WAIT_S (the caller waits anyway; a hand-over to the engine costs far more);
  * meanwhile the engine may read the message in, and the next try takes it from the mailbox.
  *
  * Outcomes: ACPY_PAIR_DONE (both halves done), ACPY_PAIR_NOT_NOW (nothing done: the site's fallback runs the
  * op the engine's way) and ACPY_PAIR_SENT (the send is done, the receive is not: the fallback runs the
  * receive alone). An engine on the caller's loop (inline) lends nothing: ACPY_PAIR_NOT_NOW. */
 #include <sched.h>
-#include <time.h>
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include "pair_lane.h"
 #include "pair_lane_object.h"
 
-#define PAIR_WAIT_NS 20000000LL /* as lane.h's NATIVE_WAIT_S: how long a native caller waits in C */
+#define PAIR_WAIT_S 0.02 /* as lane.h's NATIVE_WAIT_S: how long a native caller waits in C */
 
 static PyObject *s_acquire, *s_release;
-
-static int64_t clock_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 int acpy_pair_borrow(PairLane *self) {
     if (self->lock == NULL || self->lock == Py_None)
@@ -63,10 +56,10 @@ int acpy_pair_on_engine(PairLane *self) {
         return 1;
     if (self->lock == Py_None)
         return 0;
-    int64_t until = clock_ns() + self->spin_ns;
+    double until = acpy_work_monotonic() + (double)self->spin_ns * 1e-9;
     for (;;) {
         int got = acpy_pair_borrow(self);
-        if (got != 0 || clock_ns() > until)
+        if (got != 0 || acpy_work_monotonic() > until)
             return got > 0 ? 2 : got;
         Py_BEGIN_ALLOW_THREADS
         sched_yield();
@@ -95,7 +88,7 @@ int acpy_pair_native(PyObject *obj, const acpy_pair_op *op) {
         return ACPY_PAIR_NOT_NOW;
     }
     int sent = op->dest < 0, rc = ACPY_PAIR_NOT_NOW;
-    int64_t until = clock_ns() + PAIR_WAIT_NS;
+    double until = acpy_work_monotonic() + PAIR_WAIT_S;
     for (;;) {
         int got = acpy_pair_borrow(self), r = 1, woke = 0;
         if (got < 0)
@@ -125,7 +118,7 @@ int acpy_pair_native(PyObject *obj, const acpy_pair_op *op) {
             if (r != 2) /* the general way's (or an error): the fallback says what */
                 break;
         }
-        if (clock_ns() > until)
+        if (acpy_work_monotonic() > until)
             break;
         Py_BEGIN_ALLOW_THREADS
         sched_yield();
