@@ -45,6 +45,8 @@
 #define STREAM_SPIN_NS 20000000LL         /* starts.MAX_STREAM_SPIN_S: a frame streaming in is waited for */
 enum { WORK_SLOT_STATUS = 17 };
 
+static uint64_t wants; /* the last want's serial (core/fifo.h): one count for the process, since the lanes of
+                       * several communicators share a pair's FIFOs and a serial must never repeat on one */
 static PyObject *s_aborted, *s_closed, *s_lock, *s_locked, *s_control, *s_tx, *s_rx, *s_ctl, *s_data,
     *s_paused, *s_reader, *s_done, *s_got;
 
@@ -464,7 +466,7 @@ int acpy_pair_get(PairLane *self, call *c) {
     int st = ac_fifo_peek(&h.f, &fr), spun = 0, m;
     c->want = 0;
     if (st == AC_FIFO_NOT_YET && c->nbytes >= DIRECT_MIN && self->spin_ns > 0 && !c->native) { /* written here */
-        c->want = ++self->wants;
+        c->want = __atomic_add_fetch(&wants, 1, __ATOMIC_RELAXED);
         ac_fifo_want(&h.f, c->want, &(ac_want){(uint64_t)(uintptr_t)c->buf, c->nbytes, self->ctx, c->tag});
     }
     if ((st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, c, &fr))) && self->spin_ns > 0) {
@@ -473,9 +475,18 @@ int acpy_pair_get(PairLane *self, call *c) {
         self->spun++;
     }
     m = st == AC_FIFO_WHOLE ? mine(self, c, &fr) : 0;
-    if (c->want && ac_fifo_unwant(&h.f, c->want) && !m) { /* claimed: its sender's next frame is on its way */
-        st = spin(self, &h, c, &fr, c->buf, &got, STREAM_SPIN_NS);
-        m = st == AC_FIFO_WHOLE ? mine(self, c, &fr) : 0;
+    if (c->want && ac_fifo_unwant(&h.f, c->want) && !m) {
+        /* claimed: its sender's next frame is on its way (delivered into the buffer, or plain), however busy the
+         * machine: given up, a delivered frame would reach the engine's receive instead. Only a connection that
+         * ended (the sender gone) or a minute stops the wait. */
+        for (int rounds = 0; !m && st != AC_FIFO_CORRUPT && rounds < 3000; rounds++) {
+            int ended = attr_true(c->conn, s_closed);
+            if (ended)
+                break;
+            st = spin(self, &h, c, &fr, c->buf, &got, STREAM_SPIN_NS);
+            m = st == AC_FIFO_WHOLE ? mine(self, c, &fr) : 0;
+        }
+        PyErr_Clear();
     }
     if (!m) {
         unhold(&h);

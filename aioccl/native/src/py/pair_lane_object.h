@@ -34,7 +34,6 @@ typedef struct {
     unsigned long long ctx;
     Py_ssize_t eager;
     long long spin_ns, sent, received, spun, delivered;
-    uint64_t wants; /* the serial of this lane's last want (core/fifo.h) */
 } PairLane;
 
 /* one call's arguments, checked (pair_lane.c's acpy_pair_check) */
