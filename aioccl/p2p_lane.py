@@ -20,11 +20,13 @@ loop (``Placement.wake``).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from . import native
 from .dtypes import dtype_code
 from .engine.receives import Status
+from .engine.turns import loop_slice_s, loop_waits
 from .group import current_group
 from .transport.shm.pair import ShmPairConnection
 from .work import BORN_DONE_LOCK, Work
@@ -48,4 +50,4 @@ def open_pair_lane(engine: Engine, view: CommView, record: Any) -> Any:
         box.probes.waiting, box.lost, ShmPairConnection, view.ctx, tuple(view.ranks), view.rank, Work,
         BORN_DONE_LOCK, placement, placement.thread_id, current_group, record, Status, dtype_code, engine.eager,
         hub.spin_s, hub.yield_cpu, bell.sender(), tuple(bell.address(bell.comm_id, w) for w in view.ranks),
-        placement.lock, placement.wake)
+        placement.lock, placement.wake, functools.partial(loop_waits, engine.loop), loop_slice_s())

@@ -52,7 +52,7 @@ static PyObject *s_aborted, *s_closed, *s_lock, *s_locked, *s_control, *s_tx, *s
 
 #define PAIR_REFS(self) {&(self)->engine, &(self)->conns, &(self)->queued, &(self)->posted, &(self)->early, \
     &(self)->wild, &(self)->probes, &(self)->lost, &(self)->pair_type, &(self)->group_var, &(self)->record, \
-    &(self)->status_type, &(self)->dtype_code, &(self)->ranks, &(self)->lock, &(self)->wake}
+    &(self)->status_type, &(self)->dtype_code, &(self)->ranks, &(self)->lock, &(self)->wake, &(self)->wanted}
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -92,26 +92,27 @@ static void PairLane_dealloc(PairLane *self) {
 
 /* PairLane(engine, conns, queued_sends, p2p_posted, p2p_early, wild_by_ctx, probes_waiting, lost, pair_type,
  *          ctx, ranks, rank, Work, done_lock, home, thread_id, group_var, record, Status, dtype_code,
- *          eager, spin_s, yield_cpu, bell_fd, bell_addresses, lock, wake) */
+ *          eager, spin_s, yield_cpu, bell_fd, bell_addresses, lock, wake, wanted, slice_s) */
 static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
     PyObject *engine, *conns, *queued, *posted, *early, *wild, *probes, *lost, *pair_type, *ranks, *work_type,
-        *done_lock, *home, *group_var, *record, *status_type, *dtype_code, *addrs, *lock, *wake;
+        *done_lock, *home, *group_var, *record, *status_type, *dtype_code, *addrs, *lock, *wake, *wanted;
     unsigned long long ctx;
     unsigned long thread_id;
     int rank, yield_cpu, fd;
     Py_ssize_t eager;
-    double spin_s;
+    double spin_s, slice_s;
     if (kwds != NULL && PyDict_GET_SIZE(kwds))
         return PyErr_SetString(PyExc_TypeError, "PairLane takes positional arguments only"), -1;
-    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!O!O!OKO!iOOOkOOOOndpiO!OO", &engine, &PyDict_Type, &conns, &PyDict_Type,
+    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!O!O!OKO!iOOOkOOOOndpiO!OOOd", &engine, &PyDict_Type, &conns, &PyDict_Type,
                           &queued, &PyDict_Type, &posted, &PyDict_Type, &early, &PyDict_Type, &wild, &PyList_Type,
                           &probes, &PyDict_Type, &lost, &pair_type, &ctx, &PyTuple_Type, &ranks, &rank, &work_type,
                           &done_lock, &home, &thread_id, &group_var, &record, &status_type, &dtype_code, &eager,
-                          &spin_s, &yield_cpu, &fd, &PyTuple_Type, &addrs, &lock, &wake))
+                          &spin_s, &yield_cpu, &fd, &PyTuple_Type, &addrs, &lock, &wake, &wanted, &slice_s))
         return -1;
     Py_ssize_t n = PyTuple_GET_SIZE(ranks);
     if (n < 1 || rank < 0 || rank >= n || PyTuple_GET_SIZE(addrs) != n || !PyType_Check(pair_type) ||
-        !PyContextVar_CheckExact(group_var) || eager < 0 || spin_s < 0 || (lock != Py_None && !PyCallable_Check(wake))) {
+        !PyContextVar_CheckExact(group_var) || eager < 0 || spin_s < 0 || slice_s <= 0 || (lock != Py_None && !PyCallable_Check(wake)) ||
+        !PyCallable_Check(wanted)) {
         PyErr_SetString(PyExc_ValueError, "PairLane: inconsistent ranks, bell addresses, types or limits");
         return -1;
     }
@@ -132,7 +133,7 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     PyObject *vals[] = {engine, conns, queued, posted, early, wild, probes, lost, pair_type, group_var, record,
-                        status_type, dtype_code, ranks, lock, wake};
+                        status_type, dtype_code, ranks, lock, wake, wanted};
     PyObject **refs[] = PAIR_REFS(self);
     for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
         Py_XSETREF(*refs[k], Py_NewRef(vals[k]));
@@ -140,7 +141,7 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
     self->bells = bells;
     self->fd = fd, self->rank = rank, self->size = (int)n, self->yield_cpu = yield_cpu, self->enabled = 1;
     self->thread_id = thread_id, self->ctx = ctx, self->eager = eager;
-    self->spin_ns = (long long)(spin_s * 1e9);
+    self->spin_ns = (long long)(spin_s * 1e9), self->slice_ns = (long long)(slice_s * 1e9);
     return 0;
 }
 
@@ -221,7 +222,7 @@ static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
         return 0;
     c->arr = (PyArrayObject *)args[0];
     c->buf = (uint8_t *)PyArray_BYTES(c->arr);
-    c->want = 0, c->native = 0;
+    c->want = 0, c->native = 0, c->owner = 0;
     c->peer = PyLong_AsLongLong(args[1]);
     c->tag = PyLong_AsLongLong(args[2]);
     if (PyErr_Occurred())
@@ -309,8 +310,17 @@ int acpy_pair_put(PairLane *self, call *c) {
     held h;
     int ok = hold(tx, &h);
     Py_DECREF(tx);
-    if (ok && ac_fifo_free(&h.f) < AC_FRAME_HEADER + c->nbytes) /* full, or a frame longer than the FIFO */
-        unhold(&h), ok = 0;
+    if (ok && ac_fifo_free(&h.f) < AC_FRAME_HEADER + c->nbytes) { /* full: wait for room, or the general way */
+        PyObject *rx = PyObject_GetAttr(c->conn, s_rx);
+        held back;
+        int seen = rx != NULL && hold(rx, &back);
+        Py_XDECREF(rx);
+        PyErr_Clear();
+        if (acpy_pair_room(self, &h.f, seen ? &back.f : NULL, c) <= 0)
+            unhold(&h), ok = 0; /* (an error meanwhile: the general way reports it) */
+        if (seen)
+            unhold(&back);
+    }
     if (!ok)
         return 0;
     ac_frame fr = {.kind = AC_FRAME_P2P, .dtype = (uint8_t)c->code, .ctx = self->ctx, .seq = c->tag,
@@ -343,6 +353,7 @@ static int held_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
     int lent = 0, took = take_call(self, args, nargs, writing, c);
     if (took > 0)
         took = lent = acpy_pair_on_engine(self);
+    c->owner = lent == 1;
     if (took > 0)
         took = verb(self, c);
     if (lent > 1 && acpy_pair_give_back(self, took == 3) < 0)
@@ -524,8 +535,8 @@ static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t
 }
 
 static PyObject *PairLane_stats(PairLane *self, PyObject *Py_UNUSED(arg)) {
-    return Py_BuildValue("{sLsLsLsL}", "sent", self->sent, "received", self->received, "spun", self->spun,
-                         "delivered", self->delivered);
+    return Py_BuildValue("{sLsLsLsLsL}", "sent", self->sent, "received", self->received, "spun", self->spun,
+                         "delivered", self->delivered, "full", self->full);
 }
 
 static PyMethodDef PairLane_methods[] = {

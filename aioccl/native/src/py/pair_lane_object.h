@@ -26,6 +26,7 @@ typedef struct {
     PyObject *engine, *conns, *queued, *posted, *early, *wild, *probes, *lost;
     PyObject *pair_type, *group_var, *record, *status_type, *dtype_code, *ranks;
     PyObject *lock, *wake; /* a proxy thread's engine lock and its loop's wake-up (None inline: nothing to lend) */
+    PyObject *wanted;      /* () -> whether anything besides this call waits for the engine's loop (turns.py) */
     struct { PyObject *descr; long code; } codes[DTYPE_CACHE];
     named names[2][NAME_CACHE]; /* send's and recv's Work names by (peer, tag): formatting one costs more than a send */
     ac_bell *bells; /* per communicator rank */
@@ -33,7 +34,7 @@ typedef struct {
     unsigned long thread_id;
     unsigned long long ctx;
     Py_ssize_t eager;
-    long long spin_ns, sent, received, spun, delivered;
+    long long spin_ns, slice_ns, sent, received, spun, delivered, full;
 } PairLane;
 
 /* one call's arguments, checked (pair_lane.c's acpy_pair_check) */
@@ -46,6 +47,7 @@ typedef struct {
     long code;
     size_t nbytes;
     uint64_t want; /* a receive's want announced in the FIFO (its serial), or 0 */
+    int owner;     /* the caller is the engine's own thread (its loop waits while the call runs) */
     int native;    /* a caller outside Python (pair_native.c): its receive announces no want, its send waits
                     * for none (XLA's buffers are often fresh pages, which cross-memory attach faults in slowly:
                     * a jitted 64 KiB sendrecv took 45 us written in place against 18 through the FIFO) */
@@ -72,6 +74,9 @@ int acpy_pair_on_engine(PairLane *self);
  * buffer writes the payload into it: 1 done (put the delivered frame), 0 not (put the plain frame) */
 #define DIRECT_MIN ((size_t)64 << 10)
 int acpy_pair_deliver(PairLane *self, const call *c, ac_fifo *f);
+/* A send that finds the FIFO `f` full waits for room (pair_room.c; `back`: the FIFO from the same peer, or
+ * NULL): 1 room, 0 none (the general way), -1 an error */
+int acpy_pair_room(PairLane *self, ac_fifo *f, const ac_fifo *back, const call *c);
 int acpy_pair_put(PairLane *self, call *c);
 int acpy_pair_get(PairLane *self, call *c);
 

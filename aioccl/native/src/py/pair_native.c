@@ -70,7 +70,7 @@ int acpy_pair_on_engine(PairLane *self) {
 static void fill(call *c, void *buf, size_t len, int peer, int code, long long tag) {
     c->arr = NULL;
     c->want = 0;
-    c->native = 1;
+    c->native = 1, c->owner = 0;
     c->buf = (uint8_t *)buf;
     c->nbytes = len;
     c->peer = peer;
