@@ -47,7 +47,7 @@ enum { WORK_SLOT_STATUS = 17 };
 
 static uint64_t wants; /* the last want's serial (core/fifo.h): one count for the process, since the lanes of
                        * several communicators share a pair's FIFOs and a serial must never repeat on one */
-static PyObject *s_aborted, *s_closed, *s_lock, *s_locked, *s_control, *s_tx, *s_rx, *s_ctl, *s_data,
+static PyObject *s_aborted, *s_closed, *s_lock, *s_locked, *s_control,
     *s_paused, *s_reader, *s_done, *s_got;
 
 #define PAIR_REFS(self) {&(self)->engine, &(self)->conns, &(self)->queued, &(self)->posted, &(self)->early, \
@@ -66,8 +66,12 @@ static int PairLane_traverse(PairLane *self, visitproc visit, void *arg) {
         Py_VISIT(*refs[k]);
     for (int k = 0; k < DTYPE_CACHE; k++)
         Py_VISIT(self->codes[k].descr);
-    for (int k = 0; k < 2 * NAME_CACHE; k++)
+    for (int k = 0; k < 2 * NAME_CACHE; k++) {
         Py_VISIT(self->names[k / NAME_CACHE][k % NAME_CACHE].name);
+        Py_VISIT(self->names[k / NAME_CACHE][k % NAME_CACHE].status);
+    }
+    for (int k = 0; self->fifos != NULL && k < self->size; k++)
+        Py_VISIT(self->fifos[k].conn);
     return acpy_work_maker_traverse(&self->wm, visit, arg);
 }
 
@@ -77,8 +81,12 @@ static int PairLane_clear(PairLane *self) {
         Py_CLEAR(*refs[k]);
     for (int k = 0; k < DTYPE_CACHE; k++)
         Py_CLEAR(self->codes[k].descr);
-    for (int k = 0; k < 2 * NAME_CACHE; k++)
+    for (int k = 0; k < 2 * NAME_CACHE; k++) {
         Py_CLEAR(self->names[k / NAME_CACHE][k % NAME_CACHE].name);
+        Py_CLEAR(self->names[k / NAME_CACHE][k % NAME_CACHE].status);
+    }
+    for (int k = 0; self->fifos != NULL && k < self->size; k++)
+        Py_CLEAR(self->fifos[k].conn);
     acpy_work_maker_clear(&self->wm);
     return 0;
 }
@@ -87,6 +95,7 @@ static void PairLane_dealloc(PairLane *self) {
     PyObject_GC_UnTrack(self);
     PairLane_clear(self);
     PyMem_Free(self->bells);
+    PyMem_Free(self->fifos);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -117,19 +126,20 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     ac_bell *bells = PyMem_Calloc((size_t)n, sizeof *bells);
-    if (bells == NULL)
-        return PyErr_NoMemory(), -1;
+    pair_fifos *fifos = PyMem_Calloc((size_t)n, sizeof *fifos);
+    if (bells == NULL || fifos == NULL)
+        return PyMem_Free(bells), PyMem_Free(fifos), PyErr_NoMemory(), -1;
     for (Py_ssize_t j = 0; j < n; j++) {
         PyObject *a = PyTuple_GET_ITEM(addrs, j), *w = PyTuple_GET_ITEM(ranks, j);
         if (!PyBytes_Check(a) || ac_bell_set(&bells[j], PyBytes_AS_STRING(a), (size_t)PyBytes_GET_SIZE(a)) < 0 ||
             !PyLong_CheckExact(w)) {
-            PyMem_Free(bells);
+            PyMem_Free(bells), PyMem_Free(fifos);
             PyErr_SetString(PyExc_ValueError, "PairLane: a bell address or world rank is impossible");
             return -1;
         }
     }
     if (acpy_work_maker_init(&self->wm, work_type, done_lock, home, thread_id) < 0) {
-        PyMem_Free(bells);
+        PyMem_Free(bells), PyMem_Free(fifos);
         return -1;
     }
     PyObject *vals[] = {engine, conns, queued, posted, early, wild, probes, lost, pair_type, group_var, record,
@@ -137,8 +147,10 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
     PyObject **refs[] = PAIR_REFS(self);
     for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
         Py_XSETREF(*refs[k], Py_NewRef(vals[k]));
-    PyMem_Free(self->bells);
-    self->bells = bells;
+    for (int k = 0; self->fifos != NULL && k < self->size; k++) /* (init called again: a fresh cache) */
+        Py_CLEAR(self->fifos[k].conn);
+    PyMem_Free(self->bells), PyMem_Free(self->fifos);
+    self->bells = bells, self->fifos = fifos;
     self->fd = fd, self->rank = rank, self->size = (int)n, self->yield_cpu = yield_cpu, self->enabled = 1;
     self->thread_id = thread_id, self->ctx = ctx, self->eager = eager;
     self->spin_ns = (long long)(spin_s * 1e9), self->slice_ns = (long long)(slice_s * 1e9);
@@ -174,41 +186,6 @@ static int attr_true(PyObject *o, PyObject *name) {
     int t = PyObject_IsTrue(v);
     Py_DECREF(v);
     return t;
-}
-
-/* A FIFO's memory, held for one call (ByteFifo: ctl, data, cap). 1: held; 0: released or impossible. */
-typedef struct {
-    Py_buffer ctl, data;
-    ac_fifo f;
-} held;
-
-static int hold(PyObject *fifo, held *h) {
-    PyObject *ctl = PyObject_GetAttr(fifo, s_ctl), *data = PyObject_GetAttr(fifo, s_data);
-    int ok = 0;
-    if (ctl != NULL && data != NULL && PyObject_GetBuffer(ctl, &h->ctl, PyBUF_SIMPLE) == 0) {
-        if (PyObject_GetBuffer(data, &h->data, PyBUF_WRITABLE) == 0) {
-            ok = h->ctl.len >= AC_FIFO_CTRL_BYTES && h->data.len >= 64 && h->data.len % 64 == 0 &&
-                 (uintptr_t)h->ctl.buf % 8 == 0;
-            if (!ok)
-                PyBuffer_Release(&h->data);
-        }
-        if (!ok)
-            PyBuffer_Release(&h->ctl);
-    }
-    PyErr_Clear();
-    Py_XDECREF(ctl);
-    Py_XDECREF(data);
-    if (ok) {
-        h->f.ctl = h->ctl.buf;
-        h->f.data = h->data.buf;
-        h->f.cap = (uint64_t)h->data.len;
-    }
-    return ok;
-}
-
-static void unhold(held *h) {
-    PyBuffer_Release(&h->data);
-    PyBuffer_Release(&h->ctl);
 }
 
 /* a Python caller's arguments: 1 the lane may take the call (c filled in), 0 not (the general way), -1 an
@@ -261,20 +238,43 @@ int acpy_pair_check(PairLane *self, call *c) {
 
 /* (size, dtype, None, None): a Work's and its flight-recorder entry's description */
 static PyObject *describe(call *c) {
-    return Py_BuildValue("(nOOO)", PyArray_SIZE(c->arr), (PyObject *)PyArray_DESCR(c->arr), Py_None, Py_None);
+    PyObject *d = PyTuple_New(4), *n = PyLong_FromSsize_t(PyArray_SIZE(c->arr));
+    if (d == NULL || n == NULL) {
+        Py_XDECREF(d);
+        Py_XDECREF(n);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(d, 0, n);
+    PyTuple_SET_ITEM(d, 1, Py_NewRef((PyObject *)PyArray_DESCR(c->arr)));
+    PyTuple_SET_ITEM(d, 2, Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(d, 3, Py_NewRef(Py_None));
+    return d;
 }
 
-/* "send(peer=1, tag=3)" or "recv(...)" (a new reference), from a small cache */
-static PyObject *op_name(PairLane *self, int recv, const call *c) {
+/* The cache entry of (peer, tag) for sends (recv 0) or receives (1): "send(peer=1, tag=3)" or "recv(...)", and
+ * a receive's Status(peer, tag); formatting a name costs more than a send. NULL: an error. */
+static named *op_names(PairLane *self, int recv, const call *c) {
     named *n = &self->names[recv][(uint64_t)(c->peer * 31 + c->tag) % NAME_CACHE];
     if (n->name == NULL || n->peer != c->peer || n->tag != c->tag) {
         PyObject *name = PyUnicode_FromFormat("%s(peer=%lld, tag=%lld)", recv ? "recv" : "send", c->peer, c->tag);
-        if (name == NULL)
+        PyObject *items = recv && name ? Py_BuildValue("((LL))", c->peer, c->tag) : NULL, *status = NULL;
+        if (items != NULL) /* a named tuple, made as tuple.__new__ makes it (no Python __new__) */
+            status = PyTuple_Type.tp_new((PyTypeObject *)self->status_type, items, NULL);
+        Py_XDECREF(items);
+        if (name == NULL || (recv && status == NULL)) {
+            Py_XDECREF(name);
             return NULL;
+        }
         Py_XSETREF(n->name, name);
+        Py_XSETREF(n->status, status);
         n->peer = c->peer, n->tag = c->tag;
     }
-    return Py_NewRef(n->name);
+    return n;
+}
+
+static PyObject *op_name(PairLane *self, int recv, const call *c) {
+    named *n = op_names(self, recv, c);
+    return n != NULL ? Py_NewRef(n->name) : NULL;
 }
 
 static PyObject *done_work(PairLane *self, PyObject *name, call *c, PyObject *result, double t0) {
@@ -304,44 +304,30 @@ int acpy_pair_put(PairLane *self, call *c) {
     }
     if (busy)
         return busy < 0 ? -1 : 0;
-    PyObject *tx = PyObject_GetAttr(c->conn, s_tx);
-    if (tx == NULL)
-        return -1;
-    held h;
-    int ok = hold(tx, &h);
-    Py_DECREF(tx);
-    if (ok && ac_fifo_free(&h.f) < AC_FRAME_HEADER + c->nbytes) { /* full: wait for room, or the general way */
-        PyObject *rx = PyObject_GetAttr(c->conn, s_rx);
-        held back;
-        int seen = rx != NULL && hold(rx, &back);
-        Py_XDECREF(rx);
-        PyErr_Clear();
-        if (acpy_pair_room(self, &h.f, seen ? &back.f : NULL, c) <= 0)
-            unhold(&h), ok = 0; /* (an error meanwhile: the general way reports it) */
-        if (seen)
-            unhold(&back);
-    }
-    if (!ok)
+    ac_fifo f;
+    ac_fifo back;
+    if (!acpy_pair_fifos(self, c, &f, &back))
         return 0;
+    if (ac_fifo_free(&f) < AC_FRAME_HEADER + c->nbytes && acpy_pair_room(self, &f, &back, c) <= 0)
+        return 0; /* full: the general way (an error meanwhile: it reports it) */
     ac_frame fr = {.kind = AC_FRAME_P2P, .dtype = (uint8_t)c->code, .ctx = self->ctx, .seq = c->tag,
                    .nbytes = c->nbytes};
     uint8_t hdr[AC_FRAME_HEADER];
-    if (c->nbytes >= DIRECT_MIN && acpy_pair_deliver(self, c, &h.f)) {
+    if (c->nbytes >= DIRECT_MIN && acpy_pair_deliver(self, c, &f)) {
         fr.op = AC_FRAME_DELIVERED, fr.nbytes = 0, fr.count = (int64_t)c->nbytes;
         ac_frame_pack(&fr, hdr);
-        ac_fifo_put_frame(&h.f, hdr, hdr, 0, PUBLISH_EVERY); /* (no payload: any pointer, never read) */
+        ac_fifo_put_frame(&f, hdr, hdr, 0, PUBLISH_EVERY); /* (no payload: any pointer, never read) */
     } else if (ac_frame_pack(&fr, hdr), c->nbytes >= NOGIL_BYTES) {
         Py_BEGIN_ALLOW_THREADS
-        ac_fifo_put_frame(&h.f, hdr, c->buf, c->nbytes, PUBLISH_EVERY);
+        ac_fifo_put_frame(&f, hdr, c->buf, c->nbytes, PUBLISH_EVERY);
         Py_END_ALLOW_THREADS
     } else {
-        ac_fifo_put_frame(&h.f, hdr, c->buf, c->nbytes, PUBLISH_EVERY);
+        ac_fifo_put_frame(&f, hdr, c->buf, c->nbytes, PUBLISH_EVERY);
     }
     ac_fifo_fence(); /* publish, fence, look: a peer that stopped watching reads the FIFO once more after, and
                       * one whose engine posts a receive clears quiet and then reads the FIFO (pair.py) */
-    if (!ac_fifo_flag(&h.f, AC_FIFO_WATCHING) && !ac_fifo_flag(&h.f, AC_FIFO_QUIET))
+    if (!ac_fifo_flag(&f, AC_FIFO_WATCHING) && !ac_fifo_flag(&f, AC_FIFO_QUIET))
         ac_bell_ring(self->fd, &self->bells[c->peer], 1, 1);
-    unhold(&h);
     self->sent++;
     return 1;
 }
@@ -385,28 +371,28 @@ static int mine(const PairLane *self, const call *c, const ac_frame *fr) {
  * released, copying what of it is published into dst as it comes (*got: how far); then stop watching and
  * look once more (a frame published meanwhile rang no bell). The frame stays in the FIFO until taken: a
  * receive that gives up leaves it whole for the general way (which writes the same bytes again). */
-static int spin(PairLane *self, held *h, const call *c, ac_frame *fr, uint8_t *dst, size_t *got, int64_t wait_ns) {
+static int spin(PairLane *self, ac_fifo *f, const call *c, ac_frame *fr, uint8_t *dst, size_t *got, int64_t wait_ns) {
     int st;
     Py_BEGIN_ALLOW_THREADS
     /* a large message takes its sender a copy into the FIFO first: wait that long too (~4 GB/s) */
     int64_t start = now_ns(), end = start + wait_ns + (int64_t)(c->nbytes / 4), last = start + STREAM_SPIN_NS;
-    ac_fifo_set_flag(&h->f, AC_FIFO_WATCHING, 1);
+    ac_fifo_set_flag(f, AC_FIFO_WATCHING, 1);
     for (;;) {
-        st = ac_fifo_peek(&h->f, fr);
+        st = ac_fifo_peek(f, fr);
         if (st == AC_FIFO_WHOLE || st == AC_FIFO_CORRUPT || (st == AC_FIFO_PART && !mine(self, c, fr)))
             break;
         size_t before = *got;
         if (st == AC_FIFO_PART)
-            *got = ac_fifo_read(&h->f, dst, *got, c->nbytes);
+            *got = ac_fifo_read(f, dst, *got, c->nbytes);
         if (self->yield_cpu && *got == before)
             sched_yield();
         int64_t t = now_ns();
         if (t > last || (t > end && st != AC_FIFO_PART))
             break;
     }
-    ac_fifo_set_flag(&h->f, AC_FIFO_WATCHING, 0);
+    ac_fifo_set_flag(f, AC_FIFO_WATCHING, 0);
     ac_fifo_fence();
-    st = ac_fifo_peek(&h->f, fr);
+    st = ac_fifo_peek(f, fr);
     Py_END_ALLOW_THREADS
     return st;
 }
@@ -426,18 +412,10 @@ static int reader_idle(PyObject *conn) {
 
 /* a receive's done Work: it gives the buffer back and says whose message it got */
 static PyObject *recv_work(PairLane *self, call *c, PyObject *given, double t0) {
-    PyObject *items = Py_BuildValue("((LL))", c->peer, c->tag), *status = NULL;
-    if (items != NULL) /* Status(peer, tag), a named tuple, made as tuple.__new__ makes it (no Python __new__) */
-        status = PyTuple_Type.tp_new((PyTypeObject *)self->status_type, items, NULL);
-    Py_XDECREF(items);
-    if (status == NULL)
-        return NULL;
-    PyObject *w = done_work(self, op_name(self, 1, c), c,
-                            given, t0);
+    named *n = op_names(self, 1, c); /* (Status is immutable: one per (peer, tag) serves every receive) */
+    PyObject *w = n != NULL ? done_work(self, Py_NewRef(n->name), c, given, t0) : NULL;
     if (w != NULL)
-        acpy_work_set(&self->wm, w, WORK_SLOT_STATUS, status);
-    else
-        Py_DECREF(status);
+        acpy_work_set(&self->wm, w, WORK_SLOT_STATUS, Py_NewRef(n->status));
     return w;
 }
 
@@ -457,36 +435,29 @@ int acpy_pair_get(PairLane *self, call *c) {
     }
     if (took <= 0)
         return took;
-    PyObject *rx = PyObject_GetAttr(c->conn, s_rx);
-    if (rx == NULL)
-        return -1;
-    held h;
-    int ok = hold(rx, &h);
-    Py_DECREF(rx);
-    if (ok && c->nbytes > h.f.cap - AC_FRAME_HEADER) /* (a message longer than the FIFO streams through) */
-        unhold(&h), ok = 0;
-    if (!ok)
-        return 0;
+    ac_fifo f;
+    if (!acpy_pair_fifos(self, c, NULL, &f) || c->nbytes > f.cap - AC_FRAME_HEADER)
+        return 0; /* (a message longer than the FIFO streams through) */
     /* nothing posted, no wildcard, no probe: the engine waits for no message, so the peer's lane need not
      * wake it for one (until a receive is posted: PairHub.read_left clears this, then reads the FIFO) */
     if (!PyDict_GET_SIZE(self->posted) && !PyDict_GET_SIZE(self->wild) && !PyList_GET_SIZE(self->probes) &&
-        !ac_fifo_flag(&h.f, AC_FIFO_QUIET))
-        ac_fifo_set_flag(&h.f, AC_FIFO_QUIET, 1);
+        !ac_fifo_flag(&f, AC_FIFO_QUIET))
+        ac_fifo_set_flag(&f, AC_FIFO_QUIET, 1);
     ac_frame fr;
     size_t got = 0;
-    int st = ac_fifo_peek(&h.f, &fr), spun = 0, m;
+    int st = ac_fifo_peek(&f, &fr), spun = 0, m;
     c->want = 0;
     if (st == AC_FIFO_NOT_YET && c->nbytes >= DIRECT_MIN && self->spin_ns > 0 && !c->native) { /* written here */
         c->want = __atomic_add_fetch(&wants, 1, __ATOMIC_RELAXED);
-        ac_fifo_want(&h.f, c->want, &(ac_want){(uint64_t)(uintptr_t)c->buf, c->nbytes, self->ctx, c->tag});
+        ac_fifo_want(&f, c->want, &(ac_want){(uint64_t)(uintptr_t)c->buf, c->nbytes, self->ctx, c->tag});
     }
     if ((st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, c, &fr))) && self->spin_ns > 0) {
-        st = spin(self, &h, c, &fr, c->buf, &got, self->spin_ns);
+        st = spin(self, &f, c, &fr, c->buf, &got, self->spin_ns);
         spun = 1;
         self->spun++;
     }
     m = st == AC_FIFO_WHOLE ? mine(self, c, &fr) : 0;
-    if (c->want && ac_fifo_unwant(&h.f, c->want) && !m) {
+    if (c->want && ac_fifo_unwant(&f, c->want) && !m) {
         /* claimed: its sender's next frame is on its way (delivered into the buffer, or plain), however busy the
          * machine: given up, a delivered frame would reach the engine's receive instead. Only a connection that
          * ended (the sender gone) or a minute stops the wait. */
@@ -494,31 +465,29 @@ int acpy_pair_get(PairLane *self, call *c) {
             int ended = attr_true(c->conn, s_closed);
             if (ended)
                 break;
-            st = spin(self, &h, c, &fr, c->buf, &got, STREAM_SPIN_NS);
+            st = spin(self, &f, c, &fr, c->buf, &got, STREAM_SPIN_NS);
             m = st == AC_FIFO_WHOLE ? mine(self, c, &fr) : 0;
         }
         PyErr_Clear();
     }
     if (!m) {
-        unhold(&h);
         /* not come within the spin: 2; another message first, a corrupt FIFO, or no spinning: 0 */
         return spun && (st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, c, &fr))) ? 2 : 0;
     }
     if (m == 2) { /* delivered: the payload is in the buffer, only the header to take */
-        ac_fifo_take(&h.f, NULL, 0);
+        ac_fifo_take(&f, NULL, 0);
     } else if (c->nbytes - got >= NOGIL_BYTES) { /* the rest of it (the spin copied the front as it came) */
         Py_BEGIN_ALLOW_THREADS
-        ac_fifo_read(&h.f, c->buf, got, c->nbytes);
-        ac_fifo_take(&h.f, NULL, c->nbytes);
+        ac_fifo_read(&f, c->buf, got, c->nbytes);
+        ac_fifo_take(&f, NULL, c->nbytes);
         Py_END_ALLOW_THREADS
     } else {
-        ac_fifo_read(&h.f, c->buf, got, c->nbytes);
-        ac_fifo_take(&h.f, NULL, c->nbytes);
+        ac_fifo_read(&f, c->buf, got, c->nbytes);
+        ac_fifo_take(&f, NULL, c->nbytes);
     }
     ac_fifo_fence(); /* freed, fence, look: a producer that waits for space wants a bell */
-    if (ac_fifo_flag(&h.f, AC_FIFO_BLOCKED))
+    if (ac_fifo_flag(&f, AC_FIFO_BLOCKED))
         ac_bell_ring(self->fd, &self->bells[c->peer], 1, 1);
-    unhold(&h);
     self->received++;
     return 1;
 }
@@ -572,13 +541,13 @@ PyTypeObject acpy_PairLaneType = {
 int acpy_pair_lane_ready(PyObject *m) {
     struct { PyObject **at; const char *s; } names[] = {
         {&s_aborted, "aborted"}, {&s_closed, "closed"}, {&s_lock, "_lock"}, {&s_locked, "_locked"},
-        {&s_control, "_control"}, {&s_tx, "tx"}, {&s_rx, "rx"}, {&s_ctl, "ctl"}, {&s_data, "data"},
-        {&s_paused, "paused"}, {&s_reader, "reader"}, {&s_done, "_done"}, {&s_got, "_got"},
+        {&s_control, "_control"}, {&s_paused, "paused"}, {&s_reader, "reader"}, {&s_done, "_done"}, {&s_got, "_got"},
     };
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if (*names[k].at == NULL && (*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
             return -1;
-    if (acpy_pair_held_ready() < 0 || acpy_pair_native_ready() < 0 || PyType_Ready(&acpy_PairLaneType) < 0)
+    if (acpy_pair_held_ready() < 0 || acpy_pair_fifos_ready() < 0 || acpy_pair_native_ready() < 0 ||
+        PyType_Ready(&acpy_PairLaneType) < 0)
         return -1;
     return PyModule_AddObjectRef(m, "PairLane", (PyObject *)&acpy_PairLaneType);
 }

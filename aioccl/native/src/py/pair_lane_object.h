@@ -17,8 +17,14 @@ enum { DTYPE_CACHE = 16, NAME_CACHE = 64 };
 
 typedef struct {
     long long peer, tag;
-    PyObject *name;
+    PyObject *name, *status; /* status: a receive's (None for sends) */
 } named;
+
+/* where a pair's FIFOs lie, for the connection `conn` (a reference kept: pair_fifos.c) */
+typedef struct {
+    PyObject *conn;
+    ac_fifo tx, rx;
+} pair_fifos;
 
 typedef struct {
     PyObject_HEAD
@@ -29,7 +35,8 @@ typedef struct {
     PyObject *wanted;      /* () -> whether anything besides this call waits for the engine's loop (turns.py) */
     struct { PyObject *descr; long code; } codes[DTYPE_CACHE];
     named names[2][NAME_CACHE]; /* send's and recv's Work names by (peer, tag): formatting one costs more than a send */
-    ac_bell *bells; /* per communicator rank */
+    ac_bell *bells;     /* per communicator rank */
+    pair_fifos *fifos;  /* per communicator rank */
     int fd, rank, size, yield_cpu, enabled;
     unsigned long thread_id;
     unsigned long long ctx;
@@ -79,6 +86,11 @@ int acpy_pair_deliver(PairLane *self, const call *c, ac_fifo *f);
 int acpy_pair_room(PairLane *self, ac_fifo *f, const ac_fifo *back, const call *c);
 int acpy_pair_put(PairLane *self, call *c);
 int acpy_pair_get(PairLane *self, call *c);
+
+/* The FIFOs to and from the call's peer (either pointer may be NULL): 1, or 0 where they cannot be used
+ * (pair_fifos.c; the caller checked the connection is open: acpy_pair_check) */
+int acpy_pair_fifos(PairLane *self, const call *c, ac_fifo *tx, ac_fifo *rx);
+int acpy_pair_fifos_ready(void);
 
 /* What in the mailbox comes before this receive: 1 nothing, 2 a message held for it (*held, a new reference),
  * 0 something the general way must sort out, -1 an error (pair_held.c) */
