@@ -71,7 +71,9 @@ class PointToPointOps:
         """Send ``x`` to ``peer``; done once the data is handed to the transport.
 
         A payload over ``AIOCCL_P2P_EAGER`` (1 MiB) goes by rendezvous: it leaves only once ``peer`` has
-        posted a matching receive, so the send completes then, and its deadline counts until then.
+        posted a matching receive, so the send completes then, and its deadline counts until then. To a
+        same-host peer whose FIFO is full, the call waits for room while that peer keeps taking messages
+        and the event loop has nothing else to run (its sends would otherwise queue in the engine).
         """
         lane = self._pair_lane
         if lane is not None and timeout is None and stream is None:  # the native lane: done in the call, or None
@@ -137,7 +139,7 @@ class PointToPointOps:
     def drain(self, peer: int = ANY_SOURCE, *, timeout: float | None = None) -> Work[None]:
         """Backpressure, as asyncio's ``StreamWriter.drain()``: done once the sends to ``peer`` (default:
         every peer) that wait in the engine, not yet handed to the transport, hold at most
-        ``AIOCCL_SEND_QUEUE`` bytes (4 MiB). ``isend`` never blocks; ``await comm.drain(peer)`` after it
+        ``AIOCCL_SEND_QUEUE`` bytes (4 MiB). ``isend`` never waits for its receive; ``await comm.drain(peer)`` after it
         bounds what a sender holds when the peer is slower. Done at once while the peer keeps up; past
         ``timeout`` it raises ``CollectiveTimeout`` naming the peers still behind (the sends run on).
         """

@@ -1,8 +1,11 @@
 """Backpressure for point-to-point sends: ``comm.drain()``, as asyncio's ``StreamWriter.drain()``.
 
-``isend`` never blocks: it returns a Work at once, and a send the transport cannot take now (a full
-ring or socket, a receiver whose budget for unexpected messages is spent, a rendezvous waiting for its
-receive) waits in the engine holding its payload. An app that issues sends faster than a peer takes
+``isend`` never waits for its receive: it returns a Work once its message is handed to the transport
+or queued, and a send the transport cannot take now (a full ring or socket, a receiver whose budget for
+unexpected messages is spent, a rendezvous waiting for its receive) waits in the engine holding its
+payload. (One exception keeps a stream's order cheap: a same-host send through the native lane that finds
+its FIFO full waits in the call for room while the receiver keeps taking and the event loop has nothing
+else to run: ``native/src/py/pair_room.c``.) An app that issues sends faster than a peer takes
 them would hold ever more. The engine counts, per peer, the bytes of sends issued and not yet handed
 to the transport; ``drain`` is done once that count is at most ``AIOCCL_SEND_QUEUE`` (4 MiB) for its
 peer (or every peer), so ``isend`` then ``await comm.drain(peer)`` bounds what a sender holds, as

@@ -87,6 +87,7 @@ static int Lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
         PyErr_SetString(PyExc_ValueError, "Lane: ops must hold the 5 ReduceOp members in code order");
         return -1;
     }
+    self->wm.recycle = 1;
     if (acpy_work_maker_init(&self->wm, work_type, done_lock, home, thread_id) < 0)
         return -1;
     if (self->calls == NULL && (self->calls = acpy_calls_new()) == NULL) {

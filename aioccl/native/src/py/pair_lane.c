@@ -138,6 +138,7 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
             return -1;
         }
     }
+    self->wm.recycle = 1;
     if (acpy_work_maker_init(&self->wm, work_type, done_lock, home, thread_id) < 0) {
         PyMem_Free(bells), PyMem_Free(fifos);
         return -1;

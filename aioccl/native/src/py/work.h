@@ -11,6 +11,9 @@ enum { ACPY_WORK_N_SLOTS = 20, ACPY_WORK_SLOT_EVENT = 14 };
 
 typedef struct {
     PyObject *type, *done_lock, *home, *engine_thread;
+    PyObject *spare; /* the last Work made: made again in place once nothing else holds it (work.c) */
+    int recycle;     /* whether to keep a spare (the host lanes: the spare holds its op's result, a host array,
+                      * until the next op; not the GPU lane, whose results are device memory) */
     Py_ssize_t off[ACPY_WORK_N_SLOTS]; /* where each slot lives in a Work */
 } acpy_work_maker;
 
@@ -19,8 +22,8 @@ int acpy_work_maker_init(acpy_work_maker *m, PyObject *type, PyObject *done_lock
 int acpy_work_maker_traverse(acpy_work_maker *m, visitproc visit, void *arg);
 void acpy_work_maker_clear(acpy_work_maker *m);
 
-/* A new done Work (NULL with an exception set). */
-PyObject *acpy_work_born_done(const acpy_work_maker *m, PyObject *name, long long seq, PyObject *result, PyObject *desc,
+/* A done Work that nothing else holds (NULL with an exception set). */
+PyObject *acpy_work_born_done(acpy_work_maker *m, PyObject *name, long long seq, PyObject *result, PyObject *desc,
                          double t0);
 /* Into the flight recorder (`record`, its ring's append) with an op done in C: 0, or -1 with an error set. */
 int acpy_work_record(PyObject *record, PyObject *name, long long seq, PyObject *desc, double t0);
