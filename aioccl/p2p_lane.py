@@ -21,12 +21,15 @@ loop (``Placement.wake``).
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import native
 from .dtypes import dtype_code
 from .engine.receives import Status
 from .engine.turns import loop_slice_s, loop_waits
+from .envvars import env_int
 from .group import current_group
 from .transport.shm.pair import ShmPairConnection
 from .work import BORN_DONE_LOCK, Work
@@ -50,4 +53,10 @@ def open_pair_lane(engine: Engine, view: CommView, record: Any) -> Any:
         box.probes.waiting, box.lost, ShmPairConnection, view.ctx, tuple(view.ranks), view.rank, Work,
         BORN_DONE_LOCK, placement, placement.thread_id, current_group, record, Status, dtype_code, engine.eager,
         hub.spin_s, hub.yield_cpu, bell.sender(), tuple(bell.address(bell.comm_id, w) for w in view.ranks),
-        placement.lock, placement.wake, functools.partial(loop_waits, engine.loop), loop_slice_s())
+        placement.lock, placement.wake, functools.partial(loop_waits, engine.loop), loop_slice_s(), stall_s())
+
+
+def stall_s(env: Mapping[str, str] = os.environ) -> float:
+    """``AIOCCL_SHM_STALL_MS``: how long a send that finds its FIFO full waits for a receiver that takes
+    nothing before it queues in the engine (``native/src/py/pair_room.c``), in seconds."""
+    return env_int(env, "AIOCCL_SHM_STALL_MS", 20, 1, 3_600_000) * 1e-3

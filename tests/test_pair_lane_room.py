@@ -20,13 +20,26 @@ import pytest
 from test_pair_lane import data, poisoned
 
 import aioccl
-from aioccl import native
+from aioccl import native, p2p_lane
+from aioccl.engine.turns import loop_waits
 
 from conftest import TRANSPORT_ENV, close_all
 
 pytestmark = pytest.mark.skipif(native.core is None, reason=f"the native core is not loaded: {native.status()}")
 
 N, COUNT = 24, (64 << 10) // 4  # messages, float32 elements each (64 KiB)
+
+
+class Asked:
+    """turns.loop_waits, recorded: what the waiting send was told each time it asked whether its loop is wanted."""
+
+    def __init__(self) -> None:
+        self.answers: list[bool] = []
+
+    def __call__(self, loop: asyncio.AbstractEventLoop) -> bool:
+        wanted = loop_waits(loop)
+        self.answers.append(wanted)
+        return wanted
 
 
 async def sender_and_receiver() -> list[aioccl.Communicator]:
@@ -53,9 +66,15 @@ def taker(b: aioccl.Communicator, got: list[Any], pause_s: float, start: threadi
     return t
 
 
-def run_case(pause_s: float, loop_wanted: bool, start_late: bool) -> dict[str, int]:
-    """Send N messages while the taker drains them; every one exact and in order. The sender's lane stats."""
-    async def main() -> dict[str, int]:
+def run_case(monkeypatch: pytest.MonkeyPatch, stall_ms: int, pause_s: float, loop_wanted: bool,
+             start_late: bool) -> tuple[dict[str, int], list[bool], float]:
+    """Send N messages while the taker drains them (from the start, or once a send gave up); every one exact
+    and in order. The sender's lane stats, what its waits were told, and how long the sends took."""
+    asked = Asked()
+    monkeypatch.setattr(p2p_lane, "loop_waits", asked)
+    monkeypatch.setenv("AIOCCL_SHM_STALL_MS", str(stall_ms))
+
+    async def main() -> tuple[dict[str, int], list[bool], float]:
         a, b = await sender_and_receiver()
         try:
             got: list[Any] = []
@@ -66,11 +85,12 @@ def run_case(pause_s: float, loop_wanted: bool, start_late: bool) -> dict[str, i
             if loop_wanted:
                 asyncio.get_running_loop().call_soon(lambda: None)  # ready all through the sends below
             before = a._pair_lane.stats()
-            sends = []
+            sends, t0 = [], time.monotonic()
             for k in range(N):
                 sends.append(a.isend(data(COUNT, np.float32, k), 1, 7))
                 if start_late and a._pair_lane.stats()["full"] > before["full"]:
                     start.set()  # gave up: now let the receiver read
+            took = time.monotonic() - t0
             start.set()
             await asyncio.wait_for(asyncio.gather(*sends), 30)
             await asyncio.to_thread(t.join, 30)
@@ -78,30 +98,32 @@ def run_case(pause_s: float, loop_wanted: bool, start_late: bool) -> dict[str, i
             for k, y in enumerate(got):
                 assert np.array_equal(y, data(COUNT, np.float32, k)), (k, y[:4])
             after = a._pair_lane.stats()
-            return {key: after[key] - before[key] for key in after}
+            return {key: after[key] - before[key] for key in after}, list(asked.answers), took
         finally:
             await close_all([a, b])
 
     return asyncio.run(main())
 
 
-def test_a_send_to_a_full_fifo_waits_while_its_receiver_takes() -> None:
-    """The receiver takes a message every millisecond: every send waits for room in C and none goes the
-    general way (a stall of the 20 ms the wait allows would need a machine far busier than a test's)."""
-    s = run_case(0.001, loop_wanted=False, start_late=False)
-    assert s["sent"] == N and s["full"] == 0, s
+def test_a_send_to_a_full_fifo_waits_while_its_receiver_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiver takes a message every millisecond, and no stall ends a wait (10 minutes): every send waits
+    for room in C, and the only give-up allowed is one the loop asked for (its watchdog's tick, say)."""
+    s, answers, _ = run_case(monkeypatch, 600_000, 0.001, loop_wanted=False, start_late=False)
+    assert s["full"] == answers.count(True), (s, answers)
+    assert s["full"] or s["sent"] == N, s
 
 
-def test_a_send_gives_up_when_its_loop_is_wanted() -> None:
-    """The same, with a callback ready on the sender's loop: the wait gives the loop back after the pair's
-    spin (the loop-lag promise), the send goes the general way, and so do the sends behind it (their order
-    kept) until the engine's queue is empty."""
-    s = run_case(0.002, loop_wanted=True, start_late=False)
-    assert s["full"] >= 1 and s["sent"] < N, s
+def test_a_send_gives_up_when_its_loop_is_wanted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A callback ready on the sender's loop and a receiver that takes nothing yet: past the spin, the wait
+    asks once, hears the loop is wanted, and hands the send to the engine (the loop-lag promise); the sends
+    behind it follow it there (their order kept), and all arrive once the receiver reads."""
+    s, answers, _ = run_case(monkeypatch, 600_000, 0.0, loop_wanted=True, start_late=True)
+    assert s["full"] == 1 and answers == [True] and s["sent"] < N, (s, answers)
 
 
-def test_a_send_gives_up_when_its_receiver_stands_still() -> None:
-    """A receiver that takes nothing: the wait ends once its FIFO's tail stood still for the stall time, the
-    message goes the general way, and all of them arrive once the receiver reads."""
-    s = run_case(0.0, loop_wanted=False, start_late=True)
+def test_a_send_gives_up_when_its_receiver_stands_still(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receiver that takes nothing: the wait ends once its FIFO's tail stood still for AIOCCL_SHM_STALL_MS
+    (or sooner, only if the loop was wanted meanwhile), and the messages arrive once the receiver reads."""
+    s, answers, took = run_case(monkeypatch, 50, 0.0, loop_wanted=False, start_late=True)
     assert s["full"] == 1 and s["sent"] < N, s
+    assert took >= 0.05 or True in answers, (took, answers)

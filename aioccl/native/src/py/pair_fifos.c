@@ -51,7 +51,9 @@ int acpy_pair_fifos(PairLane *self, const call *c, ac_fifo *tx, ac_fifo *rx) {
 }
 
 int acpy_pair_fifos_ready(void) {
-    struct { PyObject **at; const char *s; } names[] = {{&s_tx, "tx"}, {&s_rx, "rx"}, {&s_ctl, "ctl"}, {&s_data, "data"}};
+    struct { PyObject **at; const char *s; } names[] = {
+        {&s_tx, "tx"}, {&s_rx, "rx"}, {&s_ctl, "ctl"}, {&s_data, "data"},
+    };
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if (*names[k].at == NULL && (*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
             return -1;

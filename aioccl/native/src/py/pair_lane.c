@@ -101,7 +101,7 @@ static void PairLane_dealloc(PairLane *self) {
 
 /* PairLane(engine, conns, queued_sends, p2p_posted, p2p_early, wild_by_ctx, probes_waiting, lost, pair_type,
  *          ctx, ranks, rank, Work, done_lock, home, thread_id, group_var, record, Status, dtype_code,
- *          eager, spin_s, yield_cpu, bell_fd, bell_addresses, lock, wake, wanted, slice_s) */
+ *          eager, spin_s, yield_cpu, bell_fd, bell_addresses, lock, wake, wanted, slice_s, stall_s) */
 static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
     PyObject *engine, *conns, *queued, *posted, *early, *wild, *probes, *lost, *pair_type, *ranks, *work_type,
         *done_lock, *home, *group_var, *record, *status_type, *dtype_code, *addrs, *lock, *wake, *wanted;
@@ -109,19 +109,19 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
     unsigned long thread_id;
     int rank, yield_cpu, fd;
     Py_ssize_t eager;
-    double spin_s, slice_s;
+    double spin_s, slice_s, stall_s;
     if (kwds != NULL && PyDict_GET_SIZE(kwds))
         return PyErr_SetString(PyExc_TypeError, "PairLane takes positional arguments only"), -1;
-    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!O!O!OKO!iOOOkOOOOndpiO!OOOd", &engine, &PyDict_Type, &conns, &PyDict_Type,
+    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!O!O!OKO!iOOOkOOOOndpiO!OOOdd", &engine, &PyDict_Type, &conns, &PyDict_Type,
                           &queued, &PyDict_Type, &posted, &PyDict_Type, &early, &PyDict_Type, &wild, &PyList_Type,
                           &probes, &PyDict_Type, &lost, &pair_type, &ctx, &PyTuple_Type, &ranks, &rank, &work_type,
                           &done_lock, &home, &thread_id, &group_var, &record, &status_type, &dtype_code, &eager,
-                          &spin_s, &yield_cpu, &fd, &PyTuple_Type, &addrs, &lock, &wake, &wanted, &slice_s))
+                          &spin_s, &yield_cpu, &fd, &PyTuple_Type, &addrs, &lock, &wake, &wanted, &slice_s, &stall_s))
         return -1;
     Py_ssize_t n = PyTuple_GET_SIZE(ranks);
     if (n < 1 || rank < 0 || rank >= n || PyTuple_GET_SIZE(addrs) != n || !PyType_Check(pair_type) ||
-        !PyContextVar_CheckExact(group_var) || eager < 0 || spin_s < 0 || slice_s <= 0 || (lock != Py_None && !PyCallable_Check(wake)) ||
-        !PyCallable_Check(wanted)) {
+        !PyContextVar_CheckExact(group_var) || eager < 0 || spin_s < 0 || slice_s <= 0 || stall_s <= 0 ||
+        (lock != Py_None && !PyCallable_Check(wake)) || !PyCallable_Check(wanted)) {
         PyErr_SetString(PyExc_ValueError, "PairLane: inconsistent ranks, bell addresses, types or limits");
         return -1;
     }
@@ -155,6 +155,7 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
     self->fd = fd, self->rank = rank, self->size = (int)n, self->yield_cpu = yield_cpu, self->enabled = 1;
     self->thread_id = thread_id, self->ctx = ctx, self->eager = eager;
     self->spin_ns = (long long)(spin_s * 1e9), self->slice_ns = (long long)(slice_s * 1e9);
+    self->stall_ns = (long long)(stall_s * 1e9);
     return 0;
 }
 
@@ -515,7 +516,9 @@ static PyMethodDef PairLane_methods[] = {
     {"recv", (PyCFunction)(void (*)(void))PairLane_recv, METH_FASTCALL,
      "recv(buf, peer, tag[, given]): the done Work (giving back `given`, by default buf) of a receive whose message is (or comes within the spin) first in the "
      "FIFO, None (the general way), or False (the general way, without spinning again)"},
-    {"stats", (PyCFunction)PairLane_stats, METH_NOARGS, "{'sent', 'received', 'spun', 'delivered'}: calls finished in C (delivered: sends written into the receive)"},
+    {"stats", (PyCFunction)PairLane_stats, METH_NOARGS,
+     "{'sent', 'received', 'spun', 'delivered', 'full'}: calls finished in C (delivered: sends written into the "
+     "receive; full: sends that found no room and went the general way)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -41,7 +41,7 @@ typedef struct {
     unsigned long thread_id;
     unsigned long long ctx;
     Py_ssize_t eager;
-    long long spin_ns, slice_ns, sent, received, spun, delivered, full;
+    long long spin_ns, slice_ns, stall_ns, sent, received, spun, delivered, full;
 } PairLane;
 
 /* one call's arguments, checked (pair_lane.c's acpy_pair_check) */

@@ -9,12 +9,13 @@
  *
  * How long: every caller spins for the pair's spin (and the time its receiver takes to copy this much out,
  * ~4 GB/s), the GIL released, yielding the CPU as the pair's policy says. The engine's own thread then waits
- * on while the receiver keeps taking frames (its tail moves at least every STALL_NS) and its loop has
- * nothing else to run: every loop slice (AIOCCL_LOOP_SLICE_US) it asks `wanted` (turns.loop_waits: a ready
- * callback, a due timer, a readable descriptor) and gives up when the loop is wanted, so the loop-lag
- * promise holds. Meanwhile it looks every NAP_NS and sleeps in between (unless AIOCCL_SHM_YIELD=0 gave each
- * rank a core of its own): the stages that work need the CPU more than this one needs to see room at once
- * (a 4-stage pipeline on 2 cores: 1 MiB microbatches in 812 us against 1082 spinning, medians of 5 runs).
+ * on while the receiver keeps taking frames (its tail moves at least every AIOCCL_SHM_STALL_MS, 20 ms) and
+ * its loop has nothing else to run: every loop slice (AIOCCL_LOOP_SLICE_US) it asks `wanted`
+ * (turns.loop_waits: a ready callback, a due timer, a readable descriptor) and gives up when the loop is
+ * wanted, so the loop-lag promise holds. Meanwhile it looks every NAP_NS and sleeps in between (unless
+ * AIOCCL_SHM_YIELD=0 gave each rank a core of its own): the stages that work need the CPU more than this
+ * one needs to see room at once (a 4-stage pipeline on 2 cores: 1 MiB microbatches in 812 us against 1082
+ * spinning, medians of 5 runs).
  *
  * A caller on a borrowed engine or outside Python gives up after the spin: the engine's thread waits for its
  * lock meanwhile. A receiver that stalls (descheduled for long, or gone) ends the wait too, and so does
@@ -27,7 +28,6 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include "pair_lane_object.h"
 
-#define STALL_NS 20000000LL /* a receiver whose tail stood still this long is not waited for */
 #define NAP_NS 20000L       /* past the spin, a polite rank's sleep between looks */
 
 static int64_t clock_ns(void) {
@@ -63,7 +63,7 @@ int acpy_pair_room(PairLane *self, ac_fifo *f, const ac_fifo *back, const call *
         int64_t t = clock_ns();
         if (tail != seen)
             seen = tail, moved = t;
-        else if (t - moved >= STALL_NS)
+        else if (t - moved >= self->stall_ns)
             break; /* the receiver stood still (descheduled for long, or gone) */
         if (back == NULL || ac_fifo_flag(back, AC_FIFO_HEAD) != ac_fifo_flag(back, AC_FIFO_TAIL))
             break; /* the receiver sent this rank what it has not read: it may wait for room itself */

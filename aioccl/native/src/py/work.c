@@ -81,7 +81,8 @@ PyObject *acpy_work_born_done(acpy_work_maker *m, PyObject *name, long long seq,
     PyObject *w = m->spare, *callbacks = NULL;
     if (w != NULL && m->recycle && Py_REFCNT(w) == 1) {
         Py_INCREF(w);
-        callbacks = *(PyObject **)((char *)w + m->off[SLOT_CALLBACKS]); /* a done Work's stays empty: _on_done calls at once */
+        /* a done Work's callbacks stay empty (_on_done calls at once): the list serves again */
+        callbacks = *(PyObject **)((char *)w + m->off[SLOT_CALLBACKS]);
         callbacks = callbacks != NULL && PyList_CheckExact(callbacks) && !PyList_GET_SIZE(callbacks) ?
                     Py_NewRef(callbacks) : NULL;
     } else {
