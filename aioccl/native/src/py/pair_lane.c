@@ -54,7 +54,7 @@ static PyObject *s_aborted, *s_closed, *s_lock, *s_locked, *s_control,
     &(self)->wild, &(self)->probes, &(self)->lost, &(self)->pair_type, &(self)->group_var, &(self)->record, \
     &(self)->status_type, &(self)->dtype_code, &(self)->ranks, &(self)->lock, &(self)->wake, &(self)->wanted}
 
-static int64_t now_ns(void) {
+int64_t acpy_pair_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
@@ -377,7 +377,8 @@ static int spin(PairLane *self, ac_fifo *f, const call *c, ac_frame *fr, uint8_t
     int st;
     Py_BEGIN_ALLOW_THREADS
     /* a large message takes its sender a copy into the FIFO first: wait that long too (~4 GB/s) */
-    int64_t start = now_ns(), end = start + wait_ns + (int64_t)(c->nbytes / 4), last = start + STREAM_SPIN_NS;
+    int64_t start = acpy_pair_now_ns(), end = start + wait_ns + (int64_t)(c->nbytes / 4);
+    int64_t last = start + STREAM_SPIN_NS;
     ac_fifo_set_flag(f, AC_FIFO_WATCHING, 1);
     for (;;) {
         st = ac_fifo_peek(f, fr);
@@ -388,7 +389,7 @@ static int spin(PairLane *self, ac_fifo *f, const call *c, ac_frame *fr, uint8_t
             *got = ac_fifo_read(f, dst, *got, c->nbytes);
         if (self->yield_cpu && *got == before)
             sched_yield();
-        int64_t t = now_ns();
+        int64_t t = acpy_pair_now_ns();
         if (t > last || (t > end && st != AC_FIFO_PART))
             break;
     }

@@ -81,6 +81,8 @@ int acpy_pair_on_engine(PairLane *self);
  * buffer writes the payload into it: 1 done (put the delivered frame), 0 not (put the plain frame) */
 #define DIRECT_MIN ((size_t)64 << 10)
 int acpy_pair_deliver(PairLane *self, const call *c, ac_fifo *f);
+/* CLOCK_MONOTONIC in nanoseconds, for the lane's spins (pair_lane.c) */
+int64_t acpy_pair_now_ns(void);
 /* A send that finds the FIFO `f` full waits for room (pair_room.c; `back`: the FIFO from the same peer, or
  * NULL): 1 room, 0 none (the general way), -1 an error */
 int acpy_pair_room(PairLane *self, ac_fifo *f, const ac_fifo *back, const call *c);

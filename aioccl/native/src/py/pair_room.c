@@ -30,18 +30,12 @@
 
 #define NAP_NS 20000L       /* past the spin, a polite rank's sleep between looks */
 
-static int64_t clock_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 /* spin until the FIFO has `need` bytes free or `end` came (`nap`: sleeping NAP_NS between looks instead of
  * yielding): 1 room, 0 not */
 static int spin_for_room(const PairLane *self, ac_fifo *f, uint64_t need, int64_t end, int nap) {
     int fits = 0;
     Py_BEGIN_ALLOW_THREADS
-    while (!(fits = ac_fifo_free(f) >= need) && clock_ns() < end) {
+    while (!(fits = ac_fifo_free(f) >= need) && acpy_pair_now_ns() < end) {
         if (nap)
             nanosleep(&(struct timespec){0, NAP_NS}, NULL);
         else if (self->yield_cpu)
@@ -55,12 +49,12 @@ int acpy_pair_room(PairLane *self, ac_fifo *f, const ac_fifo *back, const call *
     uint64_t need = AC_FRAME_HEADER + (uint64_t)c->nbytes;
     if (need > f->cap || self->spin_ns <= 0)
         return 0; /* longer than the FIFO (it streams through: the general way), or no spinning at all */
-    int64_t moved = clock_ns();
+    int64_t moved = acpy_pair_now_ns();
     uint64_t seen = ac_fifo_flag(f, AC_FIFO_TAIL);
     int fits = spin_for_room(self, f, need, moved + self->spin_ns + (int64_t)(c->nbytes / 4), 0);
     while (!fits && c->owner) {
         uint64_t tail = ac_fifo_flag(f, AC_FIFO_TAIL);
-        int64_t t = clock_ns();
+        int64_t t = acpy_pair_now_ns();
         if (tail != seen)
             seen = tail, moved = t;
         else if (t - moved >= self->stall_ns)
