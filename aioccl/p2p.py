@@ -20,6 +20,7 @@ from .engine.p2p.starts import start_drain, start_probe, start_recv, start_recv_
 from .engine.receives import Status as Status
 from .errors import InvalidArgument
 from .fast_lane import NOT_HOST, host_view
+from .p2p_lane import put_off
 from .work import Work
 
 if TYPE_CHECKING:
@@ -50,6 +51,14 @@ class PointToPointOps:
         def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
                      stream: Any) -> Work[Any]: ...
 
+    def _put_off(self, x: np.ndarray, peer: int, tag: int) -> Work[None]:
+        """A lane send whose FIFO stayed full while the loop was wanted: it goes from the loop, in order with the
+        sends to that peer after it (``p2p_lane.put_off``)."""
+        work: Work[None] = Work(f"send(peer={peer}, tag={tag})", tag, cancellable=True)
+        work._probe = _probe(peer)
+        return self._track(work, (x.size, x.dtype, None, None), put_off, self._engine, self._view, self._pair_lane,
+                           x, peer, tag, self._op_timeout(None), work)
+
     def _peer_tag(self, peer: int, tag: int) -> tuple[int, int]:
         if type(peer) is int and type(tag) is int and 0 <= peer < self._view.size and 0 <= tag <= MAX_TAG:
             return peer, tag  # the usual call, checked in one line
@@ -77,9 +86,10 @@ class PointToPointOps:
         """
         lane = self._pair_lane
         if lane is not None and timeout is None and stream is None:  # the native lane: done in the call, or None
-            w = lane.send(x if x.__class__ is np.ndarray else _on_host(x), peer, tag)  # (off once not usable)
+            xa = x if x.__class__ is np.ndarray else _on_host(x)
+            w = lane.send(xa, peer, tag)  # (off once not usable)
             if w is not None:
-                return w  # type: ignore[no-any-return]
+                return w if w is not False else self._put_off(xa, peer, tag)
         t = self._op_timeout(timeout)
         self._usable()
         peer, tag = self._peer_tag(peer, tag)

@@ -33,8 +33,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _side_by_side import report, run_workers  # noqa: E402
 
-# microbatches per size: the stream should last long enough to time, not so long that the 1 MiB runs dominate
-MICROBATCHES = {8: 2000, 64 << 10: 500, 1 << 20: 200}
+# microbatches per size: a stream of a few tenths of a second on a 2-core machine. Shorter ones (2000, 500 and 200:
+# 25 ms at 64 KiB) timed the scheduler's hiccups more than the stream: the same code gave 73-190 us per 64 KiB
+MICROBATCHES = {8: 20000, 64 << 10: 5000, 1 << 20: 1000}
 
 
 def parse_size(s: str) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -86,6 +87,7 @@ class Engine:
         self.conns: dict[int, TcpConnection | SelfConnection | IbConnection | ShmPairConnection] = {}
         self.pair_hub: PairHub | None = None  # the bell of this rank's shared-memory pairs
         self.queued_sends: dict[int, int] = {}  # per world peer: p2p sends waiting for its connection
+        self.put_off: dict[int, deque[Callable[[], bool]]] = {}  # per world peer: sends the lane put off (put_off.py)
         self.send_queue = SendQueue(send_queue_limit())  # their bytes, for comm.drain()
         self.ib_port: Port | None = None  # the opened RDMA port, when some pairs run over ib
         self.table: Table | None = None

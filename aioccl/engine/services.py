@@ -14,6 +14,9 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections import deque
+    from collections.abc import Callable, Coroutine
+
     from ..bootstrap.mesh import Table
     from ..placement import Placement
     from ..transport.shm.segment import LoopBell
@@ -55,6 +58,9 @@ class EngineServices(Protocol):
     def queued_sends(self) -> dict[int, int]: ...
 
     @property
+    def put_off(self) -> dict[int, deque[Callable[[], bool]]]: ...
+
+    @property
     def send_queue(self) -> SendQueue: ...
 
     @property
@@ -67,6 +73,8 @@ class EngineServices(Protocol):
     def eager(self) -> int: ...
 
     async def send(self, peer: int, header: bytes, payload: memoryview | None) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
 
     async def run_collective(self, comm: CommView, op: Op[Any]) -> None: ...
 

@@ -18,6 +18,7 @@ is written at once only while no earlier send to that peer is still queued.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -35,6 +36,7 @@ from ..receives import Early
 from . import rendezvous
 from .offers import OFFER, Offer
 from .probes import Message, Probe
+from .put_off import put_off, waiting
 from .wildcards import earliest
 
 DEFAULT_NET_SPIN_US = 50
@@ -47,6 +49,26 @@ if TYPE_CHECKING:
 
 def start_send(eng: EngineServices, comm: CommView, peer: int, tag: int, payload: memoryview, dtype_code: int,
                timeout: float, work: Work[Any], result: Any) -> Coroutine[Any, Any, None] | None:
+    world = comm.ranks[peer]
+    if waiting(eng, world):  # sends the lane put off go first: this one joins them (put_off.py)
+        put_off(eng, world, functools.partial(_send_later, eng, comm, peer, tag, payload, dtype_code, timeout, work,
+                                              result))
+        return None
+    return send_now(eng, comm, peer, tag, payload, dtype_code, timeout, work, result)
+
+
+def _send_later(eng: EngineServices, comm: CommView, peer: int, tag: int, payload: memoryview, dtype_code: int,
+                timeout: float, work: Work[Any], result: Any) -> bool:
+    if not work.done():  # (withdrawn or failed meanwhile: nothing to send)
+        coro = send_now(eng, comm, peer, tag, payload, dtype_code, timeout, work, result)
+        if coro is not None:
+            eng.spawn(coro)
+    return True
+
+
+def send_now(eng: EngineServices, comm: CommView, peer: int, tag: int, payload: memoryview, dtype_code: int,
+             timeout: float, work: Work[Any], result: Any) -> Coroutine[Any, Any, None] | None:
+    """``start_send`` with nothing put off before it: written now if it can be, else a send task."""
     world = comm.ranks[peer]
     conn = eng.conns.get(world)
     if (isinstance(conn, (ShmPairConnection, TcpConnection)) and eng.aborted is None

@@ -113,6 +113,7 @@ class ShmPairConnection:
         self._said_bye = False
         self.reader = FrameReader(peer, sink)
         self.memory: PeerMemory | None = None  # reads the peer's memory in place, where the kernel lets us
+        self.put_off_waits = False  # sends to the peer wait for room from the loop (put_off)
 
     def start(self) -> None:
         self.side.start()
@@ -181,10 +182,23 @@ class ShmPairConnection:
                 except TimeoutError:
                     pass
         finally:
-            self.tx.set_blocked(False)
+            self.tx.set_blocked(self.put_off_waits)
             self._waiting = False
         if self.closed:
             raise Closed("connection closed while sending")
+
+    def put_off(self, on: bool) -> None:
+        """Sends to the peer wait for room from the loop (``engine/p2p/put_off.py``, ``on``), or none do any more:
+        while they wait, the FIFO says the sender is blocked, so the peer's reader reads in what its lane left
+        in the FIFO (what this rank waits for may be behind it, as with the engine's own sends), and a bell
+        makes it look now."""
+        self.put_off_waits = on
+        if on:
+            self.tx.set_blocked(True)
+            fence()
+            self.hub.ring(self.peer)
+        elif not self._waiting:
+            self.tx.set_blocked(False)
 
     def wake_sender(self) -> None:
         if self._waiting and self.tx.free():

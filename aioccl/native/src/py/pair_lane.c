@@ -52,7 +52,8 @@ static PyObject *s_aborted, *s_closed, *s_lock, *s_locked, *s_control,
 
 #define PAIR_REFS(self) {&(self)->engine, &(self)->conns, &(self)->queued, &(self)->posted, &(self)->early, \
     &(self)->wild, &(self)->probes, &(self)->lost, &(self)->pair_type, &(self)->group_var, &(self)->record, \
-    &(self)->status_type, &(self)->dtype_code, &(self)->ranks, &(self)->lock, &(self)->wake, &(self)->wanted}
+    &(self)->status_type, &(self)->dtype_code, &(self)->ranks, &(self)->lock, &(self)->wake, &(self)->wanted, \
+    &(self)->put_off}
 
 int64_t acpy_pair_now_ns(void) {
     struct timespec ts;
@@ -101,10 +102,10 @@ static void PairLane_dealloc(PairLane *self) {
 
 /* PairLane(engine, conns, queued_sends, p2p_posted, p2p_early, wild_by_ctx, probes_waiting, lost, pair_type,
  *          ctx, ranks, rank, Work, done_lock, home, thread_id, group_var, record, Status, dtype_code,
- *          eager, spin_s, yield_cpu, bell_fd, bell_addresses, lock, wake, wanted, slice_s, stall_s) */
+ *          eager, spin_s, yield_cpu, bell_fd, bell_addresses, lock, wake, wanted, slice_s, stall_s, put_off) */
 static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
     PyObject *engine, *conns, *queued, *posted, *early, *wild, *probes, *lost, *pair_type, *ranks, *work_type,
-        *done_lock, *home, *group_var, *record, *status_type, *dtype_code, *addrs, *lock, *wake, *wanted;
+        *done_lock, *home, *group_var, *record, *status_type, *dtype_code, *addrs, *lock, *wake, *wanted, *put_off;
     unsigned long long ctx;
     unsigned long thread_id;
     int rank, yield_cpu, fd;
@@ -112,11 +113,12 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
     double spin_s, slice_s, stall_s;
     if (kwds != NULL && PyDict_GET_SIZE(kwds))
         return PyErr_SetString(PyExc_TypeError, "PairLane takes positional arguments only"), -1;
-    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!O!O!OKO!iOOOkOOOOndpiO!OOOdd", &engine, &PyDict_Type, &conns, &PyDict_Type,
+    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!O!O!OKO!iOOOkOOOOndpiO!OOOddO!", &engine, &PyDict_Type, &conns, &PyDict_Type,
                           &queued, &PyDict_Type, &posted, &PyDict_Type, &early, &PyDict_Type, &wild, &PyList_Type,
                           &probes, &PyDict_Type, &lost, &pair_type, &ctx, &PyTuple_Type, &ranks, &rank, &work_type,
                           &done_lock, &home, &thread_id, &group_var, &record, &status_type, &dtype_code, &eager,
-                          &spin_s, &yield_cpu, &fd, &PyTuple_Type, &addrs, &lock, &wake, &wanted, &slice_s, &stall_s))
+                          &spin_s, &yield_cpu, &fd, &PyTuple_Type, &addrs, &lock, &wake, &wanted, &slice_s, &stall_s,
+                          &PyDict_Type, &put_off))
         return -1;
     Py_ssize_t n = PyTuple_GET_SIZE(ranks);
     if (n < 1 || rank < 0 || rank >= n || PyTuple_GET_SIZE(addrs) != n || !PyType_Check(pair_type) ||
@@ -144,7 +146,7 @@ static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     PyObject *vals[] = {engine, conns, queued, posted, early, wild, probes, lost, pair_type, group_var, record,
-                        status_type, dtype_code, ranks, lock, wake, wanted};
+                        status_type, dtype_code, ranks, lock, wake, wanted, put_off};
     PyObject **refs[] = PAIR_REFS(self);
     for (size_t k = 0; k < sizeof refs / sizeof refs[0]; k++)
         Py_XSETREF(*refs[k], Py_NewRef(vals[k]));
@@ -292,6 +294,11 @@ static PyObject *done_work(PairLane *self, PyObject *name, call *c, PyObject *re
 }
 
 int acpy_pair_put(PairLane *self, call *c) {
+    /* sends to that peer put off (p2p_lane.put_off): this one after them, from the loop */
+    PyObject *later = PyDict_GetItemWithError(self->put_off, c->world);
+    int waits = later != NULL ? PyObject_IsTrue(later) : PyErr_Occurred() ? -1 : 0;
+    if (waits)
+        return waits < 0 ? -1 : c->owner ? 2 : 0;
     /* nothing before this frame: no send to that peer waiting in the engine, none half written, no control */
     PyObject *queued = PyDict_GetItemWithError(self->queued, c->world);
     int busy = queued != NULL ? PyObject_IsTrue(queued) : PyErr_Occurred() ? -1 : 0;
@@ -310,8 +317,13 @@ int acpy_pair_put(PairLane *self, call *c) {
     ac_fifo back;
     if (!acpy_pair_fifos(self, c, &f, &back))
         return 0;
-    if (ac_fifo_free(&f) < AC_FRAME_HEADER + c->nbytes && acpy_pair_room(self, &f, &back, c) <= 0)
-        return 0; /* full: the general way (an error meanwhile: it reports it) */
+    if (ac_fifo_free(&f) < AC_FRAME_HEADER + c->nbytes) {
+        if (AC_FRAME_HEADER + c->nbytes > f.cap || self->spin_ns <= 0)
+            return 0; /* longer than the FIFO (it streams through), or no waiting at all: the general way */
+        int room = acpy_pair_room(self, &f, &back, c);
+        if (room <= 0) /* full: on the engine's thread, again from its loop (2); elsewhere the general way */
+            return room < 0 ? -1 : c->owner ? 2 : 0;
+    }
     ac_frame fr = {.kind = AC_FRAME_P2P, .dtype = (uint8_t)c->code, .ctx = self->ctx, .seq = c->tag,
                    .nbytes = c->nbytes};
     uint8_t hdr[AC_FRAME_HEADER];
@@ -349,11 +361,14 @@ static int held_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
     return took;
 }
 
-/* send(x, peer, tag): the done Work, or None (the general way) */
+/* send(x, peer, tag): the done Work, None (the general way), or False (on the engine's thread, the FIFO stayed
+ * full and its loop is wanted: the send waits for room from the loop, p2p_lane.put_off) */
 static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
     int took = held_call(self, args, nargs, 0, &c, acpy_pair_put);
+    if (took == 2) /* (p2p_lane.put_off) */
+        return Py_NewRef(Py_False);
     if (took <= 0)
         return took < 0 ? NULL : Py_NewRef(Py_None);
     return done_work(self, op_name(self, 0, &c), &c, Py_None, t0);
@@ -513,7 +528,8 @@ static PyObject *PairLane_stats(PairLane *self, PyObject *Py_UNUSED(arg)) {
 
 static PyMethodDef PairLane_methods[] = {
     {"send", (PyCFunction)(void (*)(void))PairLane_send, METH_FASTCALL,
-     "send(x, peer, tag): the done Work of an eager send over the pair's FIFO, or None (the general way)"},
+     "send(x, peer, tag): the done Work of an eager send over the pair's FIFO, None (the general way), or False "
+     "(the FIFO stayed full and the loop is wanted: p2p_lane.put_off)"},
     {"recv", (PyCFunction)(void (*)(void))PairLane_recv, METH_FASTCALL,
      "recv(buf, peer, tag[, given]): the done Work (giving back `given`, by default buf) of a receive whose message is (or comes within the spin) first in the "
      "FIFO, None (the general way), or False (the general way, without spinning again)"},

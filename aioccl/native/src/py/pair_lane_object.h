@@ -33,6 +33,7 @@ typedef struct {
     PyObject *pair_type, *group_var, *record, *status_type, *dtype_code, *ranks;
     PyObject *lock, *wake; /* a proxy thread's engine lock and its loop's wake-up (None inline: nothing to lend) */
     PyObject *wanted;      /* () -> whether anything besides this call waits for the engine's loop (turns.py) */
+    PyObject *put_off;     /* the engine's sends put off, per world peer (engine/p2p/put_off.py) */
     struct { PyObject *descr; long code; } codes[DTYPE_CACHE];
     named names[2][NAME_CACHE]; /* send's and recv's Work names by (peer, tag): formatting one costs more than a send */
     ac_bell *bells;     /* per communicator rank */
@@ -63,7 +64,9 @@ typedef struct {
 /* The lane's verbs on a call whose buffer, peer, tag, code and size are filled in, by a caller that holds
  * the engine (its thread, or its lock borrowed) and the GIL (pair_lane.c):
  *   acpy_pair_check: 1 the lane may take it (world and conn filled in), 0 not (the general way), -1 an error;
- *   acpy_pair_put: 1 sent, 0 not (nothing written: the general way), -1 an error;
+ *   acpy_pair_put: 1 sent, 0 not (nothing written: the general way), 2 not (the FIFO stayed full, and the
+ *   caller is the engine's thread, whose loop is wanted or whose receiver stalled: again from the loop), -1 an
+ *   error;
  *   acpy_pair_get: 1 received from the FIFO, 3 received a message the mailbox held (the engine may have
  *   work: wake its loop), 0 not (the general way), 2 not come within the spin (the general way, without
  *   spinning again), -1 an error. */

@@ -20,7 +20,9 @@
  * A caller on a borrowed engine or outside Python gives up after the spin: the engine's thread waits for its
  * lock meanwhile. A receiver that stalls (descheduled for long, or gone) ends the wait too, and so does
  * unread data from the receiver in this rank's own FIFO (two ranks that flood each other would each wait for
- * the other to read; a receiver that paused reading says so there). Giving up is never wrong, only slower. */
+ * the other to read; a receiver that paused reading says so there). On the engine's thread a send whose wait
+ * ended is put off (acpy_pair_put answers 2: engine/p2p/put_off.py tries it again from the loop, through the
+ * lane); elsewhere it goes the general way. Giving up is never wrong, only slower. */
 #include <sched.h>
 #include <time.h>
 #define NO_IMPORT_ARRAY
