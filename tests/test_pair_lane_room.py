@@ -206,3 +206,43 @@ def test_put_off_sends_past_their_deadline_fail_and_the_next_goes(monkeypatch: p
             await close_all([a, b])
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("ending", ["close", "abort"])
+def test_put_off_sends_when_the_communicator_ends(monkeypatch: pytest.MonkeyPatch, ending: str) -> None:
+    """close() with sends put off waits for them (sends are promises to peers) and the receiver gets every one;
+    abort() fails them with CommAborted at once, and nothing is tried again after it."""
+    monkeypatch.setenv("AIOCCL_SHM_STALL_MS", "600000")
+
+    async def main() -> None:
+        a, b = await sender_and_receiver()
+        try:
+            asyncio.get_running_loop().call_soon(lambda: None)  # the loop is wanted: the fourth send is put off
+            sends = [a.isend(data(COUNT, np.float32, k), 1, 7) for k in range(6)]
+            assert [w.done() for w in sends] == [True] * 3 + [False] * 3
+            if ending == "abort":
+                a.abort()
+                for w in sends[3:]:
+                    with pytest.raises(aioccl.CommAborted):
+                        await asyncio.wait_for(w, 10)
+                await asyncio.sleep(0.05)  # the loop's tries come and go: nothing is sent, nothing raises
+                assert a._engine.put_off == {}
+                return
+
+            def receive() -> list[np.ndarray]:
+                got = []
+                for _ in range(6):
+                    y = poisoned(COUNT, np.float32)
+                    b.irecv(y, 0, 7).wait(30)
+                    got.append(y)
+                return got
+
+            taking = asyncio.ensure_future(asyncio.to_thread(receive))
+            await asyncio.wait_for(a.close(), 30)
+            assert all(w.done() and w.exception() is None for w in sends)
+            for k, y in enumerate(await taking):
+                assert np.array_equal(y, data(COUNT, np.float32, k)), (k, y[:4])
+        finally:
+            await close_all([a, b])
+
+    asyncio.run(main())
