@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -43,6 +42,7 @@ from .mailbox import Mailbox
 from .notices import Active, Fingerprint, failure_frame
 from .op import Op
 from .p2p.backpressure import SendQueue, send_queue_limit
+from .p2p.put_off import Waiting
 from .p2p.rendezvous import eager_limit, unexpected_budget
 from .p2p.starts import net_spin_s
 from .pool import BufferPool
@@ -87,7 +87,7 @@ class Engine:
         self.conns: dict[int, TcpConnection | SelfConnection | IbConnection | ShmPairConnection] = {}
         self.pair_hub: PairHub | None = None  # the bell of this rank's shared-memory pairs
         self.queued_sends: dict[int, int] = {}  # per world peer: p2p sends waiting for its connection
-        self.put_off: dict[int, deque[Callable[[], bool]]] = {}  # per world peer: sends the lane put off (put_off.py)
+        self.put_off: dict[int, Waiting] = {}  # per world peer: sends the lane put off (put_off.py)
         self.send_queue = SendQueue(send_queue_limit())  # their bytes, for comm.drain()
         self.ib_port: Port | None = None  # the opened RDMA port, when some pairs run over ib
         self.table: Table | None = None

@@ -14,8 +14,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collections import deque
-    from collections.abc import Callable, Coroutine
+    from collections.abc import Coroutine
 
     from ..bootstrap.mesh import Table
     from ..placement import Placement
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
     from .mailbox import Mailbox
     from .op import Op
     from .p2p.backpressure import SendQueue
+    from .p2p.put_off import Waiting
     from .pool import BufferPool
     from .view import CommView
 
@@ -58,7 +58,7 @@ class EngineServices(Protocol):
     def queued_sends(self) -> dict[int, int]: ...
 
     @property
-    def put_off(self) -> dict[int, deque[Callable[[], bool]]]: ...
+    def put_off(self) -> dict[int, Waiting]: ...
 
     @property
     def send_queue(self) -> SendQueue: ...

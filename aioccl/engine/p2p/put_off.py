@@ -19,6 +19,8 @@ the peer's reader then reads in what its lane left in the FIFO, for the message 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,26 +31,47 @@ if TYPE_CHECKING:
     from ..services import EngineServices
 
 Item = Callable[[], bool]  # tries the send: True done (sent, handed on, failed or withdrawn), False not yet
-FAST_TRIES = 8  # retries at once (the loop's next turn); past them, every POLL_S: the receiver stalled
-POLL_S = 0.001
+FAST_TRIES = 8  # tries at the loop's next turns; past them, at the receiver's bell (it took a frame) or every POLL_S
+POLL_S = 0.01
+
+
+class Waiting(deque[Item]):
+    """A peer's put-off sends, and the loop's next try of them (one at a time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.next: asyncio.Handle | None = None
+        self.polling = False  # the next try is the slow poll's, which the receiver's bell may bring forward
 
 
 def put_off(eng: EngineServices, world: int, item: Item) -> None:
     """Queue ``item``, a send to world rank ``world``, behind what waits for it already."""
     queue = eng.put_off.get(world)
     if queue is None:
-        queue = eng.put_off[world] = deque()
+        queue = eng.put_off[world] = Waiting()
     queue.append(item)
     eng.queued_sends[world] = eng.queued_sends.get(world, 0) + 1
     if len(queue) == 1:
-        _hold_back(eng, world, True)
-        eng.loop.call_soon(drain, eng, world, 0)
+        conn = eng.conns.get(world)
+        if isinstance(conn, ShmPairConnection) and not conn.closed:
+            conn.put_off(functools.partial(_room, eng, world))
+        _again(eng, world, queue, 0)
 
 
-def _hold_back(eng: EngineServices, world: int, on: bool) -> None:
-    conn = eng.conns.get(world)
-    if isinstance(conn, ShmPairConnection) and not conn.closed:
-        conn.put_off(on)
+def _again(eng: EngineServices, world: int, queue: Waiting, tries: int) -> None:
+    queue.polling = tries >= FAST_TRIES
+    if queue.polling:
+        queue.next = eng.loop.call_later(POLL_S, drain, eng, world, tries)
+    else:
+        queue.next = eng.loop.call_soon(drain, eng, world, tries)
+
+
+def _room(eng: EngineServices, world: int) -> None:
+    """The receiver freed room in the FIFO (its bell): a queue that polls tries again now."""
+    queue = eng.put_off.get(world)
+    if queue is not None and queue.polling and queue.next is not None:
+        queue.next.cancel()
+        _again(eng, world, queue, FAST_TRIES - 1)
 
 
 def waiting(eng: EngineServices, world: int) -> bool:
@@ -58,10 +81,11 @@ def waiting(eng: EngineServices, world: int) -> bool:
 
 def drain(eng: EngineServices, world: int, tries: int) -> None:
     """Try the queue to ``world`` in order, until one is not sent yet; again at the loop's next turn (or, after
-    ``FAST_TRIES`` turns without progress, every ``POLL_S``) while any waits."""
+    ``FAST_TRIES`` turns without progress, at the receiver's bell or every ``POLL_S``) while any waits."""
     queue = eng.put_off.pop(world, None)  # (out of sight meanwhile: the lane declines sends to a peer with any)
     if not queue:
         return
+    queue.next = None
     eng.queued_sends[world] -= len(queue)  # nor must it decline them as queued behind themselves
     sent = 0
     try:
@@ -75,11 +99,9 @@ def drain(eng: EngineServices, world: int, tries: int) -> None:
         if queue:
             queue.extend(eng.put_off.pop(world, ()))  # (put off while it ran: after these)
             eng.put_off[world] = queue
-    if not queue:
-        _hold_back(eng, world, False)
+    if queue:
+        _again(eng, world, queue, 0 if sent else tries + 1)
         return
-    tries = 0 if sent else tries + 1
-    if tries < FAST_TRIES:
-        eng.loop.call_soon(drain, eng, world, tries)
-    else:
-        eng.loop.call_later(POLL_S, drain, eng, world, FAST_TRIES)
+    conn = eng.conns.get(world)
+    if isinstance(conn, ShmPairConnection):
+        conn.put_off(None)

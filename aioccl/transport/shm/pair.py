@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 
 from ... import log
 from ...bootstrap.sockio import Closed
@@ -113,7 +114,7 @@ class ShmPairConnection:
         self._said_bye = False
         self.reader = FrameReader(peer, sink)
         self.memory: PeerMemory | None = None  # reads the peer's memory in place, where the kernel lets us
-        self.put_off_waits = False  # sends to the peer wait for room from the loop (put_off)
+        self._room: Callable[[], None] | None = None  # sends to the peer wait for room from the loop (put_off)
 
     def start(self) -> None:
         self.side.start()
@@ -182,18 +183,18 @@ class ShmPairConnection:
                 except TimeoutError:
                     pass
         finally:
-            self.tx.set_blocked(self.put_off_waits)
+            self.tx.set_blocked(self._room is not None)
             self._waiting = False
         if self.closed:
             raise Closed("connection closed while sending")
 
-    def put_off(self, on: bool) -> None:
-        """Sends to the peer wait for room from the loop (``engine/p2p/put_off.py``, ``on``), or none do any more:
-        while they wait, the FIFO says the sender is blocked, so the peer's reader reads in what its lane left
-        in the FIFO (what this rank waits for may be behind it, as with the engine's own sends), and a bell
-        makes it look now."""
-        self.put_off_waits = on
-        if on:
+    def put_off(self, room: Callable[[], None] | None) -> None:
+        """Sends to the peer wait for room from the loop (``engine/p2p/put_off.py``; ``room``: called when the
+        peer's bell says it took a frame), or none do any more (None). While they wait, the FIFO says its sender
+        is blocked, so the peer's reader reads in what its lane left in the FIFO (what this rank waits for may be
+        behind it, as with the engine's own sends) and rings when it frees room; a bell makes it look now."""
+        self._room = room
+        if room is not None:
             self.tx.set_blocked(True)
             fence()
             self.hub.ring(self.peer)
@@ -203,6 +204,8 @@ class ShmPairConnection:
     def wake_sender(self) -> None:
         if self._waiting and self.tx.free():
             self._space.set()
+        if self._room is not None and self.tx.free():
+            self._room()
 
     def send_control(self, frame: bytes) -> None:
         """A small control frame, now if no frame is half written and it fits, else right after the current one."""
