@@ -50,7 +50,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_SHM_HEAP", "268435456", "shm", "bytes of registered-buffer heap per rank (comm.alloc)"),
     Knob("AIOCCL_SHM_SPIN_US", "100", "shm", "microseconds a waiting rank spins before it parks"),
     Knob("AIOCCL_SHM_STALL_MS", "20", "shm", "milliseconds a send to a full same-host FIFO waits for a receiver "
-         "that takes nothing before it queues in the engine"),
+         "that takes nothing before it is put off (tried again from the loop)"),
     Knob("AIOCCL_LOOP_SLICE_US", "200", "engine", "longest run of a channel's steps before it hands the loop back"),
     Knob("AIOCCL_GIL_SWITCH_US", "200", "engine", "the interpreter's GIL switch interval a proxy thread sets, at most"),
     Knob("AIOCCL_SHM_YIELD", "1", "shm", "a spinning rank yields the CPU between looks (0: pure spin, for ranks "

@@ -66,7 +66,7 @@ def open_pair_lane(engine: Engine, view: CommView, record: Any) -> Any:
 
 def stall_s(env: Mapping[str, str] = os.environ) -> float:
     """``AIOCCL_SHM_STALL_MS``: how long a send that finds its FIFO full waits for a receiver that takes
-    nothing before it queues in the engine (``native/src/py/pair_room.c``), in seconds."""
+    nothing before it is put off (``native/src/py/pair_room.c``, ``put_off``), in seconds."""
     return env_int(env, "AIOCCL_SHM_STALL_MS", 20, 1, 3_600_000) * 1e-3
 
 

@@ -68,6 +68,20 @@ def taker(b: aioccl.Communicator, got: list[Any], pause_s: float, start: threadi
     return t
 
 
+async def take(b: aioccl.Communicator, n: int) -> list[np.ndarray]:
+    """The next ``n`` messages to rank 1, received in order on a thread of their own (through rank 1's proxy
+    engine), while this loop runs the sender's."""
+    def receive() -> list[np.ndarray]:
+        got = []
+        for _ in range(n):
+            y = poisoned(COUNT, np.float32)
+            b.irecv(y, 0, 7).wait(30)
+            got.append(y)
+        return got
+
+    return await asyncio.to_thread(receive)
+
+
 def run_case(monkeypatch: pytest.MonkeyPatch, stall_ms: int, pause_s: float, loop_wanted: bool,
              start_late: bool) -> tuple[dict[str, int], list[bool], float, int]:
     """Send N messages while the taker drains them (from the start, or once a send gave up); every one exact
@@ -152,16 +166,7 @@ def test_put_off_sends_keep_their_order_with_the_general_way_and_can_be_withdraw
             assert sends[4].cancel() and sends[4].cancelled()
             late = a.isend(data(COUNT, np.float32, 99), 1, 7, timeout=30)  # (the general way, behind them)
             assert not late.done()
-
-            def receive() -> list[np.ndarray]:
-                got = []
-                for _ in range(6):
-                    y = poisoned(COUNT, np.float32)
-                    b.irecv(y, 0, 7).wait(30)
-                    got.append(y)
-                return got
-
-            got = await asyncio.to_thread(receive)
+            got = await take(b, 6)
             await asyncio.wait_for(asyncio.gather(*sends[:4], sends[5], late, a.drain(1)), 30)
             for want, y in zip((0, 1, 2, 3, 5, 99), got, strict=True):
                 assert np.array_equal(y, data(COUNT, np.float32, want)), (want, y[:4])
@@ -189,16 +194,7 @@ def test_put_off_sends_past_their_deadline_fail_and_the_next_goes(monkeypatch: p
             assert all(isinstance(e, aioccl.CollectiveTimeout) and e.waiting_for == [1] and
                        "send(peer=1, tag=7)" in str(e) for e in failed), failed
             after = a.isend(data(COUNT, np.float32, 99), 1, 7)
-
-            def receive() -> list[np.ndarray]:
-                got = []
-                for _ in range(len(ok) + 1):
-                    y = poisoned(COUNT, np.float32)
-                    b.irecv(y, 0, 7).wait(30)
-                    got.append(y)
-                return got
-
-            got = await asyncio.to_thread(receive)
+            got = await take(b, len(ok) + 1)
             await asyncio.wait_for(after, 10)
             for want, y in zip([*ok, 99], got, strict=True):
                 assert np.array_equal(y, data(COUNT, np.float32, want)), (want, y[:4])
@@ -228,16 +224,7 @@ def test_put_off_sends_when_the_communicator_ends(monkeypatch: pytest.MonkeyPatc
                 await asyncio.sleep(0.05)  # the loop's tries come and go: nothing is sent, nothing raises
                 assert a._engine.put_off == {}
                 return
-
-            def receive() -> list[np.ndarray]:
-                got = []
-                for _ in range(6):
-                    y = poisoned(COUNT, np.float32)
-                    b.irecv(y, 0, 7).wait(30)
-                    got.append(y)
-                return got
-
-            taking = asyncio.ensure_future(asyncio.to_thread(receive))
+            taking = asyncio.ensure_future(take(b, 6))
             await asyncio.wait_for(a.close(), 30)
             assert all(w.done() and w.exception() is None for w in sends)
             for k, y in enumerate(await taking):
