@@ -83,7 +83,7 @@ def _again(eng: Engine, view: CommView, lane: Any, x: np.ndarray, peer: int, tag
            work: Work[None]) -> bool:
     """One try of a put-off send: True once it is sent, handed to the general way, or over."""
     if not work.done():  # (else withdrawn by work.cancel(), or failed by an abort, before it went)
-        w = lane.send(x, peer, tag)
+        w = lane.send(x, peer, tag, True)  # (True once sent: this Work is the op's, recorded as it ends)
         if w is False and eng.loop.time() < due:
             return False
         if w is False:

@@ -170,6 +170,8 @@ def test_put_off_sends_keep_their_order_with_the_general_way_and_can_be_withdraw
             await asyncio.wait_for(asyncio.gather(*sends[:4], sends[5], late, a.drain(1)), 30)
             for want, y in zip((0, 1, 2, 3, 5, 99), got, strict=True):
                 assert np.array_equal(y, data(COUNT, np.float32, want)), (want, y[:4])
+            # the flight recorder: each of the seven sends once (a put-off send's tries make no entries of their own)
+            assert sum("send(peer=1, tag=7)" in line for line in a.recent()) == 7, a.recent()
         finally:
             await close_all([a, b])
 

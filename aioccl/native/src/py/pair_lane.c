@@ -195,8 +195,8 @@ static int attr_true(PyObject *o, PyObject *name) {
 /* a Python caller's arguments: 1 the lane may take the call (c filled in), 0 not (the general way), -1 an
  * error */
 static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, int writing, call *c) {
-    if (nargs != 3 && !(writing && nargs == 4)) {
-        PyErr_SetString(PyExc_TypeError, "send(array, peer, tag) or recv(array, peer, tag[, given])");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "send(array, peer, tag[, again]) or recv(array, peer, tag[, given])");
         return -1;
     }
     if (!self->enabled || !PyArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]))
@@ -361,8 +361,9 @@ static int held_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
     return took;
 }
 
-/* send(x, peer, tag): the done Work, None (the general way), or False (on the engine's thread, the FIFO stayed
- * full and its loop is wanted: the send waits for room from the loop, p2p_lane.put_off) */
+/* send(x, peer, tag[, again]): the done Work (with `again`, a put-off send tried again: True), None (the general
+ * way), or False (on the engine's thread, the FIFO stayed full and its loop is wanted: the send waits for room
+ * from the loop, p2p_lane.put_off) */
 static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
@@ -371,6 +372,8 @@ static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t
         return Py_NewRef(Py_False);
     if (took <= 0)
         return took < 0 ? NULL : Py_NewRef(Py_None);
+    if (nargs == 4) /* a put-off send tried again: its own Work is the caller's, already recorded as it ends */
+        return Py_NewRef(Py_True);
     return done_work(self, op_name(self, 0, &c), &c, Py_None, t0);
 }
 
@@ -528,8 +531,9 @@ static PyObject *PairLane_stats(PairLane *self, PyObject *Py_UNUSED(arg)) {
 
 static PyMethodDef PairLane_methods[] = {
     {"send", (PyCFunction)(void (*)(void))PairLane_send, METH_FASTCALL,
-     "send(x, peer, tag): the done Work of an eager send over the pair's FIFO, None (the general way), or False "
-     "(the FIFO stayed full and the loop is wanted: p2p_lane.put_off)"},
+     "send(x, peer, tag[, again]): the done Work of an eager send over the pair's FIFO (True with `again`: a "
+     "put-off send tried again), None (the general way), or False (the FIFO stayed full and the loop is wanted: "
+     "p2p_lane.put_off)"},
     {"recv", (PyCFunction)(void (*)(void))PairLane_recv, METH_FASTCALL,
      "recv(buf, peer, tag[, given]): the done Work (giving back `given`, by default buf) of a receive whose message is (or comes within the spin) first in the "
      "FIFO, None (the general way), or False (the general way, without spinning again)"},
