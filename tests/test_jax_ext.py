@@ -121,7 +121,10 @@ def test_an_interrupted_op_never_writes_into_freed_memory(transport: str, widen:
     thread) or a hang (one inside the op's issue, or before a handed-on native op was taken on): ``widen``
     makes the hand-over's windows 5 ms wide."""
     env = {**TRANSPORT_ENV[transport], "JAXI_WIDEN": "1" if widen else "0"}
-    r = launch(2, "jax_interrupt.py", env=env, timeout=180)
+    try:
+        r = launch(2, "jax_interrupt.py", env=env, timeout=180)
+    except subprocess.TimeoutExpired as e:  # the ranks' stacks (the worker dumps them at 120 s) and last words
+        raise AssertionError(f"hung: {_text(e.stdout)[-4000:]}{_text(e.stderr)[-12000:]}") from e
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     if "JAXI SKIP" in r.stdout:  # jax before 0.12 runs them on its own threads, which no signal interrupts
         pytest.skip(r.stdout.split("JAXI SKIP", 1)[1].splitlines()[0].strip())
@@ -132,6 +135,10 @@ def test_an_interrupted_op_never_writes_into_freed_memory(transport: str, widen:
         assert max(o[3] for o in oks) > 0, r.stdout[-2000:]
     if transport == "shm" and oks[0][4] != -1:  # the native core's ops handed on, interrupted on the way in
         assert max(o[5] for o in oks) > 0, r.stdout[-2000:]
+
+
+def _text(b: bytes | str | None) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else b or ""
 
 
 def test_process_level_ops_under_jax_distributed() -> None:

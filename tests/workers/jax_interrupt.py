@@ -12,6 +12,7 @@ to the guard thread; carried: the small ops handed on; late: those interrupted o
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
 import signal
@@ -27,6 +28,9 @@ import numpy as np
 import jax_ext
 
 ITERS = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+# a run that hangs prints where every thread of this rank is, well before the test's own deadline (180 s; a
+# loaded machine takes ~30 s): a hang seen once in a fresh clone's suite did not come again in 26 runs
+faulthandler.dump_traceback_later(120, exit=False)
 comm = jax_ext.default_comm()
 r = comm.rank
 # above the native core's size: every call goes through Python on the main thread (jax >= 0.12), where a
