@@ -82,6 +82,14 @@ async def take(b: aioccl.Communicator, n: int) -> list[np.ndarray]:
     return await asyncio.to_thread(receive)
 
 
+def six_put_off(a: aioccl.Communicator) -> list[Any]:
+    """Six sends to rank 1 while the loop is wanted: three fit the FIFO and are done, the other three put off."""
+    asyncio.get_running_loop().call_soon(lambda: None)  # the loop is wanted: the fourth send is put off
+    sends = [a.isend(data(COUNT, np.float32, k), 1, 7) for k in range(6)]
+    assert [w.done() for w in sends] == [True] * 3 + [False] * 3
+    return sends
+
+
 def run_case(monkeypatch: pytest.MonkeyPatch, stall_ms: int, pause_s: float, loop_wanted: bool,
              start_late: bool) -> tuple[dict[str, int], list[bool], float, int]:
     """Send N messages while the taker drains them (from the start, or once a send gave up); every one exact
@@ -160,9 +168,7 @@ def test_put_off_sends_keep_their_order_with_the_general_way_and_can_be_withdraw
     async def main() -> None:
         a, b = await sender_and_receiver()
         try:
-            asyncio.get_running_loop().call_soon(lambda: None)  # the loop is wanted: the fourth send is put off
-            sends = [a.isend(data(COUNT, np.float32, k), 1, 7) for k in range(6)]
-            assert [w.done() for w in sends] == [True] * 3 + [False] * 3
+            sends = six_put_off(a)
             assert sends[4].cancel() and sends[4].cancelled()
             late = a.isend(data(COUNT, np.float32, 99), 1, 7, timeout=30)  # (the general way, behind them)
             assert not late.done()
@@ -215,9 +221,7 @@ def test_put_off_sends_when_the_communicator_ends(monkeypatch: pytest.MonkeyPatc
     async def main() -> None:
         a, b = await sender_and_receiver()
         try:
-            asyncio.get_running_loop().call_soon(lambda: None)  # the loop is wanted: the fourth send is put off
-            sends = [a.isend(data(COUNT, np.float32, k), 1, 7) for k in range(6)]
-            assert [w.done() for w in sends] == [True] * 3 + [False] * 3
+            sends = six_put_off(a)
             if ending == "abort":
                 a.abort()
                 for w in sends[3:]:
