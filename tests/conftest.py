@@ -45,7 +45,7 @@ def loopback_port():
 LONG_FIRST = ("test_sim.py::test_tuner_within", "test_soak.py", "test_bad_network.py", "test_jax_mpi4jax_parity.py",
               "test_torch_suite.py", "test_jax_ext.py::test_mesh", "test_collectives_multiprocess.py::test_matrix",
               "test_kill_stress.py", "test_stripes.py", "test_torch_backend.py", "test_packaging.py", "test_flood.py",
-              "test_mismatch_race.py")
+              "test_mismatch_race.py", "test_ray.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("communicator", ("aioccl.communicator", "aioccl.collectives", "aioccl.p2p", "aioccl.p2p_lane", "aioccl.lifecycle",
                       "aioccl.tracking", "aioccl.planning", "aioccl.recovery", "aioccl.fast_lane", "aioccl.knobs",
                       "aioccl.initialization", "aioccl.lowlevel")),
-    ("top", ("aioccl", "aioccl.interop", "aioccl.tools", "aioccl.run", "jax_ext")),
+    ("top", ("aioccl", "aioccl.interop", "aioccl.ray", "aioccl.tools", "aioccl.run", "jax_ext")),
 )
 PACKAGES = ("aioccl", "jax_ext")
 

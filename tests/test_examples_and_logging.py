@@ -31,6 +31,15 @@ def test_hello_allreduce_and_debug_subsystems():
     assert "AIOCCL" not in quiet.stderr
 
 
+def test_ray_data_parallel_on_async_actors():
+    """Actors declared a group by the driver average their gradients with awaited all_reduces, exactly."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'aioccl[ray]'; make test installs it)")
+    p = subprocess.run([sys.executable, str(ROOT / "examples" / "ray_data_parallel.py"), "--actors", "3", "--steps",
+                        "4"], env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    assert "3 actors, 4 steps: every actor's weights" in p.stdout
+
+
 @pytest.mark.parametrize("arrays", ["numpy", "torch"])
 def test_p2p_pipeline_trains_forward_and_backward_exactly(arrays):
     """Each stage checks its layer's gradient against the whole network run in one process."""

@@ -1,0 +1,162 @@
+"""aioccl on Ray (aioccl/ray/): the "AIOCCL" backend of ray.util.collective and aioccl's awaitable communicators in
+actors, on one local Ray cluster for the module (Ray takes seconds to start: one cluster, not one per test).
+
+What Ray's own tests check for its backends (python/ray/util/collective/tests/): group names, ranks and sizes,
+destroy and init again, several groups at once, every op on every dtype with SUM/PRODUCT/MIN/MAX, numpy and
+torch mixed; and what Ray users ask of a CPU backend: a killed actor named by PeerLost within
+AIOCCL_PEER_TIMEOUT's 10 s, shrink() among the survivors, a new actor in a new group, awaitable ops that leave
+the actor's loop free, blocking calls on an async actor's loop that never deadlock, and Ray Train's
+TorchConfig(backend="aioccl"). The actors are tests/workers/ray_actors.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'aioccl[ray]'; make test installs it)")
+WORKERS = Path(__file__).resolve().parent / "workers"
+sys.path.insert(0, str(WORKERS))
+
+import ray_actors  # noqa: E402
+from ray.util import collective as col  # noqa: E402
+
+import aioccl.ray  # noqa: E402
+
+GET_S = 120  # a Ray call that takes longer is a hang
+
+
+@pytest.fixture(scope="module")
+def cluster():  # type: ignore[no-untyped-def]
+    # a short folder: Ray's sockets live under it, and a Unix socket's path has at most 107 bytes
+    folder = tempfile.mkdtemp(prefix="r")
+    ray.init(num_cpus=8, include_dashboard=False, object_store_memory=80 << 20, _temp_dir=folder,
+             log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(WORKERS)},
+                                               "worker_process_setup_hook": "aioccl.ray.register"})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def get(refs):  # type: ignore[no-untyped-def]
+    return ray.get(refs, timeout=GET_S)
+
+
+def test_importing_registers_the_backend_and_again_is_harmless() -> None:
+    from ray.util.collective.backend_registry import _global_registry
+
+    aioccl.ray.register()
+    aioccl.ray.register()
+    assert _global_registry.get("aioccl") is aioccl.ray.AiocclGroup
+    assert col.is_backend_available("AIOCCL")
+
+
+def test_every_op_every_dtype_and_reduction_exact_on_four_actors(cluster) -> None:  # type: ignore[no-untyped-def]
+    members = [ray_actors.Member.remote() for _ in range(4)]
+    joined = get([m.join.remote(4, r, "every") for r, m in enumerate(members)])
+    assert [j[:2] for j in joined] == [(r, 4) for r in range(4)] and len({j[2] for j in joined}) == 4
+    assert get([m.every_op.remote("every") for m in members]) == [[]] * 4
+    assert get([m.leave.remote("every") for m in members]) == [False] * 4
+
+
+def test_names_ranks_destroy_init_again_and_groups_side_by_side(cluster) -> None:  # type: ignore[no-untyped-def]
+    a, b = ray_actors.Member.remote(), ray_actors.Member.remote()
+    for name in ("default", "123?34!"):
+        assert [r[:2] for r in get([a.join.remote(2, 0, name), b.join.remote(2, 1, name)])] == [(0, 2), (1, 2)]
+    # ranks in the other order, in a third group live beside the others
+    assert [r[:2] for r in get([a.join.remote(2, 1, "flipped"), b.join.remote(2, 0, "flipped")])] == [(1, 2), (0, 2)]
+    for name in ("flipped", "default", "123?34!"):
+        assert get([a.ones.remote(name), b.ones.remote(name)]) == [2.0, 2.0]
+    # destroyed on one side, then the other, then made again under the same name
+    assert get(a.leave.remote("default")) is False
+    assert get([a.joined.remote("default"), b.joined.remote("default")]) == [False, True]
+    assert get(b.leave.remote("default")) is False
+    assert [r[:2] for r in get([a.join.remote(2, 0, "default"), b.join.remote(2, 1, "default")])] == [(0, 2), (1, 2)]
+    assert get([a.every_op.remote("default"), b.every_op.remote("default")]) == [[], []]
+
+
+def test_a_group_declared_from_the_driver(cluster) -> None:  # type: ignore[no-untyped-def]
+    actors = [ray_actors.AsyncMember.remote() for _ in range(3)]
+    aioccl.ray.create_group(actors, "declared", ranks=[2, 0, 1])
+    assert get([a.join.remote(None, None, "declared") for a in actors]) == [(2, 3), (0, 3), (1, 3)]
+    assert get([a.all_reduce.remote("declared", 1000) for a in actors]) == [[]] * 3
+    get([a.close.remote("declared") for a in actors])
+    with pytest.raises(ray.exceptions.RayTaskError, match="declare the group from the driver"):
+        get(actors[0].join.remote(None, None, "never-declared"))
+
+
+def test_awaitable_ops_leave_the_actors_loop_free(cluster) -> None:  # type: ignore[no-untyped-def]
+    actors = [ray_actors.AsyncMember.remote() for _ in range(4)]
+    assert get([a.join.remote(4, r, "loop") for r, a in enumerate(actors)]) == [(r, 4) for r in range(4)]
+    assert get([a.all_reduce.remote("loop", 4096) for a in actors]) == [[]] * 4
+    late = get([a.late_ticks.remote("loop", 0.3) for a in actors])
+    # the last rank joins 0.3 s late: a loop blocked by the wait would fire the timer 0.3 s late
+    assert max(late) < 0.05, late
+    get([a.close.remote("loop") for a in actors])
+
+
+def test_blocking_calls_on_an_async_actors_loop_never_deadlock(cluster) -> None:  # type: ignore[no-untyped-def]
+    actors = [ray_actors.AsyncMember.remote() for _ in range(2)]
+    assert get([a.blocking_in_loop.remote(2, r, "blocking") for r, a in enumerate(actors)]) == [[], []]
+
+
+def test_a_killed_actor_is_peer_lost_then_shrink_then_a_new_actor_joins(cluster) -> None:  # type: ignore[no-untyped-def]
+    actors = [ray_actors.AsyncMember.remote() for _ in range(3)]
+    get([a.join.remote(3, r, "kill") for r, a in enumerate(actors)])
+    ray.kill(actors[2])
+    out = get([a.after_a_kill.remote("kill", 2) for a in actors[:2]])
+    for err, who, took, bad in out:
+        assert (err, who, bad) == ("PeerLost", 2, [])
+        assert took < 10.0  # AIOCCL_PEER_TIMEOUT: a crashed process is seen at once, a silent one within it
+    fresh = ray_actors.AsyncMember.remote()
+    group = [actors[0], actors[1], fresh]
+    assert get([a.join.remote(3, r, "after-kill") for r, a in enumerate(group)]) == [(0, 3), (1, 3), (2, 3)]
+    assert get([a.all_reduce.remote("after-kill") for a in group]) == [[]] * 3
+
+
+def test_ray_train_torch_config_aioccl(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """DDP over aioccl in Ray Train: one SGD step on 2 workers gives the single-process step's parameters,
+    exactly (integer weights and data, lr a power of two)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ray.train", reason="Ray Train's extras are not installed (pip install 'ray[train]')")
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    trainer = TorchTrainer(ray_actors.train_step, train_loop_config={"out": str(tmp_path)},
+                           scaling_config=ScalingConfig(num_workers=2), torch_config=TorchConfig(backend="aioccl"),
+                           run_config=RunConfig(storage_path=str(tmp_path / "store"), name="ddp"))
+    trainer.fit()
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    model = ray_actors.model(torch)
+    loss = sum(model(ray_actors.batch(torch, r)).sum() for r in range(2)) / 2  # DDP averages the two ranks' gradients
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.5 * p.grad
+    want = [p.tolist() for p in model.parameters()]
+    assert [g["backend"] for g in got] == ["aioccl", "aioccl"]
+    assert got[0]["params"] == got[1]["params"] == want
+
+
+def test_op_arguments_are_checked_before_anything_is_sent() -> None:
+    from aioccl.errors import InvalidArgument
+    from aioccl.ray import backend
+
+    with pytest.raises(InvalidArgument, match="one tensor per process"):
+        backend._one([np.zeros(1), np.zeros(1)])
+    with pytest.raises(InvalidArgument, match="must match"):
+        backend._alike([np.zeros(2, np.float32)], np.zeros(2, np.float64), "allgather")
+    with pytest.raises(InvalidArgument, match="n_elements"):
+        backend._part(np.zeros(4), 5)
+    assert backend._timeout(col.types.AllReduceOptions) is None  # Ray passes the class, its timeout unset
+    opts = col.types.BarrierOptions()
+    opts.timeout_ms = 1500
+    assert backend._timeout(opts) == 1.5
