@@ -15,6 +15,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -108,18 +109,47 @@ def test_blocking_calls_on_an_async_actors_loop_never_deadlock(cluster) -> None:
     assert get([a.blocking_in_loop.remote(2, r, "blocking") for r, a in enumerate(actors)]) == [[], []]
 
 
-def test_a_killed_actor_is_peer_lost_then_shrink_then_a_new_actor_joins(cluster) -> None:  # type: ignore[no-untyped-def]
-    actors = [ray_actors.AsyncMember.remote() for _ in range(3)]
+def test_a_killed_actor_is_peer_lost_then_shrink_then_it_restarts_and_joins(cluster) -> None:  # type: ignore[no-untyped-def]
+    actors = [ray_actors.AsyncMember.options(max_restarts=1).remote() for _ in range(3)]
     get([a.join.remote(3, r, "kill") for r, a in enumerate(actors)])
-    ray.kill(actors[2])
-    out = get([a.after_a_kill.remote("kill", 2) for a in actors[:2]])
-    for err, who, took, bad in out:
+    before = get(actors[2].pid.remote())
+    waiting = [a.across_a_kill.remote("kill") for a in actors[:2]]  # an all_reduce that rank 2 never joins
+    killed_at = _kill_while_they_wait(actors[2], no_restart=False)  # Ray starts it again, a fresh process
+    for err, who, raised_at, bad in get(waiting):
         assert (err, who, bad) == ("PeerLost", 2, [])
-        assert took < 10.0  # AIOCCL_PEER_TIMEOUT: a crashed process is seen at once, a silent one within it
-    fresh = ray_actors.AsyncMember.remote()
-    group = [actors[0], actors[1], fresh]
-    assert get([a.join.remote(3, r, "after-kill") for r, a in enumerate(group)]) == [(0, 3), (1, 3), (2, 3)]
-    assert get([a.all_reduce.remote("after-kill") for a in group]) == [[]] * 3
+        assert raised_at - killed_at < 10.0  # AIOCCL_PEER_TIMEOUT; a crashed process is seen at once
+    assert _restarted(actors[2]) != before
+    assert get([a.join.remote(3, r, "after-kill") for r, a in enumerate(actors)]) == [(0, 3), (1, 3), (2, 3)]
+    assert get([a.all_reduce.remote("after-kill") for a in actors]) == [[]] * 3
+
+
+def _restarted(actor):  # type: ignore[no-untyped-def]
+    """The restarted actor's pid, once Ray has started it again (calls fail meanwhile: it is restarting)."""
+    deadline = time.monotonic() + GET_S
+    while True:
+        try:
+            return get(actor.pid.remote())
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_a_killed_member_is_peer_lost_through_ray_util_collective(cluster) -> None:  # type: ignore[no-untyped-def]
+    members = [ray_actors.Member.remote() for _ in range(3)]
+    get([m.join.remote(3, r, "kill-sync") for r, m in enumerate(members)])
+    waiting = [m.across_a_kill.remote("kill-sync") for m in (members[0], members[2])]
+    killed_at = _kill_while_they_wait(members[1])
+    for err, who, raised_at in get(waiting):
+        assert (err, who) == ("PeerLost", 1) and raised_at - killed_at < 10.0
+
+
+def _kill_while_they_wait(actor, no_restart: bool = True) -> float:  # type: ignore[no-untyped-def]
+    """Kill ``actor`` once the others have had time to start waiting for it; when (``time.time()``)."""
+    time.sleep(0.5)
+    at = time.time()
+    ray.kill(actor, no_restart=no_restart)
+    return at
 
 
 def test_ray_train_torch_config_aioccl(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]

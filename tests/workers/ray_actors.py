@@ -135,6 +135,15 @@ class Member:
             bad += wrong(f"send/recv {count} n_elements={part}", got, want)
         return bad
 
+    def across_a_kill(self, name: str) -> tuple[str, int, float]:
+        """A ray.util.collective call waiting for a member that is killed meanwhile: its error, the rank it names,
+        and when it was raised (``time.time()``: the driver knows when it killed)."""
+        try:
+            col.allreduce(np.ones(4), name)
+            return "no error", -1, time.time()
+        except aioccl.PeerLost as e:
+            return type(e).__name__, e.rank, time.time()
+
     def time_allreduce(self, name: str, count: int, reps: int) -> float:
         """Median seconds per ray.util.collective.allreduce call."""
         x = np.ones(count, np.float32)
@@ -153,6 +162,9 @@ class AsyncMember:
 
     def __init__(self) -> None:
         self.comms: dict[str, Any] = {}
+
+    async def pid(self) -> int:
+        return os.getpid()
 
     async def join(self, world_size: int | None, rank: int | None, name: str) -> tuple[int, int]:
         comm = await aioccl.ray.init_group(world_size, rank, name, timeout=30)
@@ -188,16 +200,15 @@ class AsyncMember:
         await task
         return worst
 
-    async def after_a_kill(self, name: str, lost: int) -> tuple[str, int, float, list[str]]:
-        """The next op after rank ``lost`` was killed: its error, the rank it names, how long it took; then
-        shrink() and an all_reduce among the survivors."""
+    async def across_a_kill(self, name: str) -> tuple[str, int, float, list[str]]:
+        """An all_reduce waiting for a rank that is killed meanwhile: its error, the rank it names, when it was
+        raised (``time.time()``); then shrink() and an all_reduce among the survivors."""
         comm = self.comms[name]
-        t = time.monotonic()
         try:
             await comm.all_reduce(np.ones(4))
-            return "no error", -1, time.monotonic() - t, []
+            return "no error", -1, time.time(), []
         except aioccl.PeerLost as e:
-            err, who, took = type(e).__name__, e.rank, time.monotonic() - t
+            err, who, took = type(e).__name__, e.rank, time.time()
         small = await comm.shrink()
         self.comms[name] = small
         x = np.full(3, small.rank + 1, np.int64)
