@@ -11,6 +11,7 @@ TorchConfig(backend="aioccl"). The actors are tests/workers/ray_actors.py.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -45,6 +46,15 @@ def cluster():  # type: ignore[no-untyped-def]
     finally:
         ray.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
+        _reclaim()  # the GPU stand-in's device memory of actors Ray killed, as a driver frees it
+
+
+def _reclaim() -> None:
+    spec = importlib.util.spec_from_file_location("fakecupy_driver", WORKERS.parent / "fakecupy" / "fakecupy_driver.py")
+    assert spec is not None and spec.loader is not None
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+    driver.reclaim()
 
 
 def get(refs):  # type: ignore[no-untyped-def]
@@ -66,6 +76,27 @@ def test_every_op_every_dtype_and_reduction_exact_on_four_actors(cluster) -> Non
     assert [j[:2] for j in joined] == [(r, 4) for r in range(4)] and len({j[2] for j in joined}) == 4
     assert get([m.every_op.remote("every") for m in members]) == [[]] * 4
     assert get([m.leave.remote("every") for m in members]) == [False] * 4
+
+
+def test_cupy_arrays_take_the_gpu_path(cluster) -> None:  # type: ignore[no-untyped-def]
+    """cupy arrays through Ray's calls, on tests/fakecupy (a numpy stand-in with late streams and shared device
+    memory) here; scripts/gpu-check.sh runs aioccl's GPU path on a real GPU."""
+    fake = {"env_vars": {"PYTHONPATH": f"{WORKERS}:{WORKERS.parent / 'fakecupy'}"}}
+    members = [ray_actors.Member.options(runtime_env=fake).remote() for _ in range(2)]
+    get([m.join.remote(2, r, "gpu") for r, m in enumerate(members)])
+    assert get([m.every_op_on_gpu.remote("gpu") for m in members]) == [[], []]
+    assert get([m.leave.remote("gpu") for m in members]) == [False, False]
+
+
+def test_a_collective_nobody_joins_names_the_silent_ranks_at_the_deadline(cluster) -> None:  # type: ignore[no-untyped-def]
+    """AIOCCL_TIMEOUT in the actors' environment is the group's deadline (Ray's calls take none of their own)."""
+    env = {"env_vars": {"PYTHONPATH": str(WORKERS), "AIOCCL_TIMEOUT": "3"}}
+    members = [ray_actors.Member.options(runtime_env=env).remote() for _ in range(3)]
+    get([m.joined.remote("silent") for m in members])  # started (the meeting's deadline is 3 s too)
+    get([m.join.remote(3, r, "silent") for r, m in enumerate(members)])
+    err, waiting, took = get(members[0].alone.remote("silent"))
+    assert (err, sorted(waiting)) == ("CollectiveTimeout", [1, 2])
+    assert 3.0 <= took < 11.0
 
 
 def test_names_ranks_destroy_init_again_and_groups_side_by_side(cluster) -> None:  # type: ignore[no-untyped-def]

@@ -88,7 +88,9 @@ class AiocclGroup(BaseGroup):
         out = _flat(_one(tensors), "tensor")
         ins = [_flat(t, f"tensor_list[{i}]") for i, t in enumerate(_list(self, tensor_lists))]
         _alike(ins, out, "reducescatter")
-        whole = _module(out).concatenate(ins)
+        whole = _module(out).empty(len(ins) * out.size, out.dtype)  # (a copy: the inputs stay as they were)
+        for i, x in enumerate(ins):
+            whole[i * out.size:(i + 1) * out.size] = x
         o = reducescatter_options
         self.comm.reduce_scatter(whole, _op(o), out=out, timeout=_timeout(o)).wait()
 
@@ -119,15 +121,20 @@ def _list(g: AiocclGroup, tensor_lists: Any) -> list[Any]:
 
 def _flat(t: Any, name: str) -> Any:
     """A 1-D view of ``t``'s memory: numpy for numpy arrays and CPU tensors, cupy for cupy arrays."""
-    if type(t).__module__.startswith("cupy"):
+    if _on_gpu(t):
         if not t.flags.c_contiguous:
             raise InvalidArgument(f"{name} is not C-contiguous")
         return t.reshape(-1)
     return adapt(t, name).array.reshape(-1)
 
 
+def _on_gpu(t: Any) -> bool:
+    return type(t).__module__.startswith("cupy")
+
+
 def _module(x: Any) -> Any:
-    if isinstance(x, np.ndarray):
+    """The array module of a flat view: numpy, or cupy for GPU arrays."""
+    if not _on_gpu(x):
         return np
     import cupy
 

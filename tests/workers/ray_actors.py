@@ -144,6 +144,40 @@ class Member:
         except aioccl.PeerLost as e:
             return type(e).__name__, e.rank, time.time()
 
+    def every_op_on_gpu(self, name: str) -> list[str]:
+        """The list-taking ops and the others on cupy arrays (the stand-in, tests/fakecupy, where no GPU is):
+        aioccl's GPU path behind Ray's calls, results read back to the host (which waits for their stream)."""
+        import cupy
+
+        n, r = col.get_collective_group_size(name), col.get_rank(name)
+        bad: list[str] = []
+        for dtype in (np.float32, np.int64):
+            x = cupy.asarray(pattern(r, 1000, dtype))
+            col.allreduce(x, name, ReduceOp.MAX)
+            bad += wrong(f"gpu allreduce {dtype.__name__}", cupy.asnumpy(x),
+                         over(np.maximum, [pattern(k, 1000, dtype) for k in range(n)]))
+            x = cupy.asarray(pattern(r, 1000, dtype) if r == 1 else np.full(1000, POISON, dtype))
+            col.broadcast(x, 1, name)
+            bad += wrong(f"gpu broadcast {dtype.__name__}", cupy.asnumpy(x), pattern(1, 1000, dtype))
+            outs = [cupy.asarray(np.full(10, POISON, dtype)) for _ in range(n)]
+            col.allgather(outs, cupy.asarray(pattern(r, 10, dtype)), name)
+            for k in range(n):
+                bad += wrong(f"gpu allgather [{k}]", cupy.asnumpy(outs[k]), pattern(k, 10, dtype))
+            out = cupy.asarray(np.full(10, POISON, dtype))
+            col.reducescatter(out, [cupy.asarray(pattern(r, 10, dtype, salt=k)) for k in range(n)], name)
+            bad += wrong(f"gpu reducescatter {dtype.__name__}", cupy.asnumpy(out),
+                         over(np.add, [pattern(k, 10, dtype, salt=r) for k in range(n)]))
+        return bad
+
+    def alone(self, name: str) -> tuple[str, list[int], float]:
+        """An allreduce that the other ranks never call: the error, the ranks it names, how long it took."""
+        t = time.monotonic()
+        try:
+            col.allreduce(np.ones(4), name)
+            return "no error", [], time.monotonic() - t
+        except aioccl.CollectiveTimeout as e:
+            return type(e).__name__, e.waiting_for, time.monotonic() - t
+
     def time_allreduce(self, name: str, count: int, reps: int) -> float:
         """Median seconds per ray.util.collective.allreduce call."""
         x = np.ones(count, np.float32)
