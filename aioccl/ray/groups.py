@@ -43,23 +43,18 @@ async def init_group(world_size: int | None = None, rank: int | None = None, nam
     check_group(world_size, rank, name)
     t = _deadline(timeout)
     m = Meeting("comm", name, rank, time.monotonic() + t)
-    if rank == 0:
-        try:
-            return await Communicator.create(m.host(), 0, world_size, t, engine=engine)
-        finally:
-            m.done()
-    while True:
-        offer = m.offer()
-        if offer is not None:
-            try:
-                return await Communicator.create(offer, rank, world_size, t, engine=engine)
-            except BootstrapError as e:
-                m.refused(e)
+    try:
+        while True:
+            uid = m.next()
+            if uid is None:
+                await asyncio.sleep(POLL_S)
                 continue
-        late = m.late()
-        if late is not None:
-            raise late
-        await asyncio.sleep(POLL_S)
+            try:
+                return await Communicator.create(uid, rank, world_size, t, engine=engine)
+            except BootstrapError as e:
+                m.refused(e)  # a stale id: the next one (else raised)
+    finally:
+        m.done()
 
 
 def init_group_sync(world_size: int | None = None, rank: int | None = None, name: str = "default", *,
@@ -77,23 +72,18 @@ def meet_sync(kind: str, world_size: int | None, rank: int | None, name: str,
     check_group(world_size, rank, name)
     t = _deadline(timeout)
     m = Meeting(kind, name, rank, time.monotonic() + t)
-    if rank == 0:
-        try:
-            return Communicator.create_sync(m.host(), 0, world_size, t)
-        finally:
-            m.done()
-    while True:
-        offer = m.offer()
-        if offer is not None:
-            try:
-                return Communicator.create_sync(offer, rank, world_size, t)
-            except BootstrapError as e:
-                m.refused(e)
+    try:
+        while True:
+            uid = m.next()
+            if uid is None:
+                time.sleep(POLL_S)
                 continue
-        late = m.late()
-        if late is not None:
-            raise late
-        time.sleep(POLL_S)
+            try:
+                return Communicator.create_sync(uid, rank, world_size, t)
+            except BootstrapError as e:
+                m.refused(e)  # a stale id: the next one (else raised)
+    finally:
+        m.done()
 
 
 def create_group(actors: Sequence[Any], name: str = "default", *, ranks: Sequence[int] | None = None) -> None:

@@ -62,6 +62,18 @@ class Meeting:
     tried: set[str] = field(default_factory=set)  # ids whose root refused this rank
     error: BaseException | None = None  # the last refusal
 
+    def next(self) -> UniqueId | None:
+        """The id to try now: rank 0's own root first, then for the others what the store holds (None: wait
+        ``POLL_S`` and ask again); past the deadline, the error."""
+        if self.rank == 0:
+            return self.host()  # (once: a failure of rank 0's is the group's, refused() raises it)
+        uid = self.offer()
+        if uid is None and time.monotonic() >= self.deadline:
+            what = f"{self.kind} group {self.name!r}: rank {self.rank} found no live rank 0 in Ray's store"
+            raise BootstrapError(f"{what} before its deadline (is rank 0's actor alive and in this group?)"
+                                 + (f"; the last one tried: {self.error}" if self.error else ""))
+        return uid
+
     def host(self) -> UniqueId:
         """Rank 0: a root in this process, its id published (over a stale one, if any)."""
         own = comm_secret(os.environ)
@@ -88,19 +100,11 @@ class Meeting:
         return replace(UniqueId.parse(text), root_up=True)
 
     def refused(self, exc: BootstrapError) -> None:
-        """The id just tried failed: a root that is gone (a stale id) sends this rank back to the store for the
-        next one, until the deadline; any other failure is the group's, raised at once."""
+        """The id just tried failed: a root that is gone (a stale id) sends a non-root rank back to the store for
+        the next one, until the deadline; any other failure is the group's, raised at once."""
         self.error = exc
-        if time.monotonic() >= self.deadline or not (STALE_ROOT in str(exc) or ROOT_GONE in str(exc)):
+        if self.rank == 0 or time.monotonic() >= self.deadline or not (STALE_ROOT in str(exc) or ROOT_GONE in str(exc)):
             raise exc
-
-    def late(self) -> BootstrapError | None:
-        """Past the deadline with no root met: the error to raise."""
-        if time.monotonic() < self.deadline:
-            return None
-        what = f"{self.kind} group {self.name!r}: rank {self.rank} found no live rank 0 in Ray's store"
-        return BootstrapError(f"{what} before its deadline (is rank 0's actor alive and in this group?)"
-                              + (f"; the last one tried: {self.error}" if self.error else ""))
 
     def done(self) -> None:
         """Rank 0, once the communicator exists or failed: the key goes, unless somebody replaced it since."""

@@ -57,8 +57,18 @@ def wrong(what: str, got: Any, want: np.ndarray) -> list[str]:
 class Member:
     """A sync actor in ray.util.collective groups with the AIOCCL backend."""
 
-    def join(self, world_size: int, rank: int, name: str) -> tuple[int, int, int]:
-        col.init_collective_group(world_size, rank, backend="AIOCCL", group_name=name)
+    def join(self, world_size: int, rank: int, name: str, aioccl_timeout: str = "") -> tuple[int, int, int]:
+        """Form group ``name``; ``aioccl_timeout``: AIOCCL_TIMEOUT for it (as the actor's environment would set it)."""
+        saved = os.environ.get("AIOCCL_TIMEOUT")
+        if aioccl_timeout:
+            os.environ["AIOCCL_TIMEOUT"] = aioccl_timeout
+        try:
+            col.init_collective_group(world_size, rank, backend="AIOCCL", group_name=name)
+        finally:
+            if aioccl_timeout and saved is None:
+                del os.environ["AIOCCL_TIMEOUT"]
+            elif aioccl_timeout:
+                os.environ["AIOCCL_TIMEOUT"] = saved  # type: ignore[assignment]
         return col.get_rank(name), col.get_collective_group_size(name), os.getpid()
 
     def leave(self, name: str) -> bool:
