@@ -32,7 +32,8 @@ def _deadline(timeout: float | None) -> float:
 
 async def init_group(world_size: int | None = None, rank: int | None = None, name: str = "default", *,
                      timeout: float | None = None, engine: str = "auto") -> Communicator:
-    """Form group ``name`` of ``world_size`` actors as ``rank`` and return its communicator (asyncio or trio).
+    """Form group ``name`` of ``world_size`` actors as ``rank`` and return its communicator (under asyncio, as
+    Ray's async actors run).
 
     Without ``world_size`` and ``rank`` the group must have been declared from the driver (``create_group``).
     Every member calls this once per group; ``timeout`` bounds the meeting and is every op's default deadline
