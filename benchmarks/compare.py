@@ -93,6 +93,11 @@ def versions() -> dict[str, str]:
         except ImportError:
             v[mod] = "missing"
     try:
+        import mpi4py
+
+        # the version is readable before MPI_Init; initialising here would make this process an MPI singleton,
+        # which needs Open MPI's daemons at their configured path (a wheel's mpirun has them elsewhere)
+        mpi4py.rc.initialize = False
         from mpi4py import MPI
 
         v["mpi_library"] = MPI.Get_library_version().replace("\0", "").strip().splitlines()[0]  # C string: NUL-ended
