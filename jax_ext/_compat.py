@@ -195,10 +195,13 @@ def def_batching(p: Any, rule: Callable[..., Any]) -> None:
 
 # make_site(lowering_info, avals_in, avals_out, **params): the native custom call's site, or None
 SiteMaker = Callable[..., "int | None"]
+# first(lowering_info, aval of the first operand, **params): None, or (f, rest): ``f`` (JAX code, no effects)
+# runs on the first operand before the op, which then runs with the parameters ``rest`` (None: f is the whole op)
+FirstPart = Callable[..., "tuple[Callable[[Any], Any], dict[str, Any] | None] | None"]
 
 
 def def_lowering(p: Any, make_callback: Callable[..., HostCallback], aliases: Callable[..., dict[int, int]],
-                 effects: EffectsOf, make_site: SiteMaker | None = None) -> None:
+                 effects: EffectsOf, make_site: SiteMaker | None = None, first: FirstPart | None = None) -> None:
     """Lower ``p`` to its native FFI target ``p.name`` (when ``make_site`` gives a site: jax_ext/native_call.py)
     or else to the buffer-callback FFI target, threading the tokens of its ordered ``effects``.
 
@@ -214,6 +217,15 @@ def def_lowering(p: Any, make_callback: Callable[..., HostCallback], aliases: Ca
         if len(platforms) != 1 or platforms[0] not in _TARGETS:
             raise NotImplementedError(f"aioccl collectives lower on cpu or cuda only, not {platforms}")
         info = LoweringInfo(platforms[0], ctx.module_context.axis_context)
+        parts = first(info, ctx.avals_in[0], **params) if first is not None else None
+        if parts is not None:  # XLA's part first (jax_ext/in_process.py), then ours on what it made, if any
+            f, rest = parts
+            x_ctx = dataclasses.replace(ctx, avals_in=ctx.avals_in[:1], avals_out=ctx.avals_out[:1])
+            (x,) = _mlir.lower_fun(f, multiple_results=False)(x_ctx, operands[0])
+            if rest is None:
+                ctx.set_tokens_out(ctx.tokens_in)
+                return [x]
+            operands, params = (x, *operands[1:]), rest
         effs = effects(**params)
         n_tok, n_in = len(effs), len(operands)
         tokens = [ctx.tokens_in.get(e) for e in effs]

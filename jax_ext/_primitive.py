@@ -123,6 +123,14 @@ def group_for(api: str, axis_name: Any, comm: Communicator | None) -> tuple[Grou
         return comm_group(comm, api), np.int32(0)
     if comm is not None:
         raise ValueError(f"{api}: pass axis_name (mesh-level, inside shard_map) or comm (process-level), not both")
+    axes, mesh_names = mesh_axes(api, axis_name)
+    pos = jax.lax.axis_index(mesh_names).astype(jnp.int32)
+    return AxisGroup(axes, math.prod(sizes[a] for a in axes), api), pos
+
+
+def mesh_axes(api: str, axis_name: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The axes of a mesh-level op (``axis_name`` given) and the mesh's axis names; raises for misuse."""
+    manual, _ = _compat.manual_mesh_axes()
     axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
     if not manual:
         raise NameError(f"{api}: axis name {axes[0]!r} is not bound: mesh-level ops run inside jax.shard_map "
@@ -136,8 +144,7 @@ def group_for(api: str, axis_name: Any, comm: Communicator | None) -> tuple[Grou
     if set(mesh_names) - set(manual):
         raise ValueError(f"{api}: jax_ext needs every mesh axis manual in shard_map; {mesh_names} has "
                          f"auto axes {sorted(set(mesh_names) - set(manual))}")
-    pos = jax.lax.axis_index(mesh_names).astype(jnp.int32)
-    return AxisGroup(axes, math.prod(sizes[a] for a in axes), api), pos
+    return axes, mesh_names
 
 
 def check_int(api: str, name: str, value: Any) -> int:
@@ -257,20 +264,22 @@ def callback_factory(name: str, run: RunFn) -> Callable[..., _compat.HostCallbac
 
 def define(name: str, *, abstract: Callable[..., Any], run: RunFn,
            alias: bool | Callable[..., bool] = False, multiple_results: bool = False,
-           replayable: Callable[..., bool] = lambda **_: True, pair: native_call.Pair | None = None) -> Any:
+           replayable: Callable[..., bool] = lambda **_: True, pair: native_call.Pair | None = None,
+           first: _compat.FirstPart | None = None) -> Any:
     """A new ordered primitive ``aioccl_<name>`` whose last operand is the mesh position. ``alias``
     (or ``alias(**params)``): the output may share the first input's buffer (same shape and dtype).
     ``replayable(rank=, same=, **params)``: ``run`` is exactly one op of the communicator on the buffers
     it is given (nothing copied around it), so a native custom call may run that op alone (native_call.py).
     ``pair(rank=, **params)``: a point-to-point op's ``(dest, source, tag)`` (-1: no such half; None: not
-    one the native lane runs), for the native custom call's point-to-point lane (native_call.py)."""
+    one the native lane runs), for the native custom call's point-to-point lane (native_call.py).
+    ``first(info, aval, **params)``: XLA's part of the op, lowered before it (``_compat.FirstPart``, in_process.py)."""
     p = _compat.new_primitive(f"aioccl_{name}", multiple_results)
     _compat.def_abstract_eval(p, abstract, effects_of)
     def aliases(**params: Any) -> dict[int, int]:
         return {0: 0} if (alias(**params) if callable(alias) else alias) else {}
 
     _compat.def_lowering(p, callback_factory(name, run), aliases, effects_of,
-                         native_call.site_maker(name, run, replayable, pair))
+                         native_call.site_maker(name, run, replayable, pair), first)
     return p
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from aioccl import Communicator
 
+from . import in_process
 from ._primitive import Group, check_dtype, def_batching, def_linear, define, group_for, varying_in
 
 
@@ -48,6 +49,12 @@ def all_gather(x: Any, axis_name: Any = None, *, axis: int = 0, tiled: bool = Fa
     ``jax.lax.all_gather``; without it, the processes of ``comm``
     (default [`default_comm()`][jax_ext.runtime.default_comm]).
     """
+    return in_process.placed("all_gather", axis_name, x,
+                             lambda v: in_process.lax("all_gather")(v, axis_name, axis=axis, tiled=tiled),
+                             lambda v: _all_gather(v, axis_name, axis, tiled, comm))
+
+
+def _all_gather(x: Any, axis_name: Any, axis: int, tiled: bool, comm: Communicator | None) -> Any:
     group, pos = group_for("all_gather", axis_name, comm)
 
     def one(v: Any) -> Any:

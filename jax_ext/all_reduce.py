@@ -21,7 +21,7 @@ import numpy as np
 
 from aioccl import Communicator, ReduceOp
 
-from . import _compat
+from . import _compat, in_process
 from ._primitive import (
     AxisGroup,
     Group,
@@ -51,7 +51,7 @@ def _run(comm: Communicator, ins: list[np.ndarray], outs: list[np.ndarray], same
         comm.all_reduce(ins[0], op, out=outs[0]).wait()
 
 
-all_reduce_p = define("all_reduce", abstract=_abstract, run=_run, alias=True)
+all_reduce_p = define("all_reduce", abstract=_abstract, run=_run, alias=True, first=in_process.reduction_first)
 
 
 def _transpose(ct: Any, x: Any, pos: Any, *, group: Group, op: str) -> Any:
@@ -111,18 +111,26 @@ def _widened(api: str, v: Any, op: str, reduce: Any) -> Any:
     ones (the low 16 bits of a sum, product, max or min are the 16-bit result: it wraps as lax's does), and
     complex numbers as their real and imaginary parts side by side (sum and average only: complex numbers
     have no order, and a product mixes the parts)."""
-    dt = np.dtype(v.dtype)
+    dt = check_leaf(api, op, v.dtype)
+    if dt.kind == "c":
+        parts = reduce(jnp.stack([jnp.real(v), jnp.imag(v)], axis=-1))
+        return jax.lax.complex(parts[..., 0], parts[..., 1])
+    if dt in _WIDER:
+        return reduce(v.astype(_WIDER[dt])).astype(dt)
+    return reduce(v)
+
+
+def check_leaf(api: str, op: str, dtype: Any) -> np.dtype:
+    """``dtype`` if a reduction ``op`` takes it (as ``_widened`` carries it), else TypeError naming ``api``."""
+    dt: np.dtype[Any] = np.dtype(dtype)
     if dt.kind == "c":
         if op not in ("sum", "avg"):
             raise TypeError(f"{api}: op {op!r} on complex values: only sum and avg (complex numbers have no "
                             "order; a product mixes real and imaginary parts)")
-        parts = reduce(jnp.stack([jnp.real(v), jnp.imag(v)], axis=-1))
-        return jax.lax.complex(parts[..., 0], parts[..., 1])
-    if dt in _WIDER:
-        check_reduction(api, op, np.dtype(_WIDER[dt]))
-        return reduce(v.astype(_WIDER[dt])).astype(dt)
-    check_reduction(api, op, dt)
-    return reduce(v)
+        check_reduction(api, op, np.dtype(dt.char.lower()) if dt.char in "FD" else dt)
+    else:
+        check_reduction(api, op, np.dtype(_WIDER[dt]) if dt in _WIDER else dt)
+    return dt
 
 
 def all_reduce(x: Any, op: str | ReduceOp = "sum", *, comm: Communicator | None = None) -> Any:
@@ -134,21 +142,33 @@ def all_reduce(x: Any, op: str | ReduceOp = "sum", *, comm: Communicator | None 
 
 
 def psum(x: Any, axis_name: Any) -> Any:
-    """``jax.lax.psum`` over mesh axes, run by aioccl (inside ``shard_map``)."""
-    return _bind("psum", x, "sum", axis_name, None)
+    """``jax.lax.psum`` over mesh axes (inside ``shard_map``): XLA's among this process's devices, aioccl's
+    across processes (``in_process.py``)."""
+    return in_process.placed("psum", axis_name, x, lambda v: in_process.lax("psum")(v, axis_name),
+                             lambda v: _bind("psum", v, "sum", axis_name, None),
+                             lambda d: check_leaf("psum", "sum", d))
 
 
 def pmax(x: Any, axis_name: Any) -> Any:
     """Elementwise maximum over the mesh axis (or axes) ``axis_name``, as ``jax.lax.pmax``."""
-    return _bind("pmax", x, "max", axis_name, None)
+    return in_process.placed("pmax", axis_name, x, lambda v: in_process.lax("pmax")(v, axis_name),
+                             lambda v: _bind("pmax", v, "max", axis_name, None),
+                             lambda d: check_leaf("pmax", "max", d))
 
 
 def pmin(x: Any, axis_name: Any) -> Any:
     """Elementwise minimum over the mesh axis (or axes) ``axis_name``, as ``jax.lax.pmin``."""
-    return _bind("pmin", x, "min", axis_name, None)
+    return in_process.placed("pmin", axis_name, x, lambda v: in_process.lax("pmin")(v, axis_name),
+                             lambda v: _bind("pmin", v, "min", axis_name, None),
+                             lambda d: check_leaf("pmin", "min", d))
 
 
 def pmean(x: Any, axis_name: Any) -> Any:
     """``psum`` divided by the group size, like ``jax.lax.pmean`` (bit for bit)."""
+    return in_process.placed("pmean", axis_name, x, lambda v: in_process.lax("pmean")(v, axis_name),
+                             lambda v: _pmean(v, axis_name), lambda d: check_leaf("pmean", "avg", d))
+
+
+def _pmean(x: Any, axis_name: Any) -> Any:
     group, pos = group_for("pmean", axis_name, None)
     return jax.tree_util.tree_map(lambda v: v / group.size, _bind_group(x, "sum", group, pos, api="pmean"))

@@ -16,6 +16,7 @@ import numpy as np
 
 from aioccl import Communicator
 
+from . import in_process
 from ._primitive import Group, check_dtype, def_batching, def_linear, define, group_for, varying_in
 
 
@@ -55,6 +56,14 @@ def all_to_all(x: Any, axis_name: Any = None, split_axis: int = 0, concat_axis: 
                comm: Communicator | None = None) -> Any:
     """Split ``split_axis`` into n chunks, send chunk j to member j, concatenate what arrives along
     ``concat_axis`` (``tiled=False``: the split axis must have size n and is replaced by the new axis)."""
+    return in_process.placed(
+        "all_to_all", axis_name, x, lambda v: jax.tree_util.tree_map(
+            lambda w: in_process.lax("all_to_all")(w, axis_name, split_axis, concat_axis, tiled=tiled), v),
+        lambda v: _all_to_all(v, axis_name, split_axis, concat_axis, tiled, comm))
+
+
+def _all_to_all(x: Any, axis_name: Any, split_axis: int, concat_axis: int, tiled: bool,
+                comm: Communicator | None) -> Any:
     group, pos = group_for("all_to_all", axis_name, comm)
     n = group.size
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from aioccl import Communicator
 
-from . import _compat
+from . import _compat, in_process
 from ._primitive import (
     CommGroup,
     Group,
@@ -69,6 +69,17 @@ _compat.def_transpose(broadcast_p, _transpose)
 
 def broadcast(x: Any, root: int = 0, axis_name: Any = None, *, comm: Communicator | None = None) -> Any:
     """``root``'s ``x`` on every member (differentiable; mesh level: forward mode only)."""
+    if axis_name is not None:
+        check_root("broadcast", root, in_process.group_size("broadcast", axis_name))
+    # XLA's: root's block of lax's gather, exact for every value (-0.0 and NaN payloads too, which a psum of a
+    # masked value is not); lax.pbroadcast has no CPU lowering in the jax releases jax_ext supports
+    return in_process.placed(
+        "broadcast", axis_name, x,
+        lambda v: jax.tree_util.tree_map(lambda w: in_process.lax("all_gather")(as_array(w), axis_name)[root], v),
+        lambda v: _broadcast(v, root, axis_name, comm))
+
+
+def _broadcast(x: Any, root: int, axis_name: Any, comm: Communicator | None) -> Any:
     group, pos = group_for("broadcast", axis_name, comm)
     root = check_root("broadcast", root, group.size)
     return jax.tree_util.tree_map(

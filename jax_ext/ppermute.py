@@ -25,7 +25,7 @@ import numpy as np
 from aioccl import Communicator
 from aioccl.engine.shm import native as shm_native
 
-from . import _compat, native_call
+from . import _compat, in_process, native_call
 from ._primitive import (
     AxisGroup,
     Group,
@@ -86,6 +86,14 @@ def check_perm(api: str, perm: Any, n: int) -> tuple[tuple[int, int], ...]:
 
 def ppermute(x: Any, axis_name: Any = None, perm: Any = (), *, comm: Communicator | None = None) -> Any:
     """Send ``x`` along the ``(source, destination)`` pairs of ``perm`` (indices along ``axis_name``)."""
+    if axis_name is not None and jax.process_count() == 1:
+        pairs = check_perm("ppermute", perm, in_process.group_size("ppermute", axis_name))
+        return in_process.placed("ppermute", axis_name, x, lambda v: in_process.lax("ppermute")(v, axis_name, pairs),
+                                 lambda v: _ppermute(v, axis_name, perm, comm))
+    return _ppermute(x, axis_name, perm, comm)
+
+
+def _ppermute(x: Any, axis_name: Any, perm: Any, comm: Communicator | None) -> Any:
     if isinstance(axis_name, (tuple, list)):  # numbered as lax numbers it, which changed in jax 0.12
         axis_name = _compat.ppermute_axes(tuple(axis_name))
     group, pos = group_for("ppermute", axis_name, comm)

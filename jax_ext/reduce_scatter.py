@@ -14,7 +14,7 @@ import numpy as np
 
 from aioccl import Communicator, ReduceOp
 
-from . import _compat
+from . import _compat, in_process
 from ._primitive import Group, check_reduction, def_batching, def_reduction_jvp, define, dense, group_for, varying_in
 
 
@@ -48,6 +48,14 @@ def_batching(reduce_scatter_p, axis0=True)
 def _scatter(api: str, x: Any, op: str | ReduceOp, axis_name: Any, comm: Communicator | None, dim: int,
              tiled: bool) -> Any:
     op = ReduceOp.parse(op).value
+    if op != "sum":
+        return _ours(api, x, op, axis_name, comm, dim, tiled)
+    return in_process.placed(
+        api, axis_name, x, lambda v: in_process.lax("psum_scatter")(v, axis_name, scatter_dimension=dim, tiled=tiled),
+        lambda v: _ours(api, v, op, axis_name, comm, dim, tiled), lambda d: check_reduction(api, op, d))
+
+
+def _ours(api: str, x: Any, op: str, axis_name: Any, comm: Communicator | None, dim: int, tiled: bool) -> Any:
     group, pos = group_for(api, axis_name, comm)
 
     def one(v: Any) -> Any:

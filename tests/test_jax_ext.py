@@ -53,9 +53,11 @@ def _run_procs(script: str, nproc: int, env: dict[str, str], timeout: float = 24
 SIMPLIFIER_LOOP = "circular simplification loop"
 
 
-def test_mesh_ops_one_process_four_devices() -> None:
-    """Every mesh-level op, gradient, vmap, loop and remat equals jax.lax on a 2x2 mesh in one process."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAXW_DEVICES": "4"}
+@pytest.mark.parametrize("mode", ["aioccl", "xla"])
+def test_mesh_ops_one_process_four_devices(mode: str) -> None:
+    """Every mesh-level op, gradient, vmap, loop and remat equals jax.lax on a 2x2 mesh in one process: run by
+    aioccl (``AIOCCL_JAX_MESH=aioccl``) and as XLA's own collectives (the default, jax_ext/in_process.py)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAXW_DEVICES": "4", "AIOCCL_JAX_MESH": mode}
     r = subprocess.run([sys.executable, str(WORKERS / "jax_mesh.py")], env=env, capture_output=True, text=True,
                        timeout=240)
     assert r.returncode == 0 and "JAXW OK 2120" in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]

@@ -65,6 +65,7 @@ async def main() -> None:
 asyncio.run(main())
 
 if hasattr(core, "ffi_handlers"):  # jax_ext's custom calls through this module: 2 devices of one process
+    os.environ["AIOCCL_JAX_MESH"] = "aioccl"  # (else one process's mesh ops are XLA's own: jax_ext/in_process.py)
     import jax
     import jax.numpy as jnp
 
