@@ -65,6 +65,12 @@ def gpu_path(comm: Communicator) -> str | None:
     return comm._gpu.path if comm._gpu is not None else None
 
 
+def gpu_lane_ran(comm: Communicator) -> int:
+    """GPU ops of ``comm`` that the native GPU lane ran from the call to the done Work (0 without a lane)."""
+    lane = getattr(comm, "_gpu_lane", None)
+    return int(lane.ran) if lane is not None else 0
+
+
 # -- the native core's view of a communicator (jax_ext's XLA handlers) ---------------------------------------
 def fast_lane(comm: Communicator) -> Any:
     """``comm``'s native fast lane (``aioccl.native.core.Lane``: its counters and small all_reduce), or None."""

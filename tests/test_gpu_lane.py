@@ -297,6 +297,57 @@ def test_ops_from_several_threads_get_distinct_epochs_and_events(driver):
     assert len({id(e) for e in events}) == 800
 
 
+class FakeTensor:
+    """What the lane reads of a torch tensor: ``data_ptr()``, ``stride()`` (in elements), ``numel()``,
+    ``dtype`` and ``is_cuda``."""
+
+    def __init__(self, ptr: int, n: int, dtype: str = "torch.float32", stride: tuple[int, ...] = (1,),
+                 cuda: bool = True) -> None:
+        self._ptr, self._n, self._stride, self.dtype, self.is_cuda = ptr, n, stride, dtype, cuda
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def stride(self) -> tuple[int, ...]:
+        return self._stride
+
+    def numel(self) -> int:
+        return self._n
+
+
+def test_run_takes_torch_tensors_on_torchs_current_stream_once_told(driver):
+    """take_tensors(type, stream_of_device, device): a learnt call on that type's tensors runs in C, on the
+    stream stream_of_device(device) names (torch's current stream); the same checks as for GPU arrays."""
+    lane, recorded = make_lane(driver, form=1)
+    plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)),))
+    t, asked = FakeTensor(0xBEEF00, 16), []
+    assert lane.run(1, t, None, "sum", 0) is None  # not a type the lane takes yet
+    current = [STREAM]
+    lane.take_tensors(FakeTensor, lambda dev: asked.append(dev) or current[0], 3)
+    lane.learn(lane.key(1, t, None, "sum", 0, STREAM), (plan, "all_reduce", (16, "torch.float32", "sum", None), 1,
+                                                       5.0, 0))
+    lane.enabled = True
+    assert lane.run(1, FakeTensor(0xBEEF40, 16), None, "sum", 0) is None  # another buffer
+    assert lane.run(1, FakeTensor(0xBEEF00, 16, stride=(2,)), None, "sum", 0) is None  # strided
+    assert lane.run(1, FakeTensor(0xBEEF00, 16, "torch.bfloat16"), None, "sum", 0) is None  # another dtype
+    assert lane.run(1, FakeTensor(0xBEEF00, 8), None, "sum", 0) is None  # fewer elements
+    assert lane.run(1, FakeTensor(0xBEEF00, 16, cuda=False), None, "sum", 0) is None  # a CPU tensor
+    assert lane.run(1, t, FakeArray(0xCAFE00, 16), "sum", 0) is None  # a tensor and a cupy array
+    assert lane.run(1, FakeArray(0xBEEF00, 16), None, "sum", 0) is None  # a cupy array at the same address
+    current[0] = STREAM + 1
+    assert lane.run(1, t, None, "sum", 0) is None  # torch's current stream is another one now
+    assert calls(driver) == []
+    current[0] = STREAM
+    w = lane.run(1, t, None, "sum", 0)
+    assert isinstance(w, Work) and w.done() and w.result() is t and w.seq == 7
+    log = calls(driver)
+    assert [r.call for r in log] == [LAUNCH, WRITE, WAIT, WAIT, LAUNCH, RECORD]
+    assert {r.stream for r in log} == {STREAM} and log[-1].handle == w.event.ptr
+    assert set(asked) == {3} and recorded[-1][:2] == ("all_reduce", 7)
+    with pytest.raises(TypeError, match="callable"):
+        lane.take_tensors(FakeTensor, 5, 3)
+
+
 def test_a_closed_lane_launches_nothing_and_sends_calls_the_general_way(driver):
     """close() (the device path is about to free its memory): enqueue refuses, run() says "the general
     way", enabling it again is refused, and nothing reaches the driver."""

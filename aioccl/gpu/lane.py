@@ -10,7 +10,8 @@ path with a lane is then launched by the lane, on either road:
   its buffers, count, dtype, op, root and the current stream, and does the whole op in C: sequence
   number, launches, event, a Work born done, the flight recorder. No Python runs between the call and
   ``cuLaunchKernel``. ``learn`` teaches it a call right after the general way ran it, and only when the
-  Work it returned is what ``run`` would return.
+  Work it returned is what ``run`` would return. Buffers are cupy arrays, or torch CUDA tensors on torch's
+  current stream (``takes_tensor``: what the c10d backend's calls on CUDA tensors hand it).
 
 Without the native core (``AIOCCL_NATIVE=0``), without a CUDA driver (``AIOCCL_CUDA_DRIVER``, default
 ``libcuda.so.1``; the test stand-in cupy has one only through ``tests/native/bridge_cuda.c``) or for a
@@ -19,6 +20,7 @@ kernel with no driver function, the device path launches from Python.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from .. import log, native
@@ -90,6 +92,21 @@ def plan(launches: list[tuple[Launch, Launch | None]]) -> Any:
         pieces.append(tuple((x.fn, x.grid, x.threads, _slots(x), x.epoch_at)
                             for x in (launch, consume) if x is not None))
     return core.GpuPlan(tuple(pieces))
+
+
+def takes_tensor(lane: Any, x: Any, dev: int) -> bool:
+    """Whether ``x`` is a torch CUDA tensor the lane can take (a ``torch.Tensor`` itself, not a subclass: what
+    ``run`` checks), after telling the lane torch's tensor type and current stream (``take_tensors``). Why
+    here, not at the lane's making: torch may be imported after the first GPU op, and is never imported by
+    aioccl for it."""
+    torch = sys.modules.get("torch")
+    if torch is None or x.__class__ is not torch.Tensor or not x.is_cuda:
+        return False
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's current stream of a device, a handle
+    if raw is None:
+        return False
+    lane.take_tensors(torch.Tensor, raw, dev)
+    return True
 
 
 def learn(lane: Any, code: int, x: Any, out: Any, op: Any, root: int, work: Any, last: Any) -> None:

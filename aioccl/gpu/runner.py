@@ -132,7 +132,8 @@ class GpuRunner:
         (gpu/lane.py), so the next such call runs in C."""
         w = general()
         dp = self._ipc
-        if isinstance(dp, DevicePath) and dp.lane is not None and x.__class__ is self._cp.ndarray:
+        if isinstance(dp, DevicePath) and dp.lane is not None and (
+                x.__class__ is self._cp.ndarray or native_lane.takes_tensor(dp.lane, x, dp.dev)):
             native_lane.learn(dp.lane, code, x, out, op, root, w, dp.last)
         return w
 

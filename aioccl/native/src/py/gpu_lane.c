@@ -27,14 +27,17 @@
 
 enum { MAX_ENTRIES = 512 };
 
-/* attribute names of a GPU array, interned once (acpy_gpu_lane_ready) */
-static PyObject *s_data, *s_ptr, *s_strides, *s_size, *s_dtype, *s_num;
+/* attribute names of a GPU array and a torch tensor's methods, interned once (acpy_gpu_lane_ready) */
+static PyObject *s_data, *s_ptr, *s_strides, *s_size, *s_dtype, *s_num, *s_data_ptr, *s_stride, *s_numel, *s_is_cuda;
 
 /* -- GpuLane ------------------------------------------------------------------------------------------ */
 typedef struct {
     PyObject_HEAD
     acpy_work_maker wm;
     PyObject *record, *group_var, *array_type, *current_stream, *event_factory, *entries;
+    /* torch tensors, once take_tensors() was called: their type, torch's current stream of a device (a raw
+     * handle: torch._C._cuda_getCurrentRawStream) and this lane's device, its argument */
+    PyObject *tensor_type, *tensor_stream, *tensor_device;
     volatile unsigned *err;
     unsigned closed_err[4]; /* what err points to once closed: the path's memory may be freed */
     int enabled;
@@ -46,7 +49,7 @@ typedef struct {
 } GpuLane;
 
 #define GPU_LANE_REFS(s) {&(s)->record, &(s)->group_var, &(s)->array_type, &(s)->current_stream, \
-    &(s)->event_factory, &(s)->entries}
+    &(s)->event_factory, &(s)->entries, &(s)->tensor_type, &(s)->tensor_stream, &(s)->tensor_device}
 
 static int GpuLane_traverse(GpuLane *self, visitproc visit, void *arg) {
     PyObject **refs[] = GPU_LANE_REFS(self);
@@ -236,9 +239,29 @@ static PyObject *attr2(PyObject *o, PyObject *a, PyObject *b) {
     return v;
 }
 
+static int is_tensor(GpuLane *s, PyObject *a) {
+    return s->tensor_type != NULL && Py_TYPE(a) == (PyTypeObject *)s->tensor_type;
+}
+
+/* a tensor on a CUDA device (a CPU tensor goes the general way: its address is never looked up); -1: error */
+static int on_cuda(PyObject *a) {
+    PyObject *v = PyObject_GetAttr(a, s_is_cuda);
+    int yes = v == NULL ? -1 : v == Py_True;
+    Py_XDECREF(v);
+    return yes;
+}
+
 /* address, strides, size and dtype number of a GPU array: the buffer a plan was made for, exactly (a view
- * of the same memory with other strides, or another array at a reused address, is another buffer) */
-static int describe(PyObject *a, PyObject **out) {
+ * of the same memory with other strides, or another array at a reused address, is another buffer); of a
+ * torch tensor, data_ptr(), stride(), numel() and its dtype (whose objects are never a cupy dtype's number) */
+static int describe(GpuLane *s, PyObject *a, PyObject **out) {
+    if (is_tensor(s, a)) {
+        out[0] = PyObject_CallMethodNoArgs(a, s_data_ptr);
+        out[1] = out[0] ? PyObject_CallMethodNoArgs(a, s_stride) : NULL;
+        out[2] = out[1] ? PyObject_CallMethodNoArgs(a, s_numel) : NULL;
+        out[3] = out[2] ? PyObject_GetAttr(a, s_dtype) : NULL;
+        return out[3] ? 0 : -1;
+    }
     out[0] = attr2(a, s_data, s_ptr);
     out[1] = PyObject_GetAttr(a, s_strides);
     out[2] = PyObject_GetAttr(a, s_size);
@@ -249,12 +272,12 @@ static int describe(PyObject *a, PyObject **out) {
 }
 
 /* (code, x's description, out's or Nones, op, root, stream): what a plan is kept by */
-static PyObject *make_key(PyObject *code, PyObject *x, PyObject *out, PyObject *op, PyObject *root,
+static PyObject *make_key(GpuLane *s, PyObject *code, PyObject *x, PyObject *out, PyObject *op, PyObject *root,
                           PyObject *stream) {
     PyObject *d[8] = {NULL};
-    int ok = describe(x, d) == 0;
+    int ok = describe(s, x, d) == 0;
     if (ok && out != Py_None)
-        ok = describe(out, d + 4) == 0;
+        ok = describe(s, out, d + 4) == 0;
     else
         for (int k = 4; k < 8; k++)
             d[k] = Py_NewRef(Py_None);
@@ -265,12 +288,28 @@ static PyObject *make_key(PyObject *code, PyObject *x, PyObject *out, PyObject *
 }
 
 /* key(code, x, out, op, root, stream): the key `run` finds this call's plan by */
-static PyObject *GpuLane_key(GpuLane *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *GpuLane_key(GpuLane *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "key(code, x, out, op, root, stream)");
         return NULL;
     }
-    return make_key(args[0], args[1], args[2], args[3], args[4], args[5]);
+    return make_key(self, args[0], args[1], args[2], args[3], args[4], args[5]);
+}
+
+/* take_tensors(tensor_type, stream_of_device, device): run() takes calls on that type's tensors too, on the
+ * stream stream_of_device(device) gives (torch's current stream, what torch's own kernels use) */
+static PyObject *GpuLane_take_tensors(GpuLane *self, PyObject *args) {
+    PyObject *type, *stream_of, *device;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyType_Type, &type, &stream_of, &device))
+        return NULL;
+    if (!PyCallable_Check(stream_of)) {
+        PyErr_SetString(PyExc_TypeError, "take_tensors: stream_of_device must be callable");
+        return NULL;
+    }
+    Py_XSETREF(self->tensor_type, Py_NewRef(type));
+    Py_XSETREF(self->tensor_stream, Py_NewRef(stream_of));
+    Py_XSETREF(self->tensor_device, Py_NewRef(device));
+    Py_RETURN_NONE;
 }
 
 /* learn(key, (plan, name, desc, kind, timeout, gives)): `run` takes this call from now on; gives: what its
@@ -295,11 +334,22 @@ static PyObject *GpuLane_learn(GpuLane *self, PyObject *const *args, Py_ssize_t 
 }
 
 /* run(code, x, out, op, root): the op of a call learnt before, from the call to the done Work; None: the
- * general way (the call is new, the caller's device or stream is not the plan's, the lane is off) */
+ * general way (the call is new, the caller's device or stream is not the plan's, the lane is off). x and out
+ * are both GPU arrays of the lane's array type, or both tensors of take_tensors()'s type */
 static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!self->enabled || nargs != 5 || Py_TYPE(args[1]) != (PyTypeObject *)self->array_type ||
-        (args[2] != Py_None && Py_TYPE(args[2]) != (PyTypeObject *)self->array_type) || self->err[0] != 0)
+    if (!self->enabled || nargs != 5 || self->err[0] != 0)
         Py_RETURN_NONE;
+    int tensors = is_tensor(self, args[1]);
+    PyTypeObject *type = tensors ? Py_TYPE(args[1]) : (PyTypeObject *)self->array_type;
+    if (Py_TYPE(args[1]) != type || (args[2] != Py_None && Py_TYPE(args[2]) != type))
+        Py_RETURN_NONE;
+    if (tensors) {
+        int cuda = on_cuda(args[1]);
+        if (cuda > 0 && args[2] != Py_None)
+            cuda = on_cuda(args[2]);
+        if (cuda <= 0)
+            return cuda < 0 ? NULL : Py_NewRef(Py_None);
+    }
     double t0 = acpy_work_monotonic();
     cu_handle ctx = NULL;
     if (ac_cuda->ctx_current(&ctx) != CU_SUCCESS || ctx != self->ctx) /* another device's, or none yet */
@@ -308,12 +358,13 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
                                                      * lane off) */
     if (open <= 0)
         return open < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *stream = PyObject_CallNoArgs(self->current_stream); /* cupy's Stream, or its handle */
+    PyObject *stream = tensors ? PyObject_CallOneArg(self->tensor_stream, self->tensor_device) /* a handle */
+                               : PyObject_CallNoArgs(self->current_stream); /* cupy's Stream, or its handle */
     if (stream != NULL && !PyLong_Check(stream))
         Py_SETREF(stream, PyObject_GetAttr(stream, s_ptr));
     if (stream == NULL)
         return NULL;
-    PyObject *key = make_key(args[0], args[1], args[2], args[3], args[4], stream);
+    PyObject *key = make_key(self, args[0], args[1], args[2], args[3], args[4], stream);
     PyObject *entry = key ? PyDict_GetItemWithError(self->entries, key) : NULL;
     Py_XDECREF(key);
     cu_handle h = PyLong_AsVoidPtr(stream);
@@ -416,6 +467,8 @@ static PyMethodDef GpuLane_methods[] = {
     {"enqueue", (PyCFunction)GpuLane_enqueue, METH_VARARGS,
      "enqueue(plan, stream, seq, kind, timeout, keep, track): launch; the op's event (None untracked)"},
     {"key", (PyCFunction)(void (*)(void))GpuLane_key, METH_FASTCALL, "key(code, x, out, op, root, stream)"},
+    {"take_tensors", (PyCFunction)GpuLane_take_tensors, METH_VARARGS,
+     "take_tensors(tensor_type, stream_of_device, device): run() takes that type's tensors too"},
     {"learn", (PyCFunction)(void (*)(void))GpuLane_learn, METH_FASTCALL,
      "learn(key, (plan, name, desc, kind, timeout))"},
     {"oldest", (PyCFunction)GpuLane_oldest, METH_NOARGS,
@@ -473,7 +526,8 @@ PyObject *acpy_gpu_load_cuda(PyObject *Py_UNUSED(module), PyObject *const *args,
 int acpy_gpu_lane_ready(PyObject *m) {
     struct { PyObject **at; const char *s; } names[] = {
         {&s_data, "data"}, {&s_ptr, "ptr"}, {&s_strides, "strides"}, {&s_size, "size"}, {&s_dtype, "dtype"},
-        {&s_num, "num"},
+        {&s_num, "num"}, {&s_data_ptr, "data_ptr"}, {&s_stride, "stride"}, {&s_numel, "numel"},
+        {&s_is_cuda, "is_cuda"},
     };
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if ((*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
