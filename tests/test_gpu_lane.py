@@ -50,14 +50,20 @@ def open_standin(so: Path) -> Any:
     return lib
 
 
+_STANDIN: list[Any] = []  # built and loaded once per process: the lane's driver is the process's
+
+
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: Any) -> Any:
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler on this machine")
-    so = tmp_path_factory.mktemp("standin") / "libstandin_cuda.so"
-    build_standin(cc, so)
-    return open_standin(so)
+    """The stand-in driver (test_xla_ffi_gpu.py takes it too: one per process, whichever module asks first)."""
+    if not _STANDIN:
+        cc = shutil.which("gcc") or shutil.which("cc")
+        if cc is None:
+            pytest.skip("no C compiler on this machine")
+        so = tmp_path_factory.mktemp("standin") / "libstandin_cuda.so"
+        build_standin(cc, so)
+        _STANDIN.append(open_standin(so))
+    return _STANDIN[0]
 
 
 def run_all(driver: Any) -> int:

@@ -167,10 +167,13 @@ def test_the_module_under_the_sanitizers_through_real_collectives(tmp_path):
            "PYTHONMALLOC": "malloc", "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     from test_gpu_lane import build_standin
 
-    standin = tmp_path / "libstandin_cuda.so"
+    from test_xla_ffi_gpu import build_frame
+
+    standin, frame = tmp_path / "libstandin_cuda.so", tmp_path / "libffi_frame.so"
     build_standin(cc, standin)
+    build_frame(cc, frame)
     script = ROOT / "tests" / "native" / "sanitized_module.py"
-    run = subprocess.run([sys.executable, str(script), str(so), str(standin)],
+    run = subprocess.run([sys.executable, str(script), str(so), str(standin), str(frame)],
                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert run.returncode == 0 and "sanitized module ok" in run.stdout, run.stdout[-2000:] + run.stderr[-3000:]
     assert "runtime error" not in run.stderr and "AddressSanitizer" not in run.stderr, run.stderr[-3000:]

@@ -2,7 +2,8 @@
 -fsanitize=address,undefined: the CPython glue (Program, Channel, Lane, PairLane) through real collectives and messages,
 jax_ext's XLA custom calls (xla_ffi.c; pair_native.c through a point-to-point ppermute) on two devices of
 this process and on a communicator of one rank,
-and the GPU lane (gpu_lane.c) against the stand-in CUDA driver (argv[2]) through tests/test_gpu_lane.py."""
+and the GPU lane (gpu_lane.c) against the stand-in CUDA driver (argv[2]) through tests/test_gpu_lane.py, and
+jax_ext's CUDA custom calls (xla_ffi_gpu.c) with synthetic call frames (argv[3]) through tests/test_xla_ffi_gpu.py."""
 
 import asyncio
 import importlib.util
@@ -98,5 +99,12 @@ if len(sys.argv) > 2:  # the GPU lane (gpu_lane.c, cuda_driver.c) against the st
 
     import test_gpu_lane
 
-    assert test_gpu_lane.run_all(test_gpu_lane.open_standin(Path(sys.argv[2]))) >= 10
+    driver = test_gpu_lane.open_standin(Path(sys.argv[2]))
+    assert test_gpu_lane.run_all(driver) >= 10
+    if len(sys.argv) > 3 and hasattr(core, "ffi_gpu_handlers"):  # jax_ext's CUDA custom calls (xla_ffi_gpu.c)
+        import ctypes
+
+        import test_xla_ffi_gpu
+
+        assert test_xla_ffi_gpu.run_all(driver, ctypes.CDLL(sys.argv[3])) >= 5
 print("sanitized module ok", flush=True)

@@ -401,6 +401,44 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     return w;
 }
 
+int acpy_gpu_lane_launch(PyObject *lane, PyObject *entry, void *stream) {
+    if (!PyObject_TypeCheck(lane, &acpy_GpuLaneType) || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < 5 ||
+        !PyObject_TypeCheck(PyTuple_GET_ITEM(entry, 0), &acpy_GpuPlanType) || !PyFloat_Check(PyTuple_GET_ITEM(entry, 4))) {
+        PyErr_SetString(PyExc_TypeError, "acpy_gpu_lane_launch: a GpuLane and (plan, name, desc, kind, timeout)");
+        return -1;
+    }
+    GpuLane *self = (GpuLane *)lane;
+    if (!self->enabled || self->err[0] != 0)
+        return 0;
+    double t0 = acpy_work_monotonic();
+    cu_handle ctx = NULL, h = stream;
+    if (ac_cuda->ctx_current(&ctx) != CU_SUCCESS || ctx != self->ctx)
+        return 0;
+    int capturing = 0;
+    if (h != NULL && (ac_cuda->stream_is_capturing(h, &capturing) != CU_SUCCESS || capturing))
+        return 0;
+    int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
+    if (kind == -1 && PyErr_Occurred())
+        return -1;
+    Py_INCREF(entry); /* (a learn from another thread may replace it while the GIL is released) */
+    long long seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
+    PyObject *ev = enqueue(self, (GpuPlan *)PyTuple_GET_ITEM(entry, 0), h, seq, kind,
+                           PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(entry, 4)), Py_None, 1);
+    int rc = ev != NULL ? 1 : -1;
+    if (ev == NULL && ac_launcher_closed(&self->launch)) { /* closed meanwhile: the general way says so */
+        PyErr_Clear();
+        rc = 0;
+    }
+    if (rc == 1) {
+        self->ran++;
+        if (acpy_work_record(self->record, PyTuple_GET_ITEM(entry, 1), seq, PyTuple_GET_ITEM(entry, 2), t0) < 0)
+            rc = -1;
+    }
+    Py_XDECREF(ev);
+    Py_DECREF(entry);
+    return rc;
+}
+
 /* -- the watch's view ------------------------------------------------------------------------------------ */
 /* oldest(): (seq, kind, epoch, deadline, timeout) of the oldest op still on the GPU, or None */
 static PyObject *GpuLane_oldest(GpuLane *self, PyObject *Py_UNUSED(ignored)) {

@@ -29,8 +29,10 @@
 #include "core/reduce.h"
 #include "pair_lane.h"
 #include "xla_ffi.h"
+#include "xla_site.h"
 
-enum { SITES_MAX = 4096, VARIANTS = 2, MAX_OPERANDS = 8, ON_IN = 0, ON_OUT = 1, ON_NONE = 2 };
+enum { SITES_MAX = 4096, VARIANTS = ACPY_FFI_VARIANTS, MAX_OPERANDS = ACPY_FFI_MAX_OPERANDS, ON_IN = 0, ON_OUT = 1,
+       ON_NONE = 2 };
 enum { CARRY_TRIES = 64 }; /* calls of a carried op's fallback before its untagged error is the call's */
 
 /* The FFI version this handler declares: the oldest one whose structures it uses (the call frame, buffers,
@@ -42,36 +44,20 @@ enum { CARRY_TRIES = 64 }; /* calls of a carried op's fallback before its untagg
 /* The handlers' entry points: one per custom call target, each a kind number. Which op a kind is, and
  * whether it is a collective, Python says once (ffi_handlers(targets), jax_ext/native_call.py's TARGETS):
  * the names live in Python's table, not copied here. */
-enum { KINDS = 16 };
-static PyObject *kind_names[KINDS]; /* str, owned; NULL: no target */
+enum { KINDS = ACPY_FFI_KINDS };
+PyObject *acpy_ffi_kind_names[KINDS]; /* str, owned; NULL: no target */
 static int kind_collective[KINDS];   /* 1: a collective (of one rank: its input is its output) */
 
-typedef struct {
-    PyObject *prog; /* the Program this member ran for this variant (owned) */
-    int dtype, redop;
-    int in_is, out_is; /* which of XLA's buffers the program's IN and OUT are */
-    int ready;         /* set last (release): the handler reads the rest after seeing it (acquire) */
-} recipe;
-
-typedef struct {
-    PyObject *lane; /* the member communicator's Lane (owned), or NULL: always the fallback */
-    recipe r[VARIANTS]; /* [0]: output apart from the input, [1]: the same buffer (XLA aliased them) */
-    PyObject *pair;     /* point-to-point: the member communicator's PairLane (owned), or NULL */
-    acpy_pair_op op;    /* and its peers, tag and dtype codes (the buffers are each call's) */
-    int pair_ready;     /* set last (release), as recipe.ready */
-} member;
-
-typedef struct {
-    int kind, nmembers;
-    member *members;
-    PyObject *fallback;
-} site;
+typedef acpy_ffi_recipe recipe;
+typedef acpy_ffi_member member;
+typedef acpy_ffi_site site;
 
 _Static_assert((int)ACPY_PAIR_NOT_NOW == (int)ACPY_LANE_NOT_NOW, "one code for 'nothing done' in the fallback");
 
 static site *sites[SITES_MAX];
 static int nsites;
-static uint64_t calls_native, calls_python, calls_in_place, calls_carried;
+uint64_t acpy_ffi_calls_native, acpy_ffi_calls_python;
+static uint64_t calls_in_place, calls_carried;
 
 static size_t dtype_bytes(XLA_FFI_DataType t) {
     switch (t) {
@@ -86,14 +72,14 @@ static size_t dtype_bytes(XLA_FFI_DataType t) {
     }
 }
 
-static size_t buffer_bytes(const XLA_FFI_Buffer *b) {
+size_t acpy_ffi_bytes(const XLA_FFI_Buffer *b) {
     size_t n = dtype_bytes(b->dtype);
     for (int64_t d = 0; d < b->rank; d++)
         n *= b->dims[d] > 0 ? (size_t)b->dims[d] : 0;
     return n;
 }
 
-static XLA_FFI_Error *fail(const XLA_FFI_CallFrame *cf, XLA_FFI_Error_Code code, const char *msg) {
+XLA_FFI_Error *acpy_ffi_fail(const XLA_FFI_CallFrame *cf, XLA_FFI_Error_Code code, const char *msg) {
     XLA_FFI_Error_Create_Args a;
     memset(&a, 0, sizeof a);
     a.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
@@ -107,7 +93,7 @@ static XLA_FFI_Error *metadata(XLA_FFI_CallFrame *cf) {
     XLA_FFI_Metadata_Extension *ext = (XLA_FFI_Metadata_Extension *)(void *)cf->extension_start;
     if (ext->extension_base.struct_size < XLA_FFI_Metadata_Extension_STRUCT_SIZE || ext->metadata == NULL ||
         ext->metadata->struct_size < XLA_FFI_Metadata_STRUCT_SIZE)
-        return fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: unexpected XLA FFI metadata layout");
+        return acpy_ffi_fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: unexpected XLA FFI metadata layout");
     XLA_FFI_Metadata *md = ext->metadata;
     memset(&md->api_version, 0, sizeof md->api_version);
     md->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
@@ -122,7 +108,7 @@ static XLA_FFI_Error *metadata(XLA_FFI_CallFrame *cf) {
 static PyObject *views(XLA_FFI_Buffer *const *bufs, int n) {
     PyObject *list = PyList_New(n);
     for (int k = 0; list != NULL && k < n; k++) {
-        PyObject *mv = PyMemoryView_FromMemory(bufs[k]->data, (Py_ssize_t)buffer_bytes(bufs[k]), PyBUF_WRITE);
+        PyObject *mv = PyMemoryView_FromMemory(bufs[k]->data, (Py_ssize_t)acpy_ffi_bytes(bufs[k]), PyBUF_WRITE);
         if (mv == NULL)
             Py_CLEAR(list);
         else
@@ -132,7 +118,7 @@ static PyObject *views(XLA_FFI_Buffer *const *bufs, int n) {
 }
 
 /* the exception being raised, taken (NULL if none) */
-static PyObject *take_exception(void) {
+PyObject *acpy_ffi_take_exception(void) {
 #if PY_VERSION_HEX >= 0x030C0000
     return PyErr_GetRaisedException();
 #else
@@ -146,7 +132,7 @@ static PyObject *take_exception(void) {
 }
 
 /* msg: the XLA error text for exc. is_report: whether it is the fallback's own report (tagged) */
-static int error_text(PyObject *exc, char *msg, size_t size) {
+int acpy_ffi_error_text(PyObject *exc, char *msg, size_t size) {
     PyObject *text = exc ? PyObject_Str(exc) : NULL;
     const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
     const char *name = exc ? Py_TYPE(exc)->tp_name : "aioccl: unknown error";
@@ -168,7 +154,7 @@ static int error_text(PyObject *exc, char *msg, size_t size) {
 static XLA_FFI_Error *fallback(const XLA_FFI_CallFrame *cf, site *s, int pos, int variant, int rc, int64_t seq,
                                int64_t order, XLA_FFI_Buffer *const *ins, int nin, XLA_FFI_Buffer *const *outs,
                                int nout) {
-    __atomic_fetch_add(rc == ACPY_LANE_NOT_NOW ? &calls_python : &calls_carried, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(rc == ACPY_LANE_NOT_NOW ? &acpy_ffi_calls_python : &calls_carried, 1, __ATOMIC_RELAXED);
     char msg[2048] = "";
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *vin = views(ins, nin), *vout = views(outs, nout), *r = NULL, *held = NULL;
@@ -177,8 +163,8 @@ static XLA_FFI_Error *fallback(const XLA_FFI_CallFrame *cf, site *s, int pos, in
                                   vout);
         if (r != NULL || rc == ACPY_LANE_NOT_NOW || rc == ACPY_PAIR_SENT || tries == CARRY_TRIES)
             break;
-        PyObject *exc = take_exception();
-        if (error_text(exc, msg, sizeof msg)) { /* the op was taken on and has ended: its error */
+        PyObject *exc = acpy_ffi_take_exception();
+        if (acpy_ffi_error_text(exc, msg, sizeof msg)) { /* the op was taken on and has ended: its error */
             Py_XDECREF(exc);
             break;
         }
@@ -191,22 +177,22 @@ static XLA_FFI_Error *fallback(const XLA_FFI_CallFrame *cf, site *s, int pos, in
     Py_XDECREF(vin);
     Py_XDECREF(vout);
     if (r == NULL && !*msg) {
-        PyObject *exc = take_exception();
-        error_text(exc, msg, sizeof msg);
+        PyObject *exc = acpy_ffi_take_exception();
+        acpy_ffi_error_text(exc, msg, sizeof msg);
         Py_XDECREF(exc);
     }
     if (held != NULL) { /* the op ended; the interrupt that kept it waiting is what the caller hears */
-        error_text(held, msg, sizeof msg);
+        acpy_ffi_error_text(held, msg, sizeof msg);
         Py_DECREF(held);
     }
     Py_XDECREF(r);
     PyGILState_Release(g);
-    return *msg ? fail(cf, XLA_FFI_Error_Code_INTERNAL, msg) : NULL;
+    return *msg ? acpy_ffi_fail(cf, XLA_FFI_Error_Code_INTERNAL, msg) : NULL;
 }
 
 static void *pick(int which, XLA_FFI_Buffer *in, XLA_FFI_Buffer *out, size_t *len) {
     XLA_FFI_Buffer *b = which == ON_IN ? in : which == ON_OUT ? out : NULL;
-    *len = b ? buffer_bytes(b) : 0;
+    *len = b ? acpy_ffi_bytes(b) : 0;
     return b ? b->data : NULL;
 }
 
@@ -227,12 +213,13 @@ static int pair_call(const member *m, XLA_FFI_Buffer *in, size_t in_len, XLA_FFI
     return acpy_pair_native(m->pair, &op);
 }
 
-static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
+XLA_FFI_Error *acpy_ffi_read(XLA_FFI_CallFrame *cf, int kind, acpy_ffi_call *c, int *is_metadata) {
     const struct { size_t struct_size; int type; } *ext = (const void *)cf->extension_start;
-    if (ext != NULL && ext->type == XLA_FFI_Extension_Metadata)
+    *is_metadata = ext != NULL && ext->type == XLA_FFI_Extension_Metadata;
+    if (*is_metadata)
         return metadata(cf);
     if (cf->stage != XLA_FFI_ExecutionStage_EXECUTE)
-        return fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: called outside the execute stage");
+        return acpy_ffi_fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: called outside the execute stage");
     int64_t ix = -1;
     for (int64_t i = 0; i < cf->attrs.size; i++) {
         const XLA_FFI_ByteSpan *name = cf->attrs.names[i];
@@ -244,33 +231,45 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
     }
     site *s = ix >= 0 && ix < __atomic_load_n(&nsites, __ATOMIC_ACQUIRE) ? sites[ix] : NULL;
     if (s == NULL || s->kind != kind)
-        return fail(cf, XLA_FFI_Error_Code_FAILED_PRECONDITION,
+        return acpy_ffi_fail(cf, XLA_FFI_Error_Code_FAILED_PRECONDITION,
                     "aioccl: this custom call names no site of this process (a program compiled by another "
                     "process, run without lowering it here?)");
-    XLA_FFI_Buffer *ins[MAX_OPERANDS], *outs[MAX_OPERANDS];
-    int nin = 0, nout = 0;
+    c->site = s;
+    c->nin = c->nout = 0;
     for (int64_t i = 0; i < cf->args.size; i++) {
         XLA_FFI_Buffer *b = cf->args.args[i];
-        if (cf->args.types[i] != XLA_FFI_ArgType_BUFFER || nin == MAX_OPERANDS)
-            return fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: unexpected operands");
+        if (cf->args.types[i] != XLA_FFI_ArgType_BUFFER || c->nin == MAX_OPERANDS)
+            return acpy_ffi_fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: unexpected operands");
         if (b->dtype != XLA_FFI_DataType_TOKEN)
-            ins[nin++] = b;
+            c->ins[c->nin++] = b;
     }
     for (int64_t i = 0; i < cf->rets.size; i++) {
         XLA_FFI_Buffer *b = cf->rets.rets[i];
-        if (cf->rets.types[i] != XLA_FFI_RetType_BUFFER || nout == MAX_OPERANDS)
-            return fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: unexpected results");
+        if (cf->rets.types[i] != XLA_FFI_RetType_BUFFER || c->nout == MAX_OPERANDS)
+            return acpy_ffi_fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: unexpected results");
         if (b->dtype != XLA_FFI_DataType_TOKEN)
-            outs[nout++] = b;
+            c->outs[c->nout++] = b;
     }
-    XLA_FFI_Buffer *where = nin ? ins[nin - 1] : NULL;
-    if (where == NULL || where->dtype != XLA_FFI_DataType_S32 || where->rank != 0)
-        return fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: the last operand must be the mesh position");
+    c->where = c->nin ? c->ins[c->nin - 1] : NULL;
+    if (c->where == NULL || c->where->dtype != XLA_FFI_DataType_S32 || c->where->rank != 0)
+        return acpy_ffi_fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: the last operand must be the mesh position");
+    c->nin--;
+    return NULL;
+}
+
+static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
+    acpy_ffi_call c;
+    int is_metadata;
+    XLA_FFI_Error *err = acpy_ffi_read(cf, kind, &c, &is_metadata);
+    if (err != NULL || is_metadata)
+        return err;
+    site *s = c.site;
+    XLA_FFI_Buffer **ins = c.ins, **outs = c.outs, *where = c.where;
+    int nin = c.nin, nout = c.nout;
     int32_t pos;
     memcpy(&pos, where->data, sizeof pos);
     if (pos < 0 || pos >= s->nmembers)
-        return fail(cf, XLA_FFI_Error_Code_OUT_OF_RANGE, "aioccl: mesh position out of range for this site");
-    nin--;
+        return acpy_ffi_fail(cf, XLA_FFI_Error_Code_OUT_OF_RANGE, "aioccl: mesh position out of range for this site");
     XLA_FFI_Buffer *in = nin ? ins[0] : NULL, *out = nout ? outs[0] : NULL;
     int variant = in != NULL && out != NULL && in->data == out->data;
     if (variant)
@@ -280,17 +279,17 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
     PyObject *lane = __atomic_load_n(&m->lane, __ATOMIC_ACQUIRE); /* (set once, by a first call) */
     int64_t seq = -1, order = -1;
     int rc = ACPY_LANE_NOT_NOW;
-    size_t in_len = in ? buffer_bytes(in) : 0, out_len = out ? buffer_bytes(out) : 0;
+    size_t in_len = in ? acpy_ffi_bytes(in) : 0, out_len = out ? acpy_ffi_bytes(out) : 0;
     if (lane != NULL && kind_collective[kind] && in_len == out_len && acpy_lane_alone(lane, &seq)) {
         if (out_len && in->data != out->data)  /* one rank: every collective gives its input back */
             memcpy(out->data, in->data, out_len);
-        __atomic_fetch_add(&calls_native, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&acpy_ffi_calls_native, 1, __ATOMIC_RELAXED);
         return NULL;
     }
     if (!kind_collective[kind] && __atomic_load_n(&m->pair_ready, __ATOMIC_ACQUIRE)) {
         rc = pair_call(m, in, in_len, out, out_len);
         if (rc == ACPY_PAIR_DONE) {
-            __atomic_fetch_add(&calls_native, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&acpy_ffi_calls_native, 1, __ATOMIC_RELAXED);
             return NULL;
         }
         return fallback(cf, s, pos, variant, rc, seq, order, ins, nin, outs, nout);
@@ -300,7 +299,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
         void *a = pick(r->in_is, in, out, &alen), *b = pick(r->out_is, in, out, &blen);
         rc = acpy_lane_run_native(lane, (const Program *)r->prog, a, alen, b, blen, r->dtype, r->redop, &seq, &order);
         if (rc == AC_DONE) {
-            __atomic_fetch_add(&calls_native, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&acpy_ffi_calls_native, 1, __ATOMIC_RELAXED);
             return NULL;
         }
     }
@@ -316,7 +315,7 @@ static XLA_FFI_Handler *const HANDLERS[KINDS] = {
 };
 
 /* -- the Python side: sites made and taught at lowering and at first calls, under the GIL ---------- */
-static site *site_at(PyObject *index) {
+acpy_ffi_site *acpy_ffi_site_at(PyObject *index) {
     long ix = PyLong_AsLong(index);
     if (ix < 0 || ix >= nsites) {
         if (!PyErr_Occurred())
@@ -326,24 +325,24 @@ static site *site_at(PyObject *index) {
     return sites[ix];
 }
 
-/* ffi_site(op, members, fallback) -> index */
+/* ffi_site(op, members, fallback[, gpu_fallback]) -> index */
 static PyObject *ffi_site(PyObject *Py_UNUSED(m), PyObject *args) {
     const char *op;
     int n;
-    PyObject *fb;
-    if (!PyArg_ParseTuple(args, "siO", &op, &n, &fb))
+    PyObject *fb, *gpu_fb = Py_None;
+    if (!PyArg_ParseTuple(args, "siO|O", &op, &n, &fb, &gpu_fb))
         return NULL;
     int kind = -1;
     for (int k = 0; k < KINDS; k++)
-        if (kind_names[k] != NULL) {
-            const char *name = PyUnicode_AsUTF8(kind_names[k]);
+        if (acpy_ffi_kind_names[k] != NULL) {
+            const char *name = PyUnicode_AsUTF8(acpy_ffi_kind_names[k]);
             if (name == NULL)
                 return NULL;
             if (strcmp(op, name) == 0)
                 kind = k;
         }
-    if (kind < 0 || n < 1 || n > 1 << 16 || !PyCallable_Check(fb)) {
-        PyErr_SetString(PyExc_ValueError, "ffi_site: a known op, 1 to 65536 members, a callable fallback");
+    if (kind < 0 || n < 1 || n > 1 << 16 || !PyCallable_Check(fb) || (gpu_fb != Py_None && !PyCallable_Check(gpu_fb))) {
+        PyErr_SetString(PyExc_ValueError, "ffi_site: a known op, 1 to 65536 members, callable fallbacks");
         return NULL;
     }
     if (nsites == SITES_MAX) {
@@ -361,6 +360,7 @@ static PyObject *ffi_site(PyObject *Py_UNUSED(m), PyObject *args) {
     s->nmembers = n;
     s->members = mem;
     s->fallback = Py_NewRef(fb);
+    s->gpu_fallback = gpu_fb != Py_None ? Py_NewRef(gpu_fb) : NULL;
     sites[nsites] = s; /* sites live as long as the process: compiled programs name them */
     __atomic_store_n(&nsites, nsites + 1, __ATOMIC_RELEASE);
     return PyLong_FromLong(nsites - 1);
@@ -372,7 +372,7 @@ static PyObject *ffi_member(PyObject *Py_UNUSED(m), PyObject *args) {
     int pos;
     if (!PyArg_ParseTuple(args, "OiO!", &index, &pos, &acpy_LaneType, &lane))
         return NULL;
-    site *s = site_at(index);
+    site *s = acpy_ffi_site_at(index);
     if (s == NULL)
         return NULL;
     if (pos < 0 || pos >= s->nmembers || s->members[pos].lane != NULL) {
@@ -390,7 +390,7 @@ static PyObject *ffi_learn(PyObject *Py_UNUSED(m), PyObject *args) {
     if (!PyArg_ParseTuple(args, "OiiO!iiii", &index, &pos, &variant, &acpy_ProgramType, &prog, &dtype, &redop, &in_is,
                           &out_is))
         return NULL;
-    site *s = site_at(index);
+    site *s = acpy_ffi_site_at(index);
     if (s == NULL)
         return NULL;
     if (pos < 0 || pos >= s->nmembers || variant < 0 || variant >= VARIANTS || dtype < 0 || dtype > AC_DT_LAST ||
@@ -419,7 +419,7 @@ static PyObject *ffi_pair(PyObject *Py_UNUSED(m), PyObject *args) {
     if (!PyArg_ParseTuple(args, "OiO!iiLii", &index, &pos, &acpy_PairLaneType, &pair, &dest, &source, &tag,
                           &send_code, &recv_code))
         return NULL;
-    site *s = site_at(index);
+    site *s = acpy_ffi_site_at(index);
     if (s == NULL)
         return NULL;
     if (kind_collective[s->kind] || pos < 0 || pos >= s->nmembers || dest < -1 || source < -1 || tag < 0 ||
@@ -452,7 +452,7 @@ static PyObject *ffi_handlers(PyObject *Py_UNUSED(m), PyObject *targets) {
             PyErr_SetString(PyExc_ValueError, "ffi_handlers: a target is (op name, collective)");
             return NULL;
         }
-        if (kind_names[k] != NULL && PyUnicode_Compare(kind_names[k], PyTuple_GET_ITEM(t, 0)) != 0) {
+        if (acpy_ffi_kind_names[k] != NULL && PyUnicode_Compare(acpy_ffi_kind_names[k], PyTuple_GET_ITEM(t, 0)) != 0) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "ffi_handlers: the targets were named otherwise before");
             return NULL;
@@ -466,11 +466,11 @@ static PyObject *ffi_handlers(PyObject *Py_UNUSED(m), PyObject *targets) {
             Py_CLEAR(d);
             break;
         }
-        if (kind_names[k] == NULL)
-            kind_names[k] = Py_NewRef(PyTuple_GET_ITEM(t, 0));
+        if (acpy_ffi_kind_names[k] == NULL)
+            acpy_ffi_kind_names[k] = Py_NewRef(PyTuple_GET_ITEM(t, 0));
         kind_collective[k] = collective;
         PyObject *cap = PyCapsule_New((void *)HANDLERS[k], NULL, NULL);
-        if (cap == NULL || PyDict_SetItem(d, kind_names[k], cap) < 0)
+        if (cap == NULL || PyDict_SetItem(d, acpy_ffi_kind_names[k], cap) < 0)
             Py_CLEAR(d);
         Py_XDECREF(cap);
     }
@@ -478,14 +478,15 @@ static PyObject *ffi_handlers(PyObject *Py_UNUSED(m), PyObject *targets) {
 }
 
 static PyObject *ffi_stats(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
-    return Py_BuildValue("{sKsKsKsKsi}", "native", (unsigned long long)__atomic_load_n(&calls_native, __ATOMIC_RELAXED),
+    return Py_BuildValue("{sKsKsKsKsi}", "native", (unsigned long long)__atomic_load_n(&acpy_ffi_calls_native, __ATOMIC_RELAXED),
                          "carried", (unsigned long long)__atomic_load_n(&calls_carried, __ATOMIC_RELAXED), "python",
-                         (unsigned long long)__atomic_load_n(&calls_python, __ATOMIC_RELAXED), "in_place",
+                         (unsigned long long)__atomic_load_n(&acpy_ffi_calls_python, __ATOMIC_RELAXED), "in_place",
                          (unsigned long long)__atomic_load_n(&calls_in_place, __ATOMIC_RELAXED), "sites", nsites);
 }
 
 static PyMethodDef ffi_methods[] = {
-    {"ffi_site", ffi_site, METH_VARARGS, "ffi_site(op, members, fallback) -> index (an XLA call site)"},
+    {"ffi_site", ffi_site, METH_VARARGS,
+     "ffi_site(op, members, fallback[, gpu_fallback]) -> index (an XLA call site)"},
     {"ffi_member", ffi_member, METH_VARARGS, "ffi_member(index, pos, lane)"},
     {"ffi_learn", ffi_learn, METH_VARARGS, "ffi_learn(index, pos, variant, program, dtype, redop, in_is, out_is)"},
     {"ffi_pair", ffi_pair, METH_VARARGS, "ffi_pair(index, pos, pair_lane, dest, source, tag, send_code, recv_code)"},
@@ -497,7 +498,7 @@ static PyMethodDef ffi_methods[] = {
 };
 
 int acpy_xla_ffi_ready(PyObject *m) {
-    if (PyModule_AddFunctions(m, ffi_methods) < 0)
+    if (PyModule_AddFunctions(m, ffi_methods) < 0 || acpy_xla_ffi_gpu_ready(m) < 0)
         return -1;
     PyObject *version = PyUnicode_FromFormat("%d.%d", XLA_FFI_API_MAJOR, FFI_MINOR); /* what it declares */
     int rc = version ? PyModule_AddObjectRef(m, "FFI_API", version) : -1;
