@@ -53,9 +53,8 @@ def open_standin(so: Path) -> Any:
 _STANDIN: list[Any] = []  # built and loaded once per process: the lane's driver is the process's
 
 
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: Any) -> Any:
-    """The stand-in driver (test_xla_ffi_gpu.py takes it too: one per process, whichever module asks first)."""
+def standin(tmp_path_factory: Any) -> Any:
+    """The stand-in driver, loaded (test_xla_ffi_gpu.py takes it too: one per process, whoever asks first)."""
     if not _STANDIN:
         cc = shutil.which("gcc") or shutil.which("cc")
         if cc is None:
@@ -64,6 +63,11 @@ def driver(tmp_path_factory: Any) -> Any:
         build_standin(cc, so)
         _STANDIN.append(open_standin(so))
     return _STANDIN[0]
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: Any) -> Any:
+    return standin(tmp_path_factory)
 
 
 def run_all(driver: Any) -> int:

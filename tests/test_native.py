@@ -166,7 +166,6 @@ def test_the_module_under_the_sanitizers_through_real_collectives(tmp_path):
     env = {**os.environ, "LD_PRELOAD": f"{asan} {ubsan}", "ASAN_OPTIONS": "detect_leaks=0",
            "PYTHONMALLOC": "malloc", "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     from test_gpu_lane import build_standin
-
     from test_xla_ffi_gpu import build_frame
 
     standin, frame = tmp_path / "libstandin_cuda.so", tmp_path / "libffi_frame.so"

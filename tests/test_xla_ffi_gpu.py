@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_gpu_lane import ERR, LAUNCH, RECORD, STREAM, calls, launch_spec, make_lane, standin
 
 from aioccl import native
-from test_gpu_lane import ERR, LAUNCH, RECORD, STREAM, calls, driver, launch_spec, make_lane  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 S32, S64 = 4, 5  # XLA_FFI_DataType
@@ -34,6 +34,11 @@ def build_frame(cc: str, so: Path) -> None:
                             f"-I{jax.ffi.include_dir()}", str(ROOT / "tests" / "native" / "ffi_frame.c"), "-o",
                             str(so)], capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stderr
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: Any) -> Any:
+    return standin(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
