@@ -67,8 +67,12 @@ class CollectiveOps:
         """A collective while the GPU lane is up (gpu/lane.py): a call seen before runs in C, from the call to
         the done Work; any other call goes ``general``, after which the lane learns it if it can."""
         code = _CODES[name]
-        w: Work[Any] | None = self._gpu_lane.run(code, x, out, op, root)
-        return w if w is not None else self._gpu.learning(code, x, out, op, root, general)
+        if CAPTURE.ops is not None:  # jax_ext learning what a CUDA custom call launches (fast_lane.CAPTURE)
+            w: Work[Any] = self._gpu.learning(code, x, out, op, root, general)
+            CAPTURE.ops.append(("gpu", *self._gpu.launched(w, code)))
+            return w
+        got: Work[Any] | None = self._gpu_lane.run(code, x, out, op, root)
+        return got if got is not None else self._gpu.learning(code, x, out, op, root, general)
 
     @staticmethod
     def _in_place(x: Buf, name: str = "x") -> Buf:

@@ -46,15 +46,17 @@ if TYPE_CHECKING:
 
 class _Capture(threading.local):
     """The ops ``_launch`` builds on this thread, with their native programs, while ``ops`` is a list: how
-    jax_ext learns which program an XLA custom call runs (then runs it from C, jax_ext/native_call.py)."""
+    jax_ext learns which program an XLA custom call runs (then runs it from C, jax_ext/native_call.py). A
+    GPU op adds ``("gpu", its GPU lane, what to launch again)`` (``GpuRunner.launched``; Nones when the lane
+    cannot launch it alone)."""
 
-    ops: list[tuple[Op[Any], Any]] | None = None
+    ops: list[tuple[Any, ...]] | None = None
 
     @contextlib.contextmanager
-    def learning(self) -> Iterator[list[tuple[Op[Any], Any]]]:
+    def learning(self) -> Iterator[list[tuple[Any, ...]]]:
         """The ops built on this thread inside the block, in a list; the lane stands aside meanwhile (the
         core's own flag for this thread: the lane reads it in C, without looking this object up)."""
-        ops: list[tuple[Op[Any], Any]] = []
+        ops: list[tuple[Any, ...]] = []
         self.ops = ops
         if native.core is not None:
             native.core.set_learning(True)

@@ -86,6 +86,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_JAX_DEBUG", "0", "jax", "1: jax_ext prints a line when each op starts and one when it is done"),
     Knob("AIOCCL_JAX_MESH", "auto", "jax", "who runs a mesh-level op among one process's devices: auto, xla or aioccl"),
     Knob("AIOCCL_JAX_MESH_BYTES", "131072", "jax", "AIOCCL_JAX_MESH=auto: bytes per device from which XLA runs it"),
+    Knob("AIOCCL_JAX_GPU_NATIVE", "0", "jax", "1: jax_ext's ops on a GPU lower to aioccl's CUDA custom calls"),
     Knob("AIOCCL_JAX_NO_VERSION_WARNING", "0", "jax", "1: no warning for a jax newer than jax_ext is tested with"),
 )
 

@@ -73,7 +73,12 @@ def on_stream(ptr: int) -> Iterator[tuple[Any, Any]]:
 
 def read_scalar(cp: Any, stream: Any, buf: Any) -> int:
     """The mesh-position operand (a device int32) on the host, after the kernels that computed it."""
+    return read_scalar_at(cp, stream, address(buf))
+
+
+def read_scalar_at(cp: Any, stream: Any, where: int) -> int:
+    """The device int32 at address ``where`` on the host, after the kernels on ``stream`` before it."""
     host = np.empty(1, dtype=np.int32)
-    cp.cuda.runtime.memcpyAsync(host.ctypes.data, address(buf), 4, D2H, stream.ptr)
+    cp.cuda.runtime.memcpyAsync(host.ctypes.data, where, 4, D2H, stream.ptr)
     stream.synchronize()
     return int(host[0])

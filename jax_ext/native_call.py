@@ -56,11 +56,19 @@ _errors: OrderedDict[int, BaseException] = OrderedDict()  # the last errors repo
 _ERRORS_KEPT = 64
 _numbers = itertools.count(1)
 _ERROR_TAG = re.compile(r"\[jax_ext error (\d+)\]")
-_registered = False
+_registered: set[str] = set()  # platforms whose handlers XLA knows
 
 
-def why_not() -> str | None:
-    """None when custom calls run natively here, else why not."""
+def why_not(platform: str = "cpu") -> str | None:
+    """None when custom calls run natively on ``platform`` ("cpu" or "cuda") here, else why not."""
+    if platform == "cuda":
+        from . import native_gpu
+
+        why = native_gpu.why_not()
+        if why is not None:
+            return why
+    elif platform != "cpu":
+        return f"no native custom calls on {platform}"
     core = native.core
     if core is None:
         return f"the native core is not in use ({native.why_not or 'AIOCCL_NATIVE=0'})"
@@ -69,15 +77,18 @@ def why_not() -> str | None:
     return None
 
 
-def _register() -> None:
-    global _registered
+def _register(platform: str) -> None:
     with _lock:
-        if not _registered:
+        if platform not in _registered:
             core = native.core
             assert core is not None
-            for op, capsule in core.ffi_handlers(TARGETS).items():
-                jax.ffi.register_ffi_target(f"aioccl_{op}", capsule, platform="cpu", api_version=1)
-            _registered = True
+            handlers = core.ffi_handlers(TARGETS)  # (names the kinds: the CUDA handlers' too)
+            if platform == "cuda":
+                handlers = core.ffi_gpu_handlers()
+            for op, capsule in handlers.items():
+                jax.ffi.register_ffi_target(f"aioccl_{op}", capsule, platform=platform.upper() if platform == "cuda"
+                                            else platform, api_version=1)
+            _registered.add(platform)
 
 
 Replayable = Callable[..., bool]  # replayable(rank, same, **params): the run is the one op and nothing else
@@ -91,23 +102,25 @@ def site_maker(name: str, run: Callable[..., None], replayable: Replayable,
 
     def make(info: _compat.LoweringInfo, avals_in: Sequence[Any], avals_out: Sequence[Any], *, group: Any,
              **params: Any) -> int | None:
-        if info.platform != "cpu" or why_not() is not None:
+        if why_not(info.platform) is not None:
             return None
         resolve = group.resolver(info)
         table = getattr(resolve, "table", None)  # a mesh group's communicators by position (else one)
         shapes = tuple((tuple(a.shape), str(a.dtype)) for a in (*avals_in, *avals_out))
-        key = (name, group, id(table), tuple(sorted((k, _keyable(v)) for k, v in params.items())), shapes)
+        key = (info.platform, name, group, id(table), tuple(sorted((k, _keyable(v)) for k, v in params.items())),
+               shapes)
         with _lock:
             ix = _sites.get(key)
         if ix is not None:
             return ix
-        _register()
+        _register(info.platform)
         members = getattr(resolve, "members", 1)
         site = Site(name, run, replayable, resolve, avals_in[:-1], avals_out, params, pair)
         with _lock:
             ix = _sites.get(key)
             if ix is None:
-                ix = _sites[key] = site.index = native.core.ffi_site(name, members, site.fallback)  # type: ignore[union-attr]
+                gpu = site.gpu_fallback if info.platform == "cuda" else None
+                ix = _sites[key] = site.index = native.core.ffi_site(name, members, site.fallback, gpu)  # type: ignore[union-attr]
         return ix
 
     return make
@@ -164,6 +177,12 @@ class Site:
             if rc not in (NOT_NOW, PAIR_SENT) and not self._carried(pos, seq):
                 raise  # a started op not taken on yet (an interrupt on the way in): the handler calls again
             raise RuntimeError(report(e)) from None
+
+    def gpu_fallback(self, stream: int, where: int, ins: list[tuple[int, int]], outs: list[tuple[int, int]]) -> None:
+        """The CUDA handler's way into Python (native_gpu.py): the op on XLA's buffers and stream; learnt."""
+        from . import native_gpu
+
+        native_gpu.fallback(self, stream, where, ins, outs)
 
     def _call(self, comm: Communicator, pos: int, variant: int, rc: int, seq: int, order: int,
               ins: list[np.ndarray], outs: list[np.ndarray]) -> None:

@@ -30,6 +30,12 @@ def _device_memory_of_ended_processes_goes():
 
 @pytest.fixture(scope="module")
 def bridge(tmp_path_factory: Any) -> dict[str, str]:
+    return bridge_env(tmp_path_factory)
+
+
+def bridge_env(tmp_path_factory: Any) -> dict[str, str]:
+    """The bridge built, and the environment that makes a worker's stand-in cupy and GPU lane use it
+    (test_xla_ffi_gpu.py's end-to-end test too)."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler on this machine")

@@ -109,6 +109,24 @@ def takes_tensor(lane: Any, x: Any, dev: int) -> bool:
     return True
 
 
+def entry(work: Any, last: Any, code: int) -> tuple[Any, ...] | None:
+    """What a caller outside Python launches again for the op the general way has just run as ``work``:
+    ``(plan, name, desc, kind, timeout)`` when ``last`` (the device path's last launch: seq, plan, stream,
+    timeout) is that op's, done without an error; else None. The plan holds the op's buffer addresses: it
+    is this call's, on these buffers, on ``last``'s stream (jax_ext's CUDA custom calls, xla_ffi_gpu.c)."""
+    if last is None or last[0] != work.seq or work._exc is not None or not work.done() or last[1] is None:
+        return None
+    return (last[1], work.op, work._desc, code, float(last[3]))
+
+
+def launched(dp: Any, work: Any, code: int) -> tuple[Any, Any]:
+    """(device path ``dp``'s lane, ``entry`` for ``work``), or (None, None) when the op was not one launch of
+    the lane (no device path, no lane, or another op last)."""
+    lane = getattr(dp, "lane", None)
+    got = entry(work, dp.last, code) if lane is not None else None
+    return (lane, got) if got is not None else (None, None)
+
+
 def learn(lane: Any, code: int, x: Any, out: Any, op: Any, root: int, work: Any, last: Any) -> None:
     """Teach ``lane`` the call ``(code, x, out, op, root)`` that the general way has just run as ``work``,
     when ``last`` (the device path's last launch: seq, plan, stream, timeout) is this op's on the current

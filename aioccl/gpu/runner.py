@@ -137,6 +137,10 @@ class GpuRunner:
             native_lane.learn(dp.lane, code, x, out, op, root, w, dp.last)
         return w
 
+    def launched(self, work: Work[Any], code: int) -> tuple[Any, Any]:
+        """(the GPU lane, what a caller outside Python launches again for ``work``), or Nones (gpu/lane.py)."""
+        return native_lane.launched(self._ipc, work, code)
+
     def _start_setup(self, dev: int, timeout: float) -> None:
         with self._lock:
             if self._setup_started:
