@@ -43,6 +43,9 @@ def backend_error(exc: BaseException) -> dist.DistBackendError:
     return err
 
 
+_BORN_DONE_LOCK = threading.Lock()
+
+
 class TorchWork(dist.Work):
     """Done when every aioccl op in ``works`` is, then ``finish()`` has run; its result is ``result``.
 
@@ -50,30 +53,36 @@ class TorchWork(dist.Work):
     blocked waiter sleeps on are made only when asked for (``dist.all_reduce`` asks for neither when the op
     finished inside the call)."""
 
+    # what a Work born done never changes, as class defaults: its __init__ sets only the rest (per call, each
+    # attribute set costs more than the collective's own Python)
+    _exc: BaseException | None = None
+    _done = False
+    _settled = False  # the outcome is known and the future (if any) being resolved; _done follows
+    _event: threading.Event | None = None  # made by a waiter that has to block
+    _base: torch.futures.Future[None] | None = None  # made by get_future
+    _future: torch.futures.Future[list[torch.Tensor]] | None = None
+
     def __init__(self, works: list[Work[Any]], result: list[torch.Tensor], what: str,
                  finish: Callable[[], None] | None = None, engine_thread: int | None = None,
                  source: Work[Any] | None = None) -> None:
         super().__init__()
         self._result, self._what, self._finish = result, what, finish
         self._source = source  # a receive: the aioccl Work whose status names the sender
-        self._lock = threading.Lock()
-        self._left = len(works)
         self._works = works  # withdrawn (where still unmatched) when a wait for them is interrupted
-        self._exc: BaseException | None = None
-        self._done = False
-        self._settled = False  # the outcome is known and the future (if any) being resolved; _done follows
-        self._event: threading.Event | None = None  # made by a waiter that has to block
-        self._base: torch.futures.Future[None] | None = None  # made by get_future
-        self._future: torch.futures.Future[list[torch.Tensor]] | None = None
         self._engine_thread = engine_thread
         if len(works) == 1 and finish is None and works[0].done():
             # a small op done inside the call (the common case): nobody else can see this Work yet, so its
-            # outcome is set without the locks and callbacks a Work finished later needs
+            # outcome is set without the locks and callbacks a Work finished later needs (get_future's brief
+            # hold of a lock is all it can take: one shared lock serves them)
             exc = works[0].exception()
-            self._exc = backend_error(exc) if exc is not None else None
+            if exc is not None:
+                self._exc = backend_error(exc)
+            self._lock = _BORN_DONE_LOCK
             self._left = 0
             self._settled = self._done = True
             return
+        self._lock = threading.Lock()
+        self._left = len(works)
         if not works:
             self._complete()
         for w in works:
