@@ -213,10 +213,10 @@ static int pair_call(const member *m, XLA_FFI_Buffer *in, size_t in_len, XLA_FFI
     return acpy_pair_native(m->pair, &op);
 }
 
-XLA_FFI_Error *acpy_ffi_read(XLA_FFI_CallFrame *cf, int kind, acpy_ffi_call *c, int *is_metadata) {
+XLA_FFI_Error *acpy_ffi_read(XLA_FFI_CallFrame *cf, int kind, acpy_ffi_call *c) {
     const struct { size_t struct_size; int type; } *ext = (const void *)cf->extension_start;
-    *is_metadata = ext != NULL && ext->type == XLA_FFI_Extension_Metadata;
-    if (*is_metadata)
+    c->site = NULL;
+    if (ext != NULL && ext->type == XLA_FFI_Extension_Metadata)
         return metadata(cf);
     if (cf->stage != XLA_FFI_ExecutionStage_EXECUTE)
         return acpy_ffi_fail(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, "aioccl: called outside the execute stage");
@@ -259,9 +259,8 @@ XLA_FFI_Error *acpy_ffi_read(XLA_FFI_CallFrame *cf, int kind, acpy_ffi_call *c, 
 
 static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
     acpy_ffi_call c;
-    int is_metadata;
-    XLA_FFI_Error *err = acpy_ffi_read(cf, kind, &c, &is_metadata);
-    if (err != NULL || is_metadata)
+    XLA_FFI_Error *err = acpy_ffi_read(cf, kind, &c);
+    if (err != NULL || c.site == NULL) /* (the metadata stage) */
         return err;
     site *s = c.site;
     XLA_FFI_Buffer **ins = c.ins, **outs = c.outs, *where = c.where;
@@ -306,13 +305,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
     return fallback(cf, s, pos, variant, rc, seq, order, ins, nin, outs, nout);
 }
 
-#define HANDLER(k) \
-    static XLA_FFI_Error *h_##k(XLA_FFI_CallFrame *cf) { return handle(cf, k); }
-HANDLER(0) HANDLER(1) HANDLER(2) HANDLER(3) HANDLER(4) HANDLER(5) HANDLER(6) HANDLER(7) HANDLER(8) HANDLER(9)
-HANDLER(10) HANDLER(11) HANDLER(12) HANDLER(13) HANDLER(14) HANDLER(15)
-static XLA_FFI_Handler *const HANDLERS[KINDS] = {
-    h_0, h_1, h_2, h_3, h_4, h_5, h_6, h_7, h_8, h_9, h_10, h_11, h_12, h_13, h_14, h_15,
-};
+ACPY_FFI_HANDLERS(h_, HANDLERS)
 
 /* -- the Python side: sites made and taught at lowering and at first calls, under the GIL ---------- */
 acpy_ffi_site *acpy_ffi_site_at(PyObject *index) {

@@ -69,9 +69,8 @@ static int fallback(acpy_ffi_site *s, const acpy_ffi_call *c, void *stream) {
 
 static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
     acpy_ffi_call c;
-    int is_metadata;
-    XLA_FFI_Error *err = acpy_ffi_read(cf, kind, &c, &is_metadata);
-    if (err != NULL || is_metadata)
+    XLA_FFI_Error *err = acpy_ffi_read(cf, kind, &c);
+    if (err != NULL || c.site == NULL) /* (the metadata stage) */
         return err;
     acpy_ffi_site *s = c.site;
     if (s->gpu_fallback == NULL)
@@ -100,13 +99,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
     return *msg ? acpy_ffi_fail(cf, XLA_FFI_Error_Code_INTERNAL, msg) : NULL;
 }
 
-#define HANDLER(k) \
-    static XLA_FFI_Error *g_##k(XLA_FFI_CallFrame *cf) { return handle(cf, k); }
-HANDLER(0) HANDLER(1) HANDLER(2) HANDLER(3) HANDLER(4) HANDLER(5) HANDLER(6) HANDLER(7) HANDLER(8) HANDLER(9)
-HANDLER(10) HANDLER(11) HANDLER(12) HANDLER(13) HANDLER(14) HANDLER(15)
-static XLA_FFI_Handler *const HANDLERS[ACPY_FFI_KINDS] = {
-    g_0, g_1, g_2, g_3, g_4, g_5, g_6, g_7, g_8, g_9, g_10, g_11, g_12, g_13, g_14, g_15,
-};
+ACPY_FFI_HANDLERS(g_, HANDLERS)
 
 /* -- the Python side, with the GIL ------------------------------------------------------------------------ */
 /* ffi_gpu_handlers(): {op name: the capsule of its CUDA handler}, for the targets ffi_handlers named */

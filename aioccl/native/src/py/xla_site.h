@@ -48,8 +48,19 @@ typedef struct { /* a call frame, read and checked */
 extern uint64_t acpy_ffi_calls_native, acpy_ffi_calls_python;
 
 XLA_FFI_Error *acpy_ffi_fail(const XLA_FFI_CallFrame *cf, XLA_FFI_Error_Code code, const char *msg);
-/* NULL, or the error; for the metadata stage, *is_metadata = 1 and the answer to XLA's question */
-XLA_FFI_Error *acpy_ffi_read(XLA_FFI_CallFrame *cf, int kind, acpy_ffi_call *c, int *is_metadata);
+/* The frame read into c: NULL, or the error. At the metadata stage, XLA's answer (NULL) and c->site NULL. */
+XLA_FFI_Error *acpy_ffi_read(XLA_FFI_CallFrame *cf, int kind, acpy_ffi_call *c);
+
+/* One entry point per kind, each calling handle(cf, kind), and their table `table` */
+#define ACPY_FFI_ENTRY(p, k) \
+    static XLA_FFI_Error *p##k(XLA_FFI_CallFrame *cf) { return handle(cf, k); }
+#define ACPY_FFI_HANDLERS(p, table) \
+    ACPY_FFI_ENTRY(p, 0) ACPY_FFI_ENTRY(p, 1) ACPY_FFI_ENTRY(p, 2) ACPY_FFI_ENTRY(p, 3) ACPY_FFI_ENTRY(p, 4) \
+    ACPY_FFI_ENTRY(p, 5) ACPY_FFI_ENTRY(p, 6) ACPY_FFI_ENTRY(p, 7) ACPY_FFI_ENTRY(p, 8) ACPY_FFI_ENTRY(p, 9) \
+    ACPY_FFI_ENTRY(p, 10) ACPY_FFI_ENTRY(p, 11) ACPY_FFI_ENTRY(p, 12) ACPY_FFI_ENTRY(p, 13) ACPY_FFI_ENTRY(p, 14) \
+    ACPY_FFI_ENTRY(p, 15) \
+    static XLA_FFI_Handler *const table[ACPY_FFI_KINDS] = {p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7, p##8, \
+                                                          p##9, p##10, p##11, p##12, p##13, p##14, p##15};
 size_t acpy_ffi_bytes(const XLA_FFI_Buffer *b);
 /* the raised exception as an XLA error text into msg; whether it is the fallback's own (tagged) report */
 int acpy_ffi_error_text(PyObject *exc, char *msg, size_t size);
