@@ -75,8 +75,11 @@ def check(label: str, n: int, ours, ref, want_ours: int, want_theirs: int) -> No
 
 def xla_takes(n: int) -> bool:
     """Whether XLA runs an op of ``n`` float32 per device among one process's devices, as the module's
-    docstring says it does."""
-    return MODE == "xla" or (MODE == "auto" and 4 * n >= 128 << 10)
+    docstring says it does (auto: from 128 KiB, or at every size where aioccl has no native custom call, as
+    with AIOCCL_NATIVE=0)."""
+    from jax_ext import native_call
+
+    return MODE == "xla" or (MODE == "auto" and (4 * n >= 128 << 10 or native_call.why_not() is not None))
 
 
 def main() -> None:
