@@ -57,3 +57,11 @@ def test_an_unknown_mesh_mode_is_refused_by_name(monkeypatch: pytest.MonkeyPatch
         in_process.mode()
     monkeypatch.setenv("AIOCCL_JAX_MESH", " XLA ")
     assert in_process.mode() == "xla"
+    for bad in ("lots", "-1"):
+        monkeypatch.setenv("AIOCCL_JAX_MESH_BYTES", bad)
+        with pytest.raises(ValueError, match="AIOCCL_JAX_MESH_BYTES"):
+            in_process.xla_from()
+    monkeypatch.setenv("AIOCCL_JAX_MESH_BYTES", "0")
+    assert in_process.xla_from() == 0 and in_process.xla_takes(8)  # (mode xla, from above)
+    monkeypatch.setenv("AIOCCL_JAX_MESH", "auto")
+    assert in_process.xla_takes(0)  # from 0 bytes: every size
