@@ -333,6 +333,26 @@ static PyObject *GpuLane_learn(GpuLane *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+/* whether stream h is capturing a CUDA graph (the general way's: the legacy default stream, 0, cannot) */
+static int capturing(cu_handle h) {
+    int yes = 0;
+    return h != NULL && (ac_cuda->stream_is_capturing(h, &yes) != CU_SUCCESS || yes);
+}
+
+/* A learnt entry's op (plan, name, desc, kind, timeout) on stream h, its buffers kept in `keep`: its event (a new
+ * reference) and *seq; NULL and no exception when the lane closed meanwhile; NULL and an exception else. */
+static PyObject *launch_entry(GpuLane *s, PyObject *entry, cu_handle h, PyObject *keep, long long *seq) {
+    int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
+    if (kind == -1 && PyErr_Occurred())
+        return NULL;
+    *seq = __atomic_fetch_add(&s->seq, 1, __ATOMIC_RELAXED);
+    PyObject *ev = enqueue(s, (GpuPlan *)PyTuple_GET_ITEM(entry, 0), h, *seq, kind,
+                           PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(entry, 4)), keep, 1);
+    if (ev == NULL && ac_launcher_closed(&s->launch))
+        PyErr_Clear();
+    return ev;
+}
+
 /* run(code, x, out, op, root): the op of a call learnt before, from the call to the done Work; None: the
  * general way (the call is new, the caller's device or stream is not the plan's, the lane is off). x and out
  * are both GPU arrays of the lane's array type, or both tensors of take_tensors()'s type */
@@ -371,21 +391,17 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     Py_DECREF(stream);
     if (entry == NULL || PyErr_Occurred())
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-    int capturing = 0; /* (the legacy default stream, handle 0, cannot capture) */
-    if (h != NULL && (ac_cuda->stream_is_capturing(h, &capturing) != CU_SUCCESS || capturing)) /* a graph */
+    if (capturing(h))
         Py_RETURN_NONE;
     Py_INCREF(entry); /* (a learn() from another thread may replace it while the GIL is released) */
-    PyObject *plan = PyTuple_GET_ITEM(entry, 0), *name = PyTuple_GET_ITEM(entry, 1), *desc = PyTuple_GET_ITEM(entry, 2);
-    int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
-    double timeout = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(entry, 4));
+    PyObject *name = PyTuple_GET_ITEM(entry, 1), *desc = PyTuple_GET_ITEM(entry, 2);
     long gives = PyLong_AsLong(PyTuple_GET_ITEM(entry, 5));
     PyObject *result = gives == 0 ? args[1] : gives == 1 ? args[2] : Py_None;
-    long long seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
+    long long seq;
     PyObject *keep = PyTuple_Pack(2, args[1], args[2]);
-    PyObject *ev = keep ? enqueue(self, (GpuPlan *)plan, h, seq, kind, timeout, keep, 1) : NULL;
+    PyObject *ev = keep ? launch_entry(self, entry, h, keep, &seq) : NULL;
     Py_XDECREF(keep);
-    if (ev == NULL && ac_launcher_closed(&self->launch)) { /* closed meanwhile: the general way says so, in aioccl's words */
-        PyErr_Clear();
+    if (ev == NULL && !PyErr_Occurred()) { /* closed meanwhile: the general way says so, in aioccl's words */
         Py_DECREF(entry);
         Py_RETURN_NONE;
     }
@@ -412,23 +428,12 @@ int acpy_gpu_lane_launch(PyObject *lane, PyObject *entry, void *stream) {
         return 0;
     double t0 = acpy_work_monotonic();
     cu_handle ctx = NULL, h = stream;
-    if (ac_cuda->ctx_current(&ctx) != CU_SUCCESS || ctx != self->ctx)
+    if (ac_cuda->ctx_current(&ctx) != CU_SUCCESS || ctx != self->ctx || capturing(h))
         return 0;
-    int capturing = 0;
-    if (h != NULL && (ac_cuda->stream_is_capturing(h, &capturing) != CU_SUCCESS || capturing))
-        return 0;
-    int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
-    if (kind == -1 && PyErr_Occurred())
-        return -1;
     Py_INCREF(entry); /* (a learn from another thread may replace it while the GIL is released) */
-    long long seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
-    PyObject *ev = enqueue(self, (GpuPlan *)PyTuple_GET_ITEM(entry, 0), h, seq, kind,
-                           PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(entry, 4)), Py_None, 1);
-    int rc = ev != NULL ? 1 : -1;
-    if (ev == NULL && ac_launcher_closed(&self->launch)) { /* closed meanwhile: the general way says so */
-        PyErr_Clear();
-        rc = 0;
-    }
+    long long seq;
+    PyObject *ev = launch_entry(self, entry, h, Py_None, &seq);
+    int rc = ev != NULL ? 1 : PyErr_Occurred() ? -1 : 0; /* (0: closed meanwhile, the general way says so) */
     if (rc == 1) {
         self->ran++;
         if (acpy_work_record(self->record, PyTuple_GET_ITEM(entry, 1), seq, PyTuple_GET_ITEM(entry, 2), t0) < 0)
