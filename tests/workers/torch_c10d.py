@@ -225,6 +225,28 @@ def backend_api(r: int, n: int, gloo: dist.ProcessGroup) -> None:
         dist.all_reduce(torch.ones(1), group=g)
         check(f"{name} sequence number counts collectives", torch.tensor(g._get_sequence_number_for_group() - before),
               torch.tensor(1))
+    backend = world._get_backend(torch.device(DEVICE))
+    for what, op, seconds in (("SUM, torch's call", dist.ReduceOp.SUM, None), ("SUM, 30 s", dist.ReduceOp.SUM, 30),
+                              ("MAX", dist.ReduceOp.MAX, None), ("SUM, no time", dist.ReduceOp.SUM, 0)):
+        opts = dist.AllreduceOptions()  # what dist.all_reduce passes, and the options it never sets
+        opts.reduceOp = op
+        if seconds is not None:
+            opts.timeout = timedelta(seconds=seconds)  # 0: none of its own, as torch's default (-1 ms) says
+        x = values(r, 5, torch.int32)
+        w = backend.allreduce([x], opts)
+        assert w.wait() and w.result()[0] is x
+        folded = values(0, 5, torch.int32)
+        for j in range(1, n):
+            folded = folded + values(j, 5, torch.int32) if op == dist.ReduceOp.SUM else torch.maximum(
+                folded, values(j, 5, torch.int32))
+        check(f"backend.allreduce {what}", x, folded)
+        try:  # refused before anything is sent (aioccl's ValueError), and the group goes on
+            backend.allreduce([values(r, 6, torch.float32)[::2]], opts)
+        except ValueError as e:
+            check(f"backend.allreduce {what}, every other element: {e}", torch.tensor("not contiguous" in str(e)),
+                  torch.tensor(True))
+        else:
+            check(f"backend.allreduce {what}, every other element, refused", torch.tensor(False), torch.tensor(True))
     gloo.monitored_barrier(timedelta(seconds=30))  # every rank arrives (Gloo's failures leave it unusable: the
     for name, g in (("aioccl", world),):  # messages expected below are Gloo's, as torch's suite matches them)
         g.monitored_barrier(timedelta(seconds=30))

@@ -16,6 +16,7 @@ where its C++ virtuals are (``getBackendName``).
 from __future__ import annotations
 
 import itertools
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -30,11 +31,13 @@ from ...work import Work
 from . import DEVICES
 from .monitored import monitored_barrier, seconds
 from .sparse import sparse_allreduce
-from .work import TorchWork
+from .work import TorchWork, as_aioccl
 
 _REDUCTIONS = {dist.ReduceOp.RedOpType.SUM.value: "sum", dist.ReduceOp.RedOpType.PRODUCT.value: "prod",
                dist.ReduceOp.RedOpType.MIN.value: "min", dist.ReduceOp.RedOpType.MAX.value: "max",
                dist.ReduceOp.RedOpType.AVG.value: "avg"}  # by the enum's value: hashing the enum costs a microsecond
+_SUM = dist.ReduceOp.SUM
+_UNSET = timedelta(0)  # torch's "no timeout of its own" is negative (kUnsetTimeout, -1 ms)
 
 
 class AiocclProcessGroup(dist.ProcessGroup):
@@ -44,6 +47,8 @@ class AiocclProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self.comm = comm
         self._timeout = timeout
+        # what an op of this group passes as its timeout: None where the communicator's own default is the same
+        self._op_timeout = None if timeout == lowlevel.default_timeout(comm) else timeout
         self._group_name = ""
         self._group_desc = ""
         self._exchange: Communicator | None = None  # uneven all-to-alls: sends and receives of their own
@@ -137,6 +142,20 @@ class AiocclProcessGroup(dist.ProcessGroup):
 
     # -- reductions and broadcasts -----------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
+        """The call ``dist.all_reduce`` makes (one dense tensor, SUM, no timeout of its own) checks only that
+        before it starts, since its Python costs more than a small op itself (docs/benchmarks.md, "torch's
+        all_reduce"); every other call takes ``_allreduce``."""
+        if opts is not None and len(tensors) == 1 and opts.reduceOp == _SUM and opts.timeout < _UNSET:
+            t = tensors[0]
+            if t.layout is torch.strided:
+                w = TorchWork([self.comm.all_reduce(t, "sum", timeout=self._op_timeout)], tensors, "allreduce",
+                              None, self._engine_thread)
+                if self._coalesced is not None:
+                    self._coalesced.append(w)
+                return w
+        return self._allreduce(tensors, opts)
+
+    def _allreduce(self, tensors: list[torch.Tensor], opts: Any) -> TorchWork:
         opts = opts or dist.AllreduceOptions()
         t = tensors[0] if len(tensors) == 1 else self._single(tensors, "allreduce")
         if t.layout == torch.sparse_coo:
@@ -145,7 +164,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
             works, finish = sparse_allreduce(self.comm, t, self._deadline(opts))
             return self._work(works, [t], "allreduce (sparse)", finish)
         deadline = self._deadline(opts)  # the communicator's own default needs no checking again (None)
-        timeout = None if deadline == lowlevel.default_timeout(self.comm) else deadline
+        timeout = self._op_timeout if deadline == self._timeout else deadline
         return self._work([self.comm.all_reduce(t, self._reduction(opts), timeout=timeout)], tensors, "allreduce")
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
@@ -336,7 +355,7 @@ class AiocclProcessGroup(dist.ProcessGroup):
     def end_coalescing(self, device: Any) -> TorchWork:
         """One Work for the ops since ``start_coalescing``: done when all are (their ops, then copies)."""
         works, self._coalesced = self._coalesced or [], None
-        return self._work([_as_aioccl(w) for w in works], [t for w in works for t in w.result()], "coalesced ops")
+        return self._work([as_aioccl(w) for w in works], [t for w in works for t in w.result()], "coalesced ops")
 
     _start_coalescing = start_coalescing
     _end_coalescing = end_coalescing
@@ -372,18 +391,3 @@ def _pieces(flat: torch.Tensor, sizes: list[int] | None, n: int) -> list[torch.T
                               f"in {n} pieces")
     return list(torch.split(flat, sizes))
 
-
-def _as_aioccl(w: TorchWork) -> Work[Any]:
-    """A torch Work of ours as an aioccl Work (done when it is), so several can be waited for as one."""
-    out = lowlevel.new_work(w._what)
-
-    def done(f: torch.futures.Future[Any]) -> None:
-        try:
-            f.value()
-        except Exception as e:  # noqa: BLE001  (the op's error, already a DistBackendError)
-            lowlevel.finish(out, exc=e)
-        else:
-            lowlevel.finish(out)
-
-    w.get_future().add_done_callback(done)
-    return out

@@ -187,3 +187,19 @@ class TorchWork(dist.Work):
         return int(self._source.status.source)
 
     source_rank = _source_rank
+
+
+def as_aioccl(w: TorchWork) -> Work[Any]:
+    """A torch Work of ours as an aioccl Work (done when it is), so several can be waited for as one."""
+    out = lowlevel.new_work(w._what)
+
+    def done(f: torch.futures.Future[Any]) -> None:
+        try:
+            f.value()
+        except Exception as e:  # noqa: BLE001  (the op's error, already a DistBackendError)
+            lowlevel.finish(out, exc=e)
+        else:
+            lowlevel.finish(out)
+
+    w.get_future().add_done_callback(done)
+    return out
