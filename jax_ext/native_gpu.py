@@ -4,9 +4,10 @@ The handler (``aioccl/native/src/py/xla_ffi_gpu.c``) launches a call it has lear
 communicator's GPU lane on XLA's stream, without Python. Every other call comes here with XLA's stream and
 the addresses and sizes of XLA's buffers: the op runs the engine's way on cupy views of those buffers, with
 XLA's stream current (as the host callback's GPU side does, ``_gpu.py``). When that op was one launch of
-the GPU lane, on a site of one member, the handler learns it for these buffers and this stream, so the next
-such call is native. A site of several members (a mesh-level op across processes) reads its device's mesh
-position here (device memory) and stays here.
+the GPU lane, the handler learns it for these buffers and this stream, so the next such call is native. A
+site of several members (a mesh-level op across processes: a communicator per mesh position) reads its
+device's mesh position here (device memory) and teaches that member; the handler finds it again by the
+stream (xla_ffi_gpu.c's ``learnt``).
 
 Why a switch (``AIOCCL_JAX_GPU_NATIVE``, off by default): the handlers are tested against a stand-in
 driver and synthetic call frames (tests/test_xla_ffi_gpu.py), not yet on a GPU under XLA;
@@ -63,7 +64,13 @@ def fallback(site: Any, stream: int, where: int, ins: list[tuple[int, int]], out
 
     try:
         with _gpu.on_stream(stream) as (cp, s):
-            comm = site.resolve(lambda: _gpu.read_scalar_at(cp, s, where))
+            read: list[int] = []  # the mesh position, where the site has several members (else never read)
+
+            def position() -> int:
+                read.append(_gpu.read_scalar_at(cp, s, where))
+                return read[-1]
+
+            comm = site.resolve(position)
             if lowlevel.on_engine_thread(comm):
                 raise RuntimeError(f"{comm!r}: a jax_ext collective ran on its communicator's engine thread, "
                                    "where waiting would deadlock; create it with engine='thread'")
@@ -75,8 +82,7 @@ def fallback(site: Any, stream: int, where: int, ins: list[tuple[int, int]], out
             results = [_view(cp, b, d, f"{site.what}: output {k}")
                        for k, (b, d) in enumerate(zip(outs, site.outs, strict=True))]
             same = bool(ins and outs and outs[0][1] and ins[0][0] == outs[0][0])
-            learn = getattr(site.resolve, "members", 1) == 1 and site.replayable(rank=comm.rank, same=same,
-                                                                                 **site.params)
+            learn = site.replayable(rank=comm.rank, same=same, **site.params)
             items = math.prod(site.ins[0][1]) if site.ins else 0
             logged = call_log.logged(comm.rank, site.what, items, "GPU") if call_log.get_logging() else nullcontext()
             with logged:
@@ -85,14 +91,17 @@ def fallback(site: Any, stream: int, where: int, ins: list[tuple[int, int]], out
                     return
                 with CAPTURE.learning() as ops:
                     run_guarded(site.run, comm, arrays, results, same, **site.params)
-            _teach(site, ops, (ins[0] if ins else (0, 0)), (outs[0] if outs else (0, 0)), stream)
+            _teach(site, read[0] if read else 0, ops, (ins[0] if ins else (0, 0)), (outs[0] if outs else (0, 0)),
+                   stream)
     except BaseException as e:  # noqa: BLE001 - reported to XLA as its text, kept for error_cause
         raise RuntimeError(report(e)) from None
 
 
-def _teach(site: Any, ops: list[tuple[Any, ...]], inp: tuple[int, int], out: tuple[int, int], stream: int) -> None:
-    """The handler launches this call itself from now on, when the op was the GPU lane's one launch."""
+def _teach(site: Any, pos: int, ops: list[tuple[Any, ...]], inp: tuple[int, int], out: tuple[int, int],
+           stream: int) -> None:
+    """The member at mesh position ``pos`` launches this call itself from now on, when the op was the GPU
+    lane's one launch."""
     if len(ops) != 1 or ops[0][0] != "gpu" or ops[0][1] is None:
         return
     _, lane, entry = ops[0]
-    native.core.ffi_gpu_learn(site.index, 0, lane, (inp[0], out[0], inp[1], out[1], stream), entry)  # type: ignore[union-attr]
+    native.core.ffi_gpu_learn(site.index, pos, lane, (inp[0], out[0], inp[1], out[1], stream), entry)  # type: ignore[union-attr]

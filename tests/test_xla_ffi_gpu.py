@@ -79,13 +79,13 @@ class Calls:
 
 
 def call(frame: Any, c: Calls, ins: list[Any], outs: list[Any], elems: int = 16, site: int | None = None,
-         dtype: int = S64, pos: int = 0, handler: int | None = None) -> tuple[int, str]:
+         dtype: int = S64, pos: int = 0, handler: int | None = None, stream: int = STREAM) -> tuple[int, str]:
     n_in, n_out = len(ins), len(outs)
     msg = ctypes.create_string_buffer(4096)
     position = ctypes.c_int32(pos)
     rc = frame.ffi_frame_call(
         ctypes.c_void_p(handler or c.handler), ctypes.c_longlong(c.index if site is None else site), dtype,
-        ctypes.c_void_p(STREAM), n_in, (ctypes.c_void_p * max(1, n_in))(*[ctypes.addressof(b) for b in ins]),
+        ctypes.c_void_p(stream), n_in, (ctypes.c_void_p * max(1, n_in))(*[ctypes.addressof(b) for b in ins]),
         (ctypes.c_int64 * max(1, n_in))(*[elems] * n_in), n_out,
         (ctypes.c_void_p * max(1, n_out))(*[ctypes.addressof(b) for b in outs]),
         (ctypes.c_int64 * max(1, n_out))(*[elems] * n_out), ctypes.byref(position), msg, 4096)
@@ -96,8 +96,9 @@ def buffers(n: int = 2) -> list[Any]:
     return [(ctypes.c_float * 16)() for _ in range(n)]
 
 
-def teach(c: Calls, lane: Any, x: Any, out: Any, plan: Any, nbytes: int = 64) -> None:
-    native.core.ffi_gpu_learn(c.index, 0, lane, (ctypes.addressof(x), ctypes.addressof(out), nbytes, nbytes, STREAM),
+def teach(c: Calls, lane: Any, x: Any, out: Any, plan: Any, nbytes: int = 64, pos: int = 0,
+          stream: int = STREAM) -> None:
+    native.core.ffi_gpu_learn(c.index, pos, lane, (ctypes.addressof(x), ctypes.addressof(out), nbytes, nbytes, stream),
                               (plan, "all_reduce", (16, "float32", "sum", None), 1, 5.0))
 
 
@@ -138,11 +139,25 @@ def test_anything_not_learnt_goes_to_the_gpu_fallback_with_addresses_and_sizes(d
     assert {s[0] for s in c.seen} == {STREAM} and all(s[1] != 0 for s in c.seen)
 
 
-def test_a_site_of_several_members_reads_its_position_in_the_fallback(driver, frame):
-    lane, _ = make_lane(driver, form=0)
+def test_a_site_of_several_members_launches_the_member_that_learnt_the_stream(driver, frame):
+    """A mesh-level site (a communicator per position): the fallback reads the position (device memory); a
+    call some member learnt is launched through that member's lane, found by XLA's stream, since a stream
+    belongs to one device, the member's (the position operand is not read)."""
+    lanes = [make_lane(driver, form=1)[0] for _ in range(2)]
+    for lane in lanes:
+        lane.enabled = True
     c = Calls(members=4)
     x, out = buffers()
     assert call(frame, c, [x], [out], pos=3) == (0, "") and len(c.seen) == 1 and calls(driver) == []
+    plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)),))
+    teach(c, lanes[0], x, out, plan, pos=1, stream=STREAM)  # positions 1 and 3 live here, on two devices
+    teach(c, lanes[1], x, out, plan, pos=3, stream=STREAM + 1)
+    assert call(frame, c, [x], [out], pos=3, stream=STREAM + 1) == (0, "")
+    assert {r.stream for r in calls(driver)} == {STREAM + 1} and (lanes[0].ran, lanes[1].ran) == (0, 1)
+    assert call(frame, c, [x], [out], pos=1) == (0, "")
+    assert {r.stream for r in calls(driver)} == {STREAM} and (lanes[0].ran, lanes[1].ran) == (1, 1)
+    assert call(frame, c, [x], [out], pos=3, stream=STREAM + 2) == (0, "")  # a stream nobody learnt
+    assert calls(driver) == [] and len(c.seen) == 2 and c.seen[-1][0] == STREAM + 2
 
 
 def test_bad_frames_and_failing_fallbacks_are_the_calls_errors(driver, frame):
@@ -199,7 +214,7 @@ def run_all(driver: Any, frame: Any) -> int:
 def test_end_to_end_on_the_stand_in_gpu_the_first_call_teaches_the_rest(frame, tmp_path_factory):
     """tests/workers/jax_gpu_calls.py at 2 ranks: the handler's fallback runs the first call on views of the
     buffers and teaches the handler, which launches every later one through the GPU lane; exact every time,
-    in place and into another buffer."""
+    in place, into another buffer, and on a mesh-level site of a member per rank."""
     from test_gpu_lane_bridge import bridge_env
 
     from conftest import launch
@@ -208,7 +223,7 @@ def test_end_to_end_on_the_stand_in_gpu_the_first_call_teaches_the_rest(frame, t
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
     for r in range(2):
-        assert re.search(rf"GPU_CALLS OK rank={r} checks=12 native=(9|10) python=(3|2)", text), text[-3000:]
+        assert re.search(rf"GPU_CALLS OK rank={r} checks=18 native=(14|15) python=(4|3)", text), text[-3000:]
     assert "never freed at exit" not in text, text[-3000:]
 
 

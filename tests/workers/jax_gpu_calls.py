@@ -7,7 +7,9 @@ calls the bridge (tests/native/bridge_cuda.c) carries out on its streams.
 The first call of the site goes to its GPU fallback (jax_ext/native_gpu.py): the all_reduce runs the
 engine's way on views of the buffers, on the frame's stream, and the handler learns it; every later call on
 the same buffers and stream is launched by the handler through the GPU lane. Each call's result is read
-back and checked in full (exact small integers), in place and into another buffer. Prints
+back and checked in full (exact small integers), in place and into another buffer, and on a mesh-level site
+(a member per mesh position: the fallback reads this rank's position, the handler finds the member by the
+stream). Prints
 ``GPU_CALLS OK rank=<r> checks=<n> native=<calls the handler launched itself> python=<fallback calls>``.
 """
 
@@ -46,16 +48,23 @@ def main() -> None:
     x, out = cp.empty(count, np.float32), cp.empty(count, np.float32)
     base = np.arange(count, dtype=np.float32) % 97
     checks, before = 0, core.ffi_stats()
-    for in_place in (True, False):
-        site = Site("all_reduce", _run, lambda **_: True, lambda position: comm, aval, aval, {"op": "sum"})
-        site.index = core.ffi_site("all_reduce", 1, site.fallback, site.gpu_fallback)
+    def by_position(position):  # a mesh-level site: a communicator per mesh position, this rank's at r
+        assert position() == r, "the fallback read another mesh position"
+        return comm
+
+    sites = 0
+    for in_place, members in ((True, 1), (False, 1), (True, n)):
+        site = Site("all_reduce", _run, lambda **_: True, by_position if members > 1 else lambda position: comm,
+                    aval, aval, {"op": "sum"})
+        site.index = core.ffi_site("all_reduce", members, site.fallback, site.gpu_fallback)
+        sites += 1
         target = x if in_place else out
         for it in range(calls):
             with stream:
                 x.set(base + r + it)
                 if not in_place:
                     out.set(np.full(count, -1, np.float32))
-            msg, where = ctypes.create_string_buffer(2048), ctypes.c_int32(0)
+            msg, where = ctypes.create_string_buffer(2048), ctypes.c_int32(r if members > 1 else 0)
             ptrs = (ctypes.c_void_p * 1)(x.data.ptr)
             dst = (ctypes.c_void_p * 1)(target.data.ptr)
             elems = (ctypes.c_int64 * 1)(count)
@@ -65,13 +74,14 @@ def main() -> None:
             assert rc == 0, msg.value.decode()
             got = target.get(stream)
             want = sum(base + k + it for k in range(n)).astype(np.float32)
-            assert np.array_equal(got, want), f"call {it} in_place={in_place} on rank {r}: {got[:4]} != {want[:4]}"
+            assert np.array_equal(got, want), (f"call {it} in_place={in_place} members={members} on rank {r}: "
+                                               f"{got[:4]} != {want[:4]}")
             checks += 1
     after = core.ffi_stats()
     native_calls, python_calls = after["native"] - before["native"], after["python"] - before["python"]
     # the fallback's: each site's first call, and the communicator's first GPU op (its device path and lane
     # are set up during it, so there is no lane launch to learn from it yet)
-    assert python_calls <= 3 and native_calls == 2 * calls - python_calls, (native_calls, python_calls)
+    assert python_calls <= sites + 1 and native_calls == sites * calls - python_calls, (native_calls, python_calls)
     assert lowlevel.gpu_lane_ran(comm) == native_calls  # every one launched by the lane (the fallbacks' went
     # the general way: the learning must see the op launched)
     print(f"GPU_CALLS OK rank={r} checks={checks} native={native_calls} python={python_calls}", flush=True)

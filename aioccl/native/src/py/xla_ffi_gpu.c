@@ -10,9 +10,11 @@
  *   - the first call of each buffer pair and stream: it runs the op the engine's way on cupy views of
  *     XLA's buffers, on XLA's stream, and teaches the member the plan the GPU lane launched for it
  *     (ffi_gpu_learn), so that the next such call is native;
- *   - sites of several members (the mesh position lies in device memory, which only the fallback reads,
- *     after the kernels before it), a lane that is off or a kernel that failed (the general way raises the
- *     failure), a buffer of a size other than the site's (the fallback says so).
+ *   - a lane that is off or a kernel that failed (the general way raises the failure), a buffer of a size
+ *     other than the site's (the fallback says so).
+ * A site of several members (a mesh-level op: a communicator per mesh position) finds the member by the
+ * call it learnt (learnt() says why that is sound); only the fallback reads the mesh position, which lies in
+ * device memory, after the kernels before it.
  *
  * Not command-buffer (CUDA graph) compatible, on purpose: the handler declares no traits, so XLA calls it
  * at every execution. Each op takes its sequence number, its pieces' epochs (the flag values its kernels
@@ -26,19 +28,34 @@
 
 enum { GPU_PLANS_MAX = 64 };
 
-/* 1 and launched; 0: the member has not learnt this call; -1: an exception */
-static int learnt(acpy_ffi_member *m, XLA_FFI_Buffer *in, XLA_FFI_Buffer *out, void *stream) {
-    if (m->gpu_lane == NULL || m->gpu_plans == NULL)
-        return 0;
-    PyObject *key = Py_BuildValue("(KKnnK)", (unsigned long long)(uintptr_t)(in ? in->data : NULL),
-                                  (unsigned long long)(uintptr_t)(out ? out->data : NULL),
-                                  (Py_ssize_t)(in ? acpy_ffi_bytes(in) : 0), (Py_ssize_t)(out ? acpy_ffi_bytes(out) : 0),
-                                  (unsigned long long)(uintptr_t)stream);
-    PyObject *entry = key ? PyDict_GetItemWithError(m->gpu_plans, key) : NULL;
+/* 1 and launched; 0: no member of the site has learnt this call; -1: an exception.
+ * The member is found by the call it learnt, not by the mesh position (device memory, not read here): the
+ * key holds XLA's stream, a stream belongs to one device's context, and a mesh holds a device once, so only
+ * the member on the device XLA runs this call on can have learnt that stream. */
+static int learnt(acpy_ffi_site *s, XLA_FFI_Buffer *in, XLA_FFI_Buffer *out, void *stream) {
+    PyObject *key = NULL;
+    for (int k = 0; k < s->nmembers; k++) {
+        acpy_ffi_member *m = &s->members[k];
+        if (m->gpu_lane == NULL || m->gpu_plans == NULL)
+            continue;
+        if (key == NULL && (key = Py_BuildValue("(KKnnK)", (unsigned long long)(uintptr_t)(in ? in->data : NULL),
+                                                (unsigned long long)(uintptr_t)(out ? out->data : NULL),
+                                                (Py_ssize_t)(in ? acpy_ffi_bytes(in) : 0),
+                                                (Py_ssize_t)(out ? acpy_ffi_bytes(out) : 0),
+                                                (unsigned long long)(uintptr_t)stream)) == NULL)
+            return -1;
+        PyObject *entry = PyDict_GetItemWithError(m->gpu_plans, key);
+        if (entry != NULL) {
+            Py_DECREF(key);
+            return acpy_gpu_lane_launch(m->gpu_lane, entry, stream);
+        }
+        if (PyErr_Occurred()) {
+            Py_DECREF(key);
+            return -1;
+        }
+    }
     Py_XDECREF(key);
-    if (entry == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    return acpy_gpu_lane_launch(m->gpu_lane, entry, stream);
+    return 0;
 }
 
 static PyObject *spans(XLA_FFI_Buffer *const *bufs, int n) {
@@ -85,7 +102,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *cf, int kind) {
     XLA_FFI_Buffer *in = c.nin ? c.ins[0] : NULL, *out = c.nout ? c.outs[0] : NULL;
     char msg[2048] = "";
     PyGILState_STATE g = PyGILState_Ensure();
-    int rc = s->nmembers == 1 ? learnt(&s->members[0], in, out, sa.stream) : 0;
+    int rc = learnt(s, in, out, sa.stream);
     if (rc == 1)
         __atomic_fetch_add(&acpy_ffi_calls_native, 1, __ATOMIC_RELAXED);
     else if (rc == 0)
