@@ -81,6 +81,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_GPU_SYNC", "auto", "gpu", "spin or stream: how same-host GPU kernels wait for each other"),
     Knob("AIOCCL_CUDA_DRIVER", "libcuda.so.1", "gpu", "the CUDA driver library the native GPU lane calls"),
     Knob("AIOCCL_GPU_STAGE_PIECE", "4194304", "gpu", "bytes per piece of staged GPU ops"),
+    Knob("AIOCCL_GPU_SMALL_BYTES", "0", "gpu", "all_reduces up to this many bytes (<= 4088) run one LL block"),
     Knob("AIOCCL_DEBUG", "unset", "debug", "WARN, INFO or TRACE: log to stderr"),
     Knob("AIOCCL_DEBUG_SUBSYS", "all", "debug", "subsystems to log, or ^NET to exclude"),
     Knob("AIOCCL_JAX_DEBUG", "0", "jax", "1: jax_ext prints a line when each op starts and one when it is done"),

@@ -217,6 +217,15 @@ def test_every_op_on_its_own_stream_with_late_streams(ipc, n, delay_ms, sync):
         assert f"path=ipc/{sync}" in out
 
 
+@pytest.mark.parametrize("n, delay_ms", [(2, "0"), (4, "0.5")])
+def test_small_all_reduces_in_one_block_of_ll_lines_with_fakecupy(n, delay_ms):
+    """``AIOCCL_GPU_SMALL_BYTES``: all_reduces up to 4088 bytes run ``gpu_small.cu`` (its numpy meaning here)
+    between the piece kernel's ops, sharing their epochs: every op and dtype exact, the mismatch of one op
+    against another caught on every rank."""
+    _run_fake("1", n, ("1", "7", "1500"), AIOCCL_GPU_SYNC="spin", AIOCCL_GPU_SMALL_BYTES="4088",
+              FAKECUPY_DELAY_MS=delay_ms)
+
+
 def test_the_stand_ins_streams_run_late_so_each_careless_pattern_reads_wrong_bytes():
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "late_streams.py")], capture_output=True,
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": FAKE, "FAKECUPY_DELAY_MS": "5"})
@@ -277,20 +286,22 @@ def test_aioccl_info_prints_the_gpu_reason():
     assert "transport shm: " in proc.stdout
 
 
-@pytest.mark.parametrize("sync", ["spin", "stream"])
-def test_a_gpu_op_one_rank_never_issues_ends_at_its_deadline_and_the_next_op_names_the_rank(sync):
+@pytest.mark.parametrize("sync, small", [("spin", "0"), ("stream", "0"), ("spin", "4088")])
+def test_a_gpu_op_one_rank_never_issues_ends_at_its_deadline_and_the_next_op_names_the_rank(sync, small):
     proc = launch(2, "gpu_timeout.py", timeout=120,
-                  env={"PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}", "AIOCCL_GPU_SYNC": sync})
+                  env={"PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}", "AIOCCL_GPU_SYNC": sync,
+                       "AIOCCL_GPU_SMALL_BYTES": small})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "TIMEOUT_OK rank=0" in out and "TIMEOUT_OK rank=1" in out, out[-3000:]
     assert "timed out after 1s waiting for ranks [1]" in out, out[-3000:]
 
 
-@pytest.mark.parametrize("sync", ["spin", "stream"])
-def test_abort_frees_a_gpu_op_waiting_for_a_peer_that_never_comes(sync):
+@pytest.mark.parametrize("sync, small", [("spin", "0"), ("stream", "0"), ("spin", "4088")])
+def test_abort_frees_a_gpu_op_waiting_for_a_peer_that_never_comes(sync, small):
     proc = launch(2, "gpu_abort.py", timeout=120,
-                  env={"PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}", "AIOCCL_GPU_SYNC": sync})
+                  env={"PYTHONPATH": f"{ROOT}{os.pathsep}{FAKE}", "AIOCCL_GPU_SYNC": sync,
+                       "AIOCCL_GPU_SMALL_BYTES": small})
     out = proc.stdout + proc.stderr
     assert "ABORT_OK rank=0 synchronised" in out and "ABORT_OK rank=1" in out, out[-3000:]
 

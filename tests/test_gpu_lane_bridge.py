@@ -63,12 +63,14 @@ def test_repeated_calls_run_in_the_lane_and_stay_exact(bridge, n, sync):
         assert re.search(rf"LANE_HOST rank={r} .* native=on", out), out[-3000:]
 
 
-@pytest.mark.parametrize("sync, stream", [("spin", "0"), ("stream", "1")])
-def test_every_op_and_dtype_through_the_lane(bridge, sync, stream):
+@pytest.mark.parametrize("sync, stream, small", [("spin", "0", "0"), ("stream", "1", "0"), ("spin", "1", "4088")])
+def test_every_op_and_dtype_through_the_lane(bridge, sync, stream, small):
     """gpu_ops.py at 3 ranks in many pieces (4 KiB scratch): every op and dtype exact, on the current stream
-    or each op on a stream of its own, the ranks' mismatch caught on the device and named."""
+    or each op on a stream of its own, the ranks' mismatch caught on the device and named; and with the small
+    all_reduce's one-block kernel (``gpu_small.cu``) launched by the lane for all_reduces up to 4088 bytes."""
     out = _ok(launch(3, "gpu_ops.py", "1", "7", "1500", timeout=240,
-                     env={**bridge, "AIOCCL_GPU_SYNC": sync, "AIOCCL_GPU_SCRATCH": "4096", "GPU_OPS_STREAM": stream}))
+                     env={**bridge, "AIOCCL_GPU_SYNC": sync, "AIOCCL_GPU_SCRATCH": "4096", "GPU_OPS_STREAM": stream,
+                          "AIOCCL_GPU_SMALL_BYTES": small}))
     for r in range(3):
         assert f"GPU_OK rank={r} " in out and f"path=ipc/{sync}" in out, out[-3000:]
     assert " 0 failures" in out and " 1 failures" not in out

@@ -12,7 +12,7 @@ from nvrtc_compile import LIB, compile_cubin
 
 from aioccl.dtypes import ReduceOp, dtype_code
 from aioccl.gpu import plans
-from aioccl.gpu.piece import Piece, emulate, fingerprint, lower, unpack_fingerprint
+from aioccl.gpu.piece import Piece, emulate, emulate_small, fingerprint, lower, unpack_fingerprint
 from aioccl.kernels import gpu_piece as K
 
 OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "gather", "reduce_scatter", "scatter", "all_to_all", "scan")
@@ -26,6 +26,7 @@ def test_every_kernel_variant_compiles_for_sm_90():
     for dt in K.DTYPES:
         for op in K.COMBINES:
             assert K.kernel_name(op, dt).encode() in cubin
+            assert K.small_kernel_name(op, dt).encode() in cubin
 
 
 class Ranks:
@@ -41,10 +42,12 @@ class Ranks:
         return self.scratch[r][:4 * grid].view(np.uint32)
 
     def launch(self, r: int, dt: np.dtype, op: ReduceOp, inp: np.ndarray, out: np.ndarray, count: int, p: Piece,
-               fp: int, phase: int, epoch: int = 0, grid: int = 4, timeout_s: float = 10.0) -> None:
-        emulate(dt, op, grid, self.bases.ctypes.data, inp.ctypes.data, out.ctypes.data, self.err[r].ctypes.data,
-                count, p.a, p.n, self.half, int(timeout_s * 1e9), fp, float(p.divisor), r, self.n, p.pub_blocks,
-                p.out_blocks, p.nred, p.src_root, p.slot_block, phase, epoch, 1)
+               fp: int, phase: int, epoch: int = 0, grid: int = 4, timeout_s: float = 10.0,
+               small: bool = False) -> None:
+        run = emulate_small if small else emulate
+        run(dt, op, grid, self.bases.ctypes.data, inp.ctypes.data, out.ctypes.data, self.err[r].ctypes.data,
+            count, p.a, p.n, self.half, int(timeout_s * 1e9), fp, float(p.divisor), r, self.n, p.pub_blocks,
+            p.out_blocks, p.nred, p.src_root, p.slot_block, phase, epoch, 1)
 
 
 def _case(name: str, r: int, n: int, count: int, dt: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -159,3 +162,76 @@ def test_different_calls_are_caught_on_every_rank_by_their_fingerprints():
     for r in range(2):
         assert (ranks.err[r][0], ranks.err[r][1]) == (K.ERR_MISMATCH, 1 - r)
         np.testing.assert_array_equal(outs[r], np.full(3, 9, dt))
+
+
+SMALL_DTYPES = (np.int8, np.float16, np.int32, np.float32, np.int64, np.float64)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_small_all_reduces_between_piece_ops_on_threads_are_exact_and_share_the_epochs(n):
+    """gpu_small.cu's meaning: ops in a row alternate with the piece kernel's on every rank's stream (a
+    thread), every dtype of each size, counts that fill lines partly and up to the most (4088 bytes); each
+    takes the next epoch from the flag words, which it leaves at its own for the next piece kernel."""
+    grid, ops = 4, 36
+    ranks = Ranks(n, 4096)
+    got: dict[tuple[int, int], np.ndarray] = {}
+
+    def case(k: int) -> tuple[np.dtype, int, ReduceOp, bool]:
+        dt = np.dtype(SMALL_DTYPES[k % len(SMALL_DTYPES)])
+        count = (1, 3, 7, 13, K.SMALL_MAX_BYTES // dt.itemsize)[k % 5]
+        return dt, count, (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.AVG)[k % 3], k % 4 != 3
+
+    def rank(r: int) -> None:
+        for k in range(ops):
+            dt, count, op, small = case(k)
+            count = min(count, 4096 // dt.itemsize)
+            inp = ((np.arange(count) + 3 * r + k) % 5 * n).astype(dt)
+            out = np.full(count, -1, dt)
+            step = plans.ipc_pieces("all_reduce", r, n, 0, count, 4096 // dt.itemsize)[0]
+            p = lower(step, count, r, op, "all_reduce", n)
+            ranks.launch(r, dt, op, inp, out, count, p, fingerprint(1, dtype_code(dt), op.code, count, 0), ALL,
+                         grid=1 if small else grid, small=small)
+            got[r, k] = out
+
+    assert _threads(n, rank) == []
+    for k in range(ops):
+        dt, count, op, _ = case(k)
+        count = min(count, 4096 // dt.itemsize)
+        ins = [((np.arange(count) + 3 * r + k) % 5 * n).astype(dt) for r in range(n)]
+        want = np.maximum.reduce(ins) if op is ReduceOp.MAX else sum(ins[1:], ins[0])
+        if op is ReduceOp.AVG:
+            want = (want / n).astype(dt) if dt.kind == "f" else want // n
+        for r in range(n):
+            np.testing.assert_array_equal(got[r, k], want, err_msg=f"op {k} ({dt}, {count}, {op}) rank {r}")
+    for r in range(n):
+        assert list(ranks.flags(r, grid)) == [ops] * grid and not ranks.err[r].any()
+
+
+def test_a_small_all_reduce_fails_at_the_deadline_or_on_another_call_and_writes_nothing():
+    """A rank that never comes: the others give up at the deadline naming it. A rank whose op at this epoch
+    is a piece kernel's (no lines will come): caught by its flag and fingerprint, on both sides."""
+    dt = np.dtype(np.float32)
+    ranks = Ranks(3, 256)
+    outs = [np.full(4, 7, dt) for _ in range(3)]
+    p = Piece(0, 4, 1, 0, 3, 0, 0, 0)
+
+    def absent(r: int) -> None:
+        if r != 2:
+            ranks.launch(r, dt, ReduceOp.SUM, np.ones(4, dt), outs[r], 4, p, 5, ALL, grid=1, timeout_s=0.2, small=True)
+
+    assert _threads(3, absent) == []
+    for r in (0, 1):
+        assert tuple(ranks.err[r]) == (K.ERR_TIMEOUT, 2, 1, 1)
+        np.testing.assert_array_equal(outs[r], np.full(4, 7, dt))
+    ranks = Ranks(2, 256)
+    outs = [np.full(4, 7, dt) for _ in range(2)]
+    p2 = Piece(0, 4, 1, 0, 2, 0, 0, 0)
+
+    def other(r: int) -> None:  # rank 0 a small all_reduce, rank 1 the piece kernel of another call
+        ranks.launch(r, dt, ReduceOp.SUM, np.ones(4, dt), outs[r], 4, p2, 5 + r, ALL, grid=1 if r == 0 else 4,
+                     timeout_s=5, small=r == 0)
+
+    assert _threads(2, other) == []
+    for r in range(2):
+        assert (ranks.err[r][0], ranks.err[r][1]) == (K.ERR_MISMATCH, 1 - r)
+        np.testing.assert_array_equal(outs[r], np.full(4, 7, dt))

@@ -74,7 +74,7 @@ class DevicePath:
     """One communicator's device-synchronised CUDA-IPC collectives; see the module docstring."""
 
     def __init__(self, cp: Any, rank: int, nranks: int, dev: int, table: IpcTable, own: int, half_bytes: int,
-                 bases: Any, err_ptr: int, comm_id: str) -> None:
+                 bases: Any, err_ptr: int, comm_id: str, small_bytes: int = 0) -> None:
         self.cp, self.rank, self.nranks, self.dev = cp, rank, nranks, dev
         self._table, self.own, self.half_bytes = table, own, half_bytes
         self._bases = bases  # device array: rank -> its scratch as mapped here
@@ -86,6 +86,9 @@ class DevicePath:
         # every spin-form launch has this many blocks (the epoch's parity must agree in all of them), and the
         # ranks' blocks together stay well inside what one H100 holds at once (132 SMs x 3 such blocks)
         self.spin_grid = max(4, min(K.FLAG_WORDS, SPIN_GRID_RANKS // nranks))
+        # an all_reduce of at most this many bytes runs the one-block small kernel (spin form only: its lines
+        # are polled by kernels running at once; kernels/gpu_small.cu)
+        self.small_bytes = min(small_bytes, K.SMALL_MAX_BYTES)
         self._epoch = 0  # this rank's count of pieces, as the device counts them (without graph replays)
         self.lane: Any = None  # the native GPU lane (gpu/lane.py), which then launches every op
         self.last: tuple[int, Any, int, float] | None = None  # the lane's last op: (seq, plan, stream, timeout)
@@ -119,8 +122,8 @@ class DevicePath:
         return self._table.ptr(rank)
 
     # -- enqueue (the caller's thread) -------------------------------------------------------------
-    def kernel(self, dt: np.dtype, op: ReduceOp | None) -> Any:
-        name = K.kernel_name(op, dt)
+    def kernel(self, dt: np.dtype, op: ReduceOp | None, small: bool = False) -> Any:
+        name = K.small_kernel_name(op, dt) if small else K.kernel_name(op, dt)
         fn = self._functions.get(name)
         if fn is None:
             mod = self._modules.get(dt.name)
@@ -206,16 +209,19 @@ class DevicePath:
         got = self._launch_cache.get(key)
         if got is not None:
             return got, self._plans.get(key)
-        kern = self.kernel(dt, g.op)
+        pieces = self.pieces(g)
+        small = (self.form == "spin" and g.name == "all_reduce" and 0 < g.count * dt.itemsize <= self.small_bytes
+                 and len(pieces) == 1 and pieces[0].nred == self.nranks)
+        kern = self.kernel(dt, g.op, small)
         fp, kind = fingerprint(*g.fp), g.fp[0]
         got = []
-        for p in self.pieces(g):
+        for p in pieces:
             def args(phase: int, p: Piece = p) -> tuple[Any, ...]:
                 return self.args(in_ptr, out_ptr, g.count, p, fp, g.timeout, phase, kind)
 
             if self.form == "spin":
-                got.append((Launch(kern, self.spin_grid, K.THREADS, args(K.PUBLISH | K.SYNC | K.CONSUME), EPOCH_ARG),
-                            None))
+                got.append((Launch(kern, 1 if small else self.spin_grid, K.THREADS,
+                                   args(K.PUBLISH | K.SYNC | K.CONSUME), EPOCH_ARG), None))
             else:
                 grid = max(1, min(MAX_GRID, (p.n * max(1, p.pub_blocks, p.out_blocks) + K.THREADS - 1) // K.THREADS))
                 got.append((Launch(kern, grid, K.THREADS, args(K.PUBLISH), EPOCH_ARG),

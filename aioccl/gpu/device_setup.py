@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import log
+from ..envvars import env_int
 from ..errors import InvalidArgument
 from ..kernels import gpu_piece as K
 from .device_path import EPOCH_ARG, DevicePath
@@ -72,7 +73,8 @@ async def setup(cp: Any, side: Any, dev: int, scratch_bytes: int, timeout: float
         err_ptr = rt.hostAlloc(32, 2)  # mapped: the kernels write the error word; then 16 bytes for _read
         cp.cuda.Device(dev).synchronize()  # the table is copied in before any stream reads it
     ctypes.memset(err_ptr, 0, 32)
-    dp = DevicePath(cp, side.rank, side.world_size, dev, table, own, half, bases, err_ptr, comm_id)
+    dp = DevicePath(cp, side.rank, side.world_size, dev, table, own, half, bases, err_ptr, comm_id,
+                    env_int(os.environ, "AIOCCL_GPU_SMALL_BYTES", 0, 0))
     await _choose_form(dp, side, exports, timeout)
     return dp
 

@@ -9,7 +9,9 @@ cannot drift apart silently.
 
 ``emulate`` is the kernel, launch for launch, on raw addresses with numpy:
 the flag protocol (publish, release the epoch, wait for every peer's epoch
-with a deadline, compare fingerprints) and the data movement.
+with a deadline, compare fingerprints) and the data movement;
+``emulate_small`` is the small all_reduce's kernel (``kernels/gpu_small.cu``:
+LL lines, data and epoch together) the same way.
 ``tests/test_gpu_piece.py`` runs it in threads over shared memory to test
 the protocol (ordering, counters that only count up, the deadline, the
 error word), and the fakecupy stand-in runs it as its "GPU" so the whole
@@ -29,7 +31,7 @@ import numpy as np
 from ..algorithms.schedule import Fetch, Reduce, Step
 from ..dtypes import ReduceOp
 from ..kernels import cpu
-from ..kernels.gpu_piece import CONSUME, ERR_MISMATCH, ERR_TIMEOUT, FP_OFFSET, HEADER_BYTES, PUBLISH, SYNC
+from ..kernels import gpu_piece as K
 from . import plans
 
 
@@ -108,10 +110,10 @@ def emulate(dt: np.dtype, op: ReduceOp, grid: int, bases_ptr: int, in_ptr: int, 
     isz = dt.itemsize
     bases = [int(b) for b in _mem(bases_ptr, 8 * nranks, np.uint64)]
     flags = [_mem(b, 4 * grid, np.uint32) for b in bases]
-    fps = [_mem(b + FP_OFFSET, 16, np.uint64) for b in bases]
+    fps = [_mem(b + K.FP_OFFSET, 16, np.uint64) for b in bases]
     err = _mem(err_ptr, 16, np.uint32)
     e = epoch_host or (int(flags[rank][0]) + 1) & 0xFFFFFFFF
-    half = HEADER_BYTES + (e & 1) * half_bytes
+    half = K.HEADER_BYTES + (e & 1) * half_bytes
 
     def scratch(r: int, elems: int) -> np.ndarray:
         return _mem(bases[r] + half, elems * isz, dt)
@@ -121,13 +123,13 @@ def emulate(dt: np.dtype, op: ReduceOp, grid: int, bases_ptr: int, in_ptr: int, 
             err[1:4] = (peer, e, kind)
             err[0] = code
 
-    if phase & PUBLISH:
+    if phase & K.PUBLISH:
         mine = scratch(rank, pub_blocks * n)
         src = _mem(in_ptr, (max(0, pub_blocks - 1) * count + a + n) * isz, dt)
         for j in range(pub_blocks):
             mine[j * n:(j + 1) * n] = src[j * count + a:j * count + a + n]
         fps[rank][e & 1] = fp
-    if phase & SYNC:
+    if phase & K.SYNC:
         flags[rank][:] = e
         t0 = time.monotonic_ns()
         for peer in range(nranks):
@@ -135,14 +137,14 @@ def emulate(dt: np.dtype, op: ReduceOp, grid: int, bases_ptr: int, in_ptr: int, 
                 if err[0]:
                     return
                 if time.monotonic_ns() - t0 > timeout_ns:
-                    fail(ERR_TIMEOUT, peer)
+                    fail(K.ERR_TIMEOUT, peer)
                     return
                 sleep(0.0001)
-    if not phase & CONSUME:
+    if not phase & K.CONSUME:
         return
     for peer in range(nranks):
         if int(fps[peer][e & 1]) != fp:
-            fail(ERR_MISMATCH, peer)
+            fail(K.ERR_MISMATCH, peer)
             return
     if nred:
         out = _mem(out_ptr, (a + n) * isz, dt)[a:a + n]
@@ -156,3 +158,66 @@ def emulate(dt: np.dtype, op: ReduceOp, grid: int, bases_ptr: int, in_ptr: int, 
         for k in range(out_blocks):
             src_rank = k if out_blocks > 1 else src_root
             out[k * count + a:k * count + a + n] = scratch(src_rank, (slot_block + 1) * n)[slot_block * n:]
+
+
+def emulate_small(dt: np.dtype, op: ReduceOp, grid: int, bases_ptr: int, in_ptr: int, out_ptr: int, err_ptr: int,
+                  count: int, a: int, n: int, half_bytes: int, timeout_ns: int, fp: int, divisor: float, rank: int,
+                  nranks: int, pub_blocks: int, out_blocks: int, nred: int, src_root: int, slot_block: int,
+                  phase: int, epoch_host: int, kind: int, *, sleep: Callable[[float], None] = time.sleep) -> None:
+    """``gpu_small.cu``'s effect from the piece kernel's arguments: this rank's input as lines (line 0 the
+    fingerprint; data before epochs, as one 16-byte store orders them for a reader), the epoch in every flag
+    word, then every rank's lines in rank order, reduced, written only when all arrived and agreed."""
+    isz = dt.itemsize
+    lines = 1 + -(-n // (8 // isz))
+    bases = [int(b) for b in _mem(bases_ptr, 8 * nranks, np.uint64)]
+    flags = _mem(bases[rank], 4 * K.FLAG_WORDS, np.uint32)
+    err = _mem(err_ptr, 16, np.uint32)
+    e = epoch_host or (int(flags[0]) + 1) & 0xFFFFFFFF
+    half = K.LL_OFFSET + (e & 1) * K.LL_HALF_BYTES
+
+    def ll(r: int) -> np.ndarray:
+        return _mem(bases[r] + half, lines * 16, np.uint32).reshape(lines, 4)
+
+    def fail(code: int, peer: int) -> None:
+        if err[0] == 0:
+            err[1:4] = (peer, e, kind)
+            err[0] = code
+
+    words = np.zeros(lines * 2, np.uint32)
+    words[:2] = np.array([fp], np.uint64).view(np.uint32)
+    words[2:].view(np.uint8)[:n * isz] = _mem(in_ptr, (a + n) * isz, np.uint8)[a * isz:]
+    mine = ll(rank)
+    mine[:, 0], mine[:, 2] = words[0::2], words[1::2]
+    mine[:, 1] = mine[:, 3] = e
+    _mem(bases[rank] + K.FP_OFFSET, 16, np.uint64)[e & 1] = fp
+    flags[:] = e
+    got = []
+    t0 = time.monotonic_ns()
+    for r in range(nranks):
+        theirs = ll(r)
+        for part in (theirs[:1], theirs):  # the fingerprint line first: a peer of another op has fewer lines
+            while not ((part[:, 1] == e).all() and (part[:, 3] == e).all()):
+                peer_flag = int(_mem(bases[r], 4, np.uint32)[0])
+                if part.shape[0] == 1 and ((peer_flag - e) & 0xFFFFFFFF) < 0x80000000 \
+                        and int(_mem(bases[r] + K.FP_OFFSET, 16, np.uint64)[e & 1]) != fp:
+                    fail(K.ERR_MISMATCH, r)  # a piece kernel at this epoch: no lines will come
+                    return
+                if err[0]:
+                    return
+                if time.monotonic_ns() - t0 > timeout_ns:
+                    fail(K.ERR_TIMEOUT, r)
+                    return
+                sleep(0.0001)
+            if int(np.array([theirs[0, 0], theirs[0, 2]], np.uint32).view(np.uint64)[0]) != fp:
+                fail(K.ERR_MISMATCH, r)
+                return
+        data = np.empty(lines * 2, np.uint32)
+        data[0::2], data[1::2] = theirs[:, 0], theirs[:, 2]
+        got.append(data[2:].view(np.uint8)[:n * isz].view(dt))
+    out = _mem(out_ptr, (a + n) * isz, dt)[a:a + n]
+    acc = got[0].copy()
+    for v in got[1:]:
+        cpu.combine(op, acc, acc, v)
+    if divisor:
+        cpu.scale(ReduceOp.AVG, acc, int(divisor))
+    out[:] = acc

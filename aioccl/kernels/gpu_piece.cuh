@@ -1,4 +1,4 @@
-// What every piece kernel uses (gpu_piece.cu): acquire and release flags, the clock, 16-byte units of data
+// What every piece kernel uses (gpu_piece.cu, gpu_small.cu): acquire and release flags, the clock, 16-byte units of data
 // moved UNROLL at a time per thread, and the error word. Compiled once per module, before the kernels;
 // kernels/gpu_piece.py puts before it the scratch layout's constants (PIECE_HEADER_BYTES, PIECE_FP_OFFSET,
 // PIECE_ERR_*, UNROLL) and the float16/bfloat16 conversions of kernels/gpu.py.
@@ -12,6 +12,20 @@ __device__ __forceinline__ void aioccl_st_release(u32* p, u32 v) {
 }
 __device__ __forceinline__ u64 aioccl_now_ns() {
     u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}
+// an LL line (gpu_small.cu): 8 bytes of data and the epoch twice, written with one 16-byte store, so a reader
+// that sees the epoch in both words sees the data written with it
+__device__ __forceinline__ void aioccl_st_line(uint4* p, u64 data, u32 e) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(p), "r"((u32)data), "r"(e), "r"((u32)(data >> 32)), "r"(e) : "memory");
+}
+// true, and the line's data in *data, once it holds epoch e
+__device__ __forceinline__ bool aioccl_ld_line(const uint4* p, u32 e, u64* data) {
+    u32 d0, f0, d1, f1;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1) : "l"(p) : "memory");
+    *data = ((u64)d1 << 32) | d0;
+    return f0 == e && f1 == e;
 }
 // 16 bytes of T: the unit a thread moves; read or written element by element where the buffer is misaligned
 template <typename T> union aioccl_vec { static constexpr int N = 16 / sizeof(T); uint4 q; T e[N]; };

@@ -142,7 +142,8 @@ def from_dlpack(x: Any) -> ndarray:
 
 
 class RawModule:
-    """aioccl's piece kernels (``kernels/gpu_piece.py``), run by name with ``aioccl.gpu.piece.emulate``: the
+    """aioccl's piece kernels (``kernels/gpu_piece.py``), run by name with ``aioccl.gpu.piece.emulate`` (the small
+    all_reduce's with ``emulate_small``): the
     kernel's meaning in numpy, flags, deadline and error word included (its CUDA source is compiled with NVRTC
     in ``tests/test_gpu_piece_kernel.py``)."""
 
@@ -162,8 +163,11 @@ class _PieceKernel:
     def __init__(self, name: str) -> None:
         from aioccl.dtypes import ReduceOp
 
-        parts = name.split("_", 3)  # aioccl, piece, op, dtype
-        assert parts[:2] == ["aioccl", "piece"], name
+        parts = name.split("_", 3)  # aioccl, piece or small, op, dtype
+        assert parts[0] == "aioccl" and parts[1] in ("piece", "small"), name
+        from aioccl.gpu.piece import emulate, emulate_small
+
+        self.emulate = emulate_small if parts[1] == "small" else emulate
         self.op = ReduceOp(parts[2])
         self.dt = np.dtype(ml_dtypes.bfloat16) if parts[3] == "bfloat16" else np.dtype(parts[3])
         if _bridge.active():  # a driver function, so aioccl's native GPU lane launches it (cuda/_bridge.py)
@@ -172,7 +176,5 @@ class _PieceKernel:
 
     def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], **kw: Any) -> None:
         """Launched on the current stream: it runs when the stream gets there."""
-        from aioccl.gpu.piece import emulate
-
         vals = [float(a) if isinstance(a, (float, np.floating)) else int(a) for a in args]
-        cuda.enqueue(lambda: emulate(self.dt, self.op, int(grid[0]), *vals))  # type: ignore[arg-type]
+        cuda.enqueue(lambda: self.emulate(self.dt, self.op, int(grid[0]), *vals))  # type: ignore[arg-type]

@@ -3,7 +3,7 @@ the driver calls aioccl's native GPU lane makes run here, on the stand-in's late
 
 aioccl loads the same library as its CUDA driver (``AIOCCL_CUDA_DRIVER``); kernels and events get the
 handles it passes back (``KERNELS``, ``EVENTS``), and a launch runs the kernel's numpy meaning
-(``aioccl.gpu.piece.emulate``) from the arguments packed in its parameter array.
+(``aioccl.gpu.piece.emulate``, or ``emulate_small``) from the arguments packed in its parameter array.
 """
 
 from __future__ import annotations
@@ -41,12 +41,10 @@ class _At:
 
 
 def _launch(f: int, grid: int, threads: int, stream: int, params: int) -> int:
-    from aioccl.gpu.piece import emulate
-
     kern = KERNELS[f]
     at = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
     vals = [t.from_address(at[k]).value for k, t in enumerate(_ARGS)]
-    _gpu.GPU.submit(int(stream or 0), lambda: emulate(kern.dt, kern.op, int(grid), *vals))
+    _gpu.GPU.submit(int(stream or 0), lambda: kern.emulate(kern.dt, kern.op, int(grid), *vals))
     return 0
 
 
