@@ -418,6 +418,11 @@ static int spin(PairLane *self, ac_fifo *f, const call *c, ac_frame *fr, uint8_t
     return st;
 }
 
+/* Wake this rank's own engine to read its FIFOs: a sender rings no bell while the receiver watches its FIFO
+ * (spin), so what it published then behind the frame this call takes (or instead of it) would wait for the
+ * next bell, as the engine's own watch avoids by reading everything once it stops (pair.py's watch). */
+static void ring_own(PairLane *self) { ac_bell_ring(self->fd, &self->bells[self->rank], 1, 1); }
+
 /* the reader is between frames (not streaming one, no header half read): 1 yes, 0 no */
 static int reader_idle(PyObject *conn) {
     PyObject *reader = PyObject_GetAttr(conn, s_reader);
@@ -493,6 +498,8 @@ int acpy_pair_get(PairLane *self, call *c) {
     }
     if (!m) {
         /* not come within the spin: 2; another message first, a corrupt FIFO, or no spinning: 0 */
+        if (spun && st != AC_FIFO_NOT_YET && st != AC_FIFO_CORRUPT)
+            ring_own(self); /* another message first: published while this call watched, it rang no bell */
         return spun && (st == AC_FIFO_NOT_YET || (st == AC_FIFO_PART && mine(self, c, &fr))) ? 2 : 0;
     }
     if (m == 2) { /* delivered: the payload is in the buffer, only the header to take */
@@ -509,6 +516,8 @@ int acpy_pair_get(PairLane *self, call *c) {
     ac_fifo_fence(); /* freed, fence, look: a producer that waits for space wants a bell */
     if (ac_fifo_flag(&f, AC_FIFO_BLOCKED))
         ac_bell_ring(self->fd, &self->bells[c->peer], 1, 1);
+    if (spun && ac_fifo_peek(&f, &fr) != AC_FIFO_NOT_YET)
+        ring_own(self); /* frames behind this one, published while it watched: they rang no bell */
     self->received++;
     return 1;
 }
