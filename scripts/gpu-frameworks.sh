@@ -14,18 +14,8 @@
 # Output under $OUT (or ./gpu-frameworks-out). Each step has its own time limit; the first failure stops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
 OUTDIR="${OUT:-gpu-frameworks-out}"
-mkdir -p "$OUTDIR"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes share one GPU
-"$PY" -c "import aioccl.native as n; assert n.core is not None" 2>/dev/null ||
-  "$PY" -m pip install --quiet --no-build-isolation --no-deps -e .
-MPS_STARTED=0
-if command -v nvidia-cuda-mps-control >/dev/null && ! pgrep -x nvidia-cuda-mps >/dev/null; then
-  nvidia-cuda-mps-control -d && MPS_STARTED=1
-fi
-trap '[ "$MPS_STARTED" = 1 ] && echo quit | nvidia-cuda-mps-control' EXIT
+source scripts/gpu-setup.sh
 TORCHRUN=("$PY" -m torch.distributed.run --nproc-per-node 2)
 
 echo "== 1. torch CUDA tensors through c10d, exact"

@@ -12,17 +12,8 @@
 # Output under $OUT (or ./gpu-small-out). Each step has its own time limit; the first failure stops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
 OUTDIR="${OUT:-gpu-small-out}"
-mkdir -p "$OUTDIR"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-"$PY" -c "import aioccl.native as n; assert n.core is not None" 2>/dev/null ||
-  "$PY" -m pip install --quiet --no-build-isolation --no-deps -e .
-MPS_STARTED=0
-if command -v nvidia-cuda-mps-control >/dev/null && ! pgrep -x nvidia-cuda-mps >/dev/null; then
-  nvidia-cuda-mps-control -d && MPS_STARTED=1
-fi
-trap '[ "$MPS_STARTED" = 1 ] && echo quit | nvidia-cuda-mps-control' EXIT
+source scripts/gpu-setup.sh
 RUN=("$PY" -m aioccl.run --nproc-per-node)
 
 echo "== 1. exact with the small kernel on, 2, 3 and 4 ranks"
