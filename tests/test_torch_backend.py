@@ -60,7 +60,7 @@ def test_training_equals_one_process_on_the_whole_batch(mode, n):
 
 
 def test_a_silent_rank_is_named_within_the_groups_timeout():
-    p = torchrun(3, "torch_c10d.py", "timeout")  # init_process_group(timeout=2 s); rank 2 never joins
+    p = torchrun(3, "torch_c10d.py", "timeout")  # new_group(timeout=2 s); rank 2 never joins its all_reduce
     for r in (0, 1):  # (the worker checks that each raised between 1.5 and 6 s after the call)
         assert f"[rank {r}] c10d n=3: 1 checks, 0 failures" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
         assert f"[rank {r}] raised after " in p.stdout
