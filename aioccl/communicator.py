@@ -38,12 +38,16 @@ from .engine.shm.channel import ShmChannel
 from .engine.view import CommView
 from .envvars import check_timeout, env_int, env_timeout
 from .errors import CommAborted, InvalidArgument, PeerLost
-from .fast_lane import CAPTURE, TEACHING, FastLane
 from .group import Group
 from .introspection import FlightRecorder
+from .lanes.call import call_of
+from .lanes.cpu import CAPTURE, TEACHING, CpuLane
+from .lanes.door import Door
+from .lanes.general import General
+from .lanes.gpu import GpuLane
+from .lanes.pair import PairLane
 from .lifecycle import LifecycleOps
 from .p2p import PointToPointOps
-from .p2p_lane import open_pair_lane
 from .placement import Placement
 from .planning import Planning
 from .recovery import on_member_lost
@@ -60,7 +64,7 @@ _log = log.get("COLL")
 DEFAULT_BORROW_BYTES = 64 << 10
 
 
-class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, FastLane, Planning):
+class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Planning):
     """A group of ranks that run collectives together.
 
     Create with [`create`][aioccl.Communicator.create] or [`init()`][aioccl.init].
@@ -75,7 +79,10 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         self._parent = parent
         self._lock = threading.Lock()
         self._counters: Any = shm_native.Counters()  # sequence numbers and channel orders; the lane's once made
-        self._lane: Any = None  # the native core's small all_reduce (fast_lane.py), with a channel
+        # the lanes, tried in lanes/door.py's ORDER; the general way last (this communicator's own methods)
+        self._general = General(self._general_collective, self._general_message)
+        self._cpu = CpuLane(self)
+        self._gpu_lane = GpuLane(self._general)
         self._borrow_bytes = env_int(os.environ, "AIOCCL_BORROW_BYTES", DEFAULT_BORROW_BYTES, 0, 1 << 40)
         # (call) -> its schedule, and that lowered for the native core (None: the Python executor), see _plan
         self._plans: dict[tuple[Any, ...], tuple[Schedule, Any]] = {}
@@ -97,13 +104,13 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         world = engine.table is not None and view.ctx == engine.table.comm_id
         self._shm: ShmChannel | None = engine.shm if world else None
         if self._shm is not None or view.size == 1:
-            self._open_lane()
-        self._pair_lane: Any = open_pair_lane(engine, view, self._recorder.entries.append)  # (p2p_lane.py)
+            self._cpu.open()
+        self._pair = PairLane(engine, view, self._recorder.entries.append, self._put_off)
+        self._door = Door({"cpu": self._cpu, "gpu": self._gpu_lane, "pair": self._pair, "general": self._general})
         self._owns_engine = parent is None  # closing it closes the engine (passed on by shrink)
         if world:  # one listener per engine, for all its communicators
             engine.mailbox.lost_listeners.append(functools.partial(on_member_lost, engine))
         self._gpu: Any = None  # GpuRunner, made by the first op on GPU buffers
-        self._gpu_lane: Any = None  # its native lane, once the device path runs ops (gpu/lane.py)
         box = engine.mailbox
         gone = next((w for w in view.ranks if w in box.lost and w not in box.closed_peers), None)
         if gone is not None:  # lost while this communicator was being made (its engine's bootstrap)
@@ -336,8 +343,9 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         dt, coll = out.dtype, BY_NAME[name]
         desc = (count, dt, op, root if coll.rooted else None)
         order = -1  # a channel's op: its issue number there
-        if self._lane is not None and self._lane.pending:
-            self._adopt_orphan()
+        lane = self._cpu.native
+        if lane is not None and lane.pending:
+            self._cpu.adopt_orphan()
         with self._lock:
             self._usable()
             seq, order = self._counters.take(shm is not None)  # the channel runs its ops in issue order
@@ -345,10 +353,10 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         op_ = Op(name, coll.code, seq, inp, out, dtype_code(dt) if name != "barrier" else 0, op, count,
                  root, timeout, work, result, sched, order, desc, native)
         work._probe = op_.blocked_on
-        if CAPTURE.ops is not None:  # jax_ext learning what a custom call runs (fast_lane.py)
+        if CAPTURE.ops is not None:  # jax_ext learning what a custom call runs (lanes/cpu.py)
             CAPTURE.ops.append((op_, native))  # (the op lets go of its program once it has to wait)
         elif TEACHING.call is not None and native is not None and shm is not None:
-            self._teach(op_, native)  # the lane runs this call's form from now on (fast_lane.py)
+            self._cpu.teach(op_, native)  # the lane runs this call's form from now on (lanes/cpu.py)
         _log.debug("%s seq %d: %d x %s, algorithm %s%s", name, seq, count, dt, sched.algo,
                    " over shared memory" if shm is not None else "")
         if shm is not None:  # a small op from another thread may run here, inside the call (placement.py)
@@ -374,7 +382,23 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         return self._gpu
 
     def _publish_gpu_lane(self, lane: Any) -> None:
-        self._gpu_lane = lane
+        self._gpu_lane.publish(self._gpu, lane)
+
+    def _lane_off(self) -> None:
+        """The communicator takes no more ops (closed, aborted, shrunk, a member lost): its lanes say so too,
+        for the callers that read only a lane (an XLA custom call, on XLA's thread, without the GIL)."""
+        self._cpu.off()
+        self._gpu_lane.off()
+        self._pair.off()
+
+    def explain(self, op: str, x: Any = None, out: Any = None, *, reduce: Any = "sum", root: int = 0, tag: int = 0,
+                timeout: float | None = None, stream: Any = None) -> list[tuple[str, str]]:
+        """Which lane would take this call, and why each lane before it would decline, without running it:
+        ``comm.explain("all_reduce", x, out=y, timeout=5)`` -> ``[("cpu", "declines: form (...)"), ("gpu",
+        "declines: ..."), ("general", "would take it")]``. ``op``: a collective's name, ``"isend"`` or
+        ``"irecv"`` (``root`` is then the peer). See docs/troubleshooting.md, "my op is slower than the
+        benchmark"."""
+        return self._door.explain(call_of(op, x, out, reduce, root, tag, timeout, stream))
 
     def _derive(self, ranks: list[int], ctx: int, *, shrunk: bool) -> Communicator:
         """A communicator of ``ranks`` (of this one) on the same engine: a ``split`` child, or the
@@ -392,7 +416,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Fas
         self._shm = await setup(self._engine, self._view, timeout, what)
         self._forget_plans()  # schedules chosen before: sockets
         if self._shm is not None:
-            self._open_lane()
+            self._cpu.open()
 
     # -- groups, split, lifetime -------------------------------------------
     def group(self) -> Group:

@@ -18,7 +18,7 @@ import threading
 
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
-SUBSYSTEMS = ("INIT", "BOOTSTRAP", "NET", "COLL", "P2P", "ENV", "PROXY", "ALLOC")
+SUBSYSTEMS = ("INIT", "BOOTSTRAP", "NET", "COLL", "P2P", "ENV", "PROXY", "ALLOC", "LANES")
 
 _state = {"rank": "?"}
 _configured = False

@@ -67,19 +67,19 @@ def gpu_path(comm: Communicator) -> str | None:
 
 def gpu_lane_ran(comm: Communicator) -> int:
     """GPU ops of ``comm`` that the native GPU lane ran from the call to the done Work (0 without a lane)."""
-    lane = getattr(comm, "_gpu_lane", None)
+    lane = comm._gpu_lane.native
     return int(lane.ran) if lane is not None else 0
 
 
 # -- the native core's view of a communicator (jax_ext's XLA handlers) ---------------------------------------
 def fast_lane(comm: Communicator) -> Any:
-    """``comm``'s native fast lane (``aioccl.native.core.Lane``: its counters and small all_reduce), or None."""
-    return comm._lane
+    """``comm``'s native CPU lane (``aioccl.native.core.Lane``: its counters and small all_reduce), or None."""
+    return comm._cpu.native
 
 
 def pair_lane(comm: Communicator) -> Any:
-    """``comm``'s native point-to-point lane (``aioccl.native.core.PairLane``, ``p2p_lane.py``), or None."""
-    return comm._pair_lane
+    """``comm``'s native point-to-point lane (``aioccl.native.core.PairLane``, ``lanes/pair.py``), or None."""
+    return comm._pair.native
 
 
 def channel(comm: Communicator) -> Any:
@@ -92,7 +92,7 @@ def resume_native(comm: Communicator, template: Op[Any], rc: int, seq: int, orde
     """An op a native caller started on ``comm`` (sequence number ``seq``, channel order ``order``) and could
     not finish (``rc``): the engine carries it on, or runs it (``native.core.UNSUITABLE``); ``template`` is
     the op the caller learnt from. Its Work."""
-    return comm._resume_native(template, rc, seq, order, inp, out)
+    return comm._cpu.resume_native(template, rc, seq, order, inp, out)
 
 
 # -- Works an integration completes itself --------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Point-to-point ops: a mixin of ``Communicator``.
+"""Point-to-point ops: a mixin of ``Communicator``. ``isend`` and ``irecv`` go through the communicator's door
+(``lanes/door.py``): the pair lane first, then the general way here (``_general_message``).
 
 Messages match by (peer, tag) in posting order, like MPI; sends may be
 posted before their receives (the data waits in a pooled buffer). A receive
@@ -13,19 +14,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .buffers import Buf, adapt, byte_view, need_writable
+from .buffers import adapt, byte_view, need_writable
 from .dtypes import dtype_code
 from .engine.p2p.probes import Message as Message
 from .engine.p2p.starts import start_drain, start_probe, start_recv, start_recv_any, start_send
 from .engine.receives import Status as Status
 from .errors import InvalidArgument
-from .fast_lane import NOT_HOST, host_view
-from .p2p_lane import put_off
+from .lanes.call import SEND
+from .lanes.pair import put_off
+from .native.answers import Declined
 from .work import Work
 
 if TYPE_CHECKING:
     from .engine.engine import Engine
     from .engine.view import CommView
+    from .lanes.call import Call
+    from .lanes.door import Door
+    from .lanes.pair import PairLane
 
 MAX_TAG = (1 << 62) - 1
 ANY_SOURCE = -1  # irecv(peer=ANY_SOURCE): from whichever rank's message comes first
@@ -34,29 +39,23 @@ _HOST_STREAM = "stream= orders ops on GPU buffers; this op's buffers are in host
 
 
 class PointToPointOps:
-    if TYPE_CHECKING:
-        _view: CommView
-        _engine: Engine
-        _pair_lane: Any  # (p2p_lane.py)
-
-        def _peer(self, peer: int) -> int: ...
-
-        def _op_timeout(self, timeout: float | None) -> float: ...
-
-        def _usable(self) -> None: ...
-
-        def _track(self, work: Work[Any], desc: Any, start: Callable[..., Any], *args: Any,
-                   borrow: bool = False) -> Work[Any]: ...
-
-        def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
-                     stream: Any) -> Work[Any]: ...
+    # (Communicator's own members, used here: this mixin is a part of it, not a class of its own)
+    _view: CommView
+    _engine: Engine
+    _door: Door
+    _pair: PairLane
+    _peer: Callable[[int], int]
+    _op_timeout: Callable[[float | None], float]
+    _usable: Callable[[], None]
+    _track: Callable[..., Work[Any]]
+    _gpu_p2p: Callable[..., Work[Any]]
 
     def _put_off(self, x: np.ndarray, peer: int, tag: int) -> Work[None]:
         """A lane send whose FIFO stayed full while the loop was wanted: it goes from the loop, in order with the
-        sends to that peer after it (``p2p_lane.put_off``)."""
+        sends to that peer after it (``lanes/pair.put_off``)."""
         work: Work[None] = Work(f"send(peer={peer}, tag={tag})", tag, cancellable=True)
         work._probe = _probe(peer)
-        return self._track(work, (x.size, x.dtype, None, None), put_off, self._engine, self._view, self._pair_lane,
+        return self._track(work, (x.size, x.dtype, None, None), put_off, self._engine, self._view, self._pair.native,
                            x, peer, tag, self._op_timeout(None), work)
 
     def _peer_tag(self, peer: int, tag: int) -> tuple[int, int]:
@@ -84,13 +83,12 @@ class PointToPointOps:
         same-host peer whose FIFO is full, the call waits for room while that peer keeps taking messages
         and the event loop has nothing else to run (its sends would otherwise queue in the engine).
         """
-        lane = self._pair_lane
-        if lane is not None and timeout is None and stream is None:  # the native lane: done in the call, or None
-            xa = x if x.__class__ is np.ndarray else _on_host(x)
-            w = lane.send(xa, peer, tag)  # (off once not usable)
-            if w is not None:
-                return w if w is not False else self._put_off(xa, peer, tag)
-        t = self._op_timeout(timeout)
+        return self._door.send(x, peer, tag, timeout, stream)
+
+    def _send(self, call: Call) -> Work[None]:
+        """The general way of a send."""
+        x, peer, tag, stream = call.x, call.root, call.tag, call.stream
+        t = self._op_timeout(call.timeout)
         self._usable()
         peer, tag = self._peer_tag(peer, tag)
         xb = adapt(x, "x")
@@ -114,13 +112,12 @@ class PointToPointOps:
         message that fits and that no receive posted before it takes; ``work.status`` (a ``Status``) then
         names its source and tag. From any source, a crashed rank of the communicator fails it.
         """
-        lane, spin = self._pair_lane, True
-        if lane is not None and timeout is None and stream is None:  # the native lane: done in the call, None,
-            # or False (it spun: the general way need not spin again); a CPU tensor as its numpy view
-            w = lane.recv(buf if buf.__class__ is np.ndarray else _on_host(buf), peer, tag, buf)
-            if w is not None and w is not False:
-                return w  # type: ignore[no-any-return]
-            spin = w is None
+        return self._door.recv(buf, peer, tag, timeout, stream)
+
+    def _recv(self, call: Call) -> Work[Any]:
+        """The general way of a receive (without spinning again where the pair lane spun for it)."""
+        buf, peer, tag, timeout, stream = call.x, call.root, call.tag, call.timeout, call.stream
+        spin = not (call.first.__class__ is Declined and call.first.reason == "spun")
         t = self._op_timeout(timeout)
         self._usable()
         peer, tag, wild = self._matching(peer, tag)
@@ -143,6 +140,10 @@ class PointToPointOps:
         return self._track(work, (arr.size, arr.dtype, None, None), start_recv_any if wild else start_recv,
                            self._engine, self._view, peer, tag, byte_view(arr), dtype_code(arr.dtype), t, work,
                            bb.wrap(arr), spin)
+
+    def _general_message(self, call: Call) -> Work[Any]:
+        """The general way of a message (lanes/general.py)."""
+        return self._send(call) if call.code == SEND else self._recv(call)
 
     recv = irecv
 
@@ -193,8 +194,3 @@ def _probe(peer: int) -> Callable[[], list[int]]:
 def _nothing() -> None:
     return None
 
-
-def _on_host(x: Any) -> Any:
-    """A dense CPU tensor as the numpy array the lane takes (None, which it declines, for anything else)."""
-    view = host_view(x)
-    return None if view is NOT_HOST else view

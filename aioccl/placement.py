@@ -120,7 +120,7 @@ class Placement:
             self.call(_nothing)
 
     def wake(self) -> None:
-        """Have the loop look at what a borrower left it (the native lane's callers, ``p2p_lane.py``)."""
+        """Have the loop look at what a borrower left it (the native lane's callers, ``lanes/pair.py``)."""
         self.call(_nothing)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:

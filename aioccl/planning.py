@@ -21,6 +21,7 @@ from .engine.shm import native as shm_native
 
 if TYPE_CHECKING:
     from .engine.shm.channel import ShmChannel
+    from .lanes.cpu import CpuLane
     from .tuning import Tuning
 
 PLAN_CACHE = 256  # distinct calls (collective, count, dtype, root, placement) whose schedules a communicator keeps
@@ -32,7 +33,7 @@ class Planning:
         _shm: ShmChannel | None
         _tuning: Tuning
         _layout: tuple[int, ...]
-        _lane: Any
+        _cpu: CpuLane
         _native_max: int
 
         @property
@@ -48,15 +49,16 @@ class Planning:
             self._forget_plans()
         sched = self._plan(name, count, dt, root, in_place, same)
         plan = self._plans[(name, count, dt, root, in_place, same)] = (sched, self._lower(name, sched, count, root, dt))
-        if name == "all_reduce" and same and plan[1] is not None and self._lane is not None:
-            self._lane.learn(count, dtype_code(dt), plan[1])  # in place: the fast lane's case
+        lane = self._cpu.native
+        if name == "all_reduce" and same and plan[1] is not None and lane is not None:
+            lane.learn(count, dtype_code(dt), plan[1])  # in place: the CPU lane's small all_reduce
         return plan
 
     def _forget_plans(self) -> None:
         """Drop every schedule chosen so far (and the fast lane's programs): the next calls choose again."""
         self._plans.clear()
-        if self._lane is not None:
-            self._lane.forget()
+        if self._cpu.native is not None:
+            self._cpu.native.forget()
 
     def _plan(self, name: str, count: int, dt: np.dtype[Any], root: int, in_place: bool, same: bool) -> Schedule:
         """This rank's schedule for one call on host buffers (the same call always gets the same one,

@@ -12,7 +12,7 @@ small op of lockstep steps on a same-host channel, whose buffers are exactly XLA
 its program. Later calls run it in C: the lane's counters, the channel's gate, the protocol. The
 rest stay on the fallback for good: large ops, other hosts. A point-to-point op (``send``, ``recv``,
 ``sendrecv``, ``ppermute``) learns its peers and tag at its first call (``pair=`` of its primitive) and
-runs from then on through its communicator's native point-to-point lane (``aioccl/p2p_lane.py``):
+runs from then on through its communicator's native point-to-point lane (``aioccl/lanes/pair.py``):
 whatever the lane cannot take (a full FIFO, a message past the eager limit, a wildcard, a late peer)
 comes back here, whole or with its send done (``PAIR_SENT``: the receive alone runs here).
 
@@ -38,7 +38,7 @@ import numpy as np
 from aioccl import Communicator, lowlevel, native
 from aioccl.algorithms.table import TABLE
 from aioccl.dtypes import dtype_code
-from aioccl.fast_lane import CAPTURE
+from aioccl.lanes.cpu import CAPTURE
 
 from . import _compat, call_log
 from .interrupts import Job, run_guarded, wait_guarded
@@ -213,7 +213,7 @@ class Site:
 
     def _learn_pair(self, comm: Communicator, pos: int) -> None:
         """Teach the handler this member's point-to-point op, run from then on by the communicator's native
-        lane (``aioccl/p2p_lane.py``), when it has one and the op is one the lane runs."""
+        lane (``aioccl/lanes/pair.py``), when it has one and the op is one the lane runs."""
         core, lane = native.core, lowlevel.pair_lane(comm)
         assert self.pair is not None
         peers = self.pairs[pos] = self.pair(rank=comm.rank, **self.params)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from aioccl import lowlevel, native
-from aioccl.fast_lane import CAPTURE
+from aioccl.lanes.cpu import CAPTURE
 
 from . import _gpu, call_log
 from .interrupts import run_guarded

@@ -23,8 +23,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                  "aioccl.gpu.arrays")),
     ("engine", ("aioccl.engine", "aioccl.watchdog")),
     ("gpu", ("aioccl.gpu",)),
-    ("communicator", ("aioccl.communicator", "aioccl.collectives", "aioccl.p2p", "aioccl.p2p_lane", "aioccl.lifecycle",
-                      "aioccl.tracking", "aioccl.planning", "aioccl.recovery", "aioccl.fast_lane", "aioccl.knobs",
+    ("communicator", ("aioccl.communicator", "aioccl.collectives", "aioccl.p2p", "aioccl.lanes", "aioccl.lifecycle",
+                      "aioccl.tracking", "aioccl.planning", "aioccl.recovery", "aioccl.knobs",
                       "aioccl.initialization", "aioccl.lowlevel")),
     ("top", ("aioccl", "aioccl.interop", "aioccl.ray", "aioccl.tools", "aioccl.run", "jax_ext")),
 )

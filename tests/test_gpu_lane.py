@@ -19,6 +19,7 @@ import pytest
 
 from aioccl import native
 from aioccl.group import current_group
+from aioccl.native.answers import Declined
 from aioccl.work import BORN_DONE_LOCK, Work
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,15 +191,17 @@ def test_run_takes_a_learnt_call_only_and_gives_a_done_work_with_its_event(drive
     lane, recorded = make_lane(driver, form=1)
     plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)),))
     x = FakeArray(0xBEEF00, 16)
-    assert lane.run(1, x, None, "sum", 0) is None  # nothing learnt: the general way
+    assert isinstance(lane.run(1, x, None, "sum", 0), Declined)  # nothing learnt: the general way
     learn(lane, x, plan)
-    assert lane.run(1, FakeArray(0xBEEF40, 16), None, "sum", 0) is None  # another buffer
-    assert lane.run(1, x, None, "max", 0) is None  # another op
-    assert lane.run(1, FakeArray(0xBEEF00, 16, strides=(8,)), None, "sum", 0) is None  # a strided view of it
-    assert lane.run(1, FakeArray(0xBEEF00, 16, np.int32), None, "sum", 0) is None  # another dtype
+    assert isinstance(lane.run(1, FakeArray(0xBEEF40, 16), None, "sum", 0), Declined)  # another buffer
+    assert isinstance(lane.run(1, x, None, "max", 0), Declined)  # another op
+    # a strided view of it
+    assert isinstance(lane.run(1, FakeArray(0xBEEF00, 16, strides=(8,)), None, "sum", 0), Declined)
+    assert isinstance(lane.run(1, FakeArray(0xBEEF00, 16, np.int32), None, "sum", 0), Declined)  # another dtype
     learn(lane, x, plan, out=FakeArray(0xCAFE00, 16))
-    assert lane.run(1, x, FakeArray(0xCAFE00, 8), "sum", 0) is None  # a smaller output at the same address
-    assert lane.run(1, np.zeros(16, np.float32), None, "sum", 0) is None  # not the GPU array type
+    # a smaller output at the same address
+    assert isinstance(lane.run(1, x, FakeArray(0xCAFE00, 8), "sum", 0), Declined)
+    assert isinstance(lane.run(1, np.zeros(16, np.float32), None, "sum", 0), Declined)  # not the GPU array type
     assert calls(driver) == []
     w = lane.run(1, x, None, "sum", 0)
     assert isinstance(w, Work) and w.done() and w.result() is x and w.seq == 7 and w.op == "all_reduce"
@@ -239,7 +242,7 @@ def test_run_sends_the_call_the_general_way_when(driver, why):
     else:
         token = current_group.set([])
     try:
-        assert lane.run(1, x, None, "sum", 0) is None
+        assert isinstance(lane.run(1, x, None, "sum", 0), Declined)
     finally:
         if token is not None:
             current_group.reset(token)
@@ -331,21 +334,23 @@ def test_run_takes_torch_tensors_on_torchs_current_stream_once_told(driver):
     lane, recorded = make_lane(driver, form=1)
     plan = native.core.GpuPlan(((launch_spec(0xA), launch_spec(0xB)),))
     t, asked = FakeTensor(0xBEEF00, 16), []
-    assert lane.run(1, t, None, "sum", 0) is None  # not a type the lane takes yet
+    assert isinstance(lane.run(1, t, None, "sum", 0), Declined)  # not a type the lane takes yet
     current = [STREAM]
     lane.take_tensors(FakeTensor, lambda dev: asked.append(dev) or current[0], 3)
     lane.learn(lane.key(1, t, None, "sum", 0, STREAM), (plan, "all_reduce", (16, "torch.float32", "sum", None), 1,
                                                        5.0, 0))
     lane.enabled = True
-    assert lane.run(1, FakeTensor(0xBEEF40, 16), None, "sum", 0) is None  # another buffer
-    assert lane.run(1, FakeTensor(0xBEEF00, 16, stride=(2,)), None, "sum", 0) is None  # strided
-    assert lane.run(1, FakeTensor(0xBEEF00, 16, "torch.bfloat16"), None, "sum", 0) is None  # another dtype
-    assert lane.run(1, FakeTensor(0xBEEF00, 8), None, "sum", 0) is None  # fewer elements
-    assert lane.run(1, FakeTensor(0xBEEF00, 16, cuda=False), None, "sum", 0) is None  # a CPU tensor
-    assert lane.run(1, t, FakeArray(0xCAFE00, 16), "sum", 0) is None  # a tensor and a cupy array
-    assert lane.run(1, FakeArray(0xBEEF00, 16), None, "sum", 0) is None  # a cupy array at the same address
+    assert isinstance(lane.run(1, FakeTensor(0xBEEF40, 16), None, "sum", 0), Declined)  # another buffer
+    assert isinstance(lane.run(1, FakeTensor(0xBEEF00, 16, stride=(2,)), None, "sum", 0), Declined)  # strided
+    # another dtype
+    assert isinstance(lane.run(1, FakeTensor(0xBEEF00, 16, "torch.bfloat16"), None, "sum", 0), Declined)
+    assert isinstance(lane.run(1, FakeTensor(0xBEEF00, 8), None, "sum", 0), Declined)  # fewer elements
+    assert isinstance(lane.run(1, FakeTensor(0xBEEF00, 16, cuda=False), None, "sum", 0), Declined)  # a CPU tensor
+    assert isinstance(lane.run(1, t, FakeArray(0xCAFE00, 16), "sum", 0), Declined)  # a tensor and a cupy array
+    # a cupy array at the same address
+    assert isinstance(lane.run(1, FakeArray(0xBEEF00, 16), None, "sum", 0), Declined)
     current[0] = STREAM + 1
-    assert lane.run(1, t, None, "sum", 0) is None  # torch's current stream is another one now
+    assert isinstance(lane.run(1, t, None, "sum", 0), Declined)  # torch's current stream is another one now
     assert calls(driver) == []
     current[0] = STREAM
     w = lane.run(1, t, None, "sum", 0)
@@ -369,7 +374,7 @@ def test_a_closed_lane_launches_nothing_and_sends_calls_the_general_way(driver):
     assert not lane.enabled
     lane.enabled = True
     assert not lane.enabled
-    assert lane.run(1, x, None, "sum", 0) is None
+    assert isinstance(lane.run(1, x, None, "sum", 0), Declined)
     with pytest.raises(RuntimeError, match="closed"):
         lane.enqueue(plan, STREAM, 7, 1, 5.0, None, True)
     assert calls(driver) == [] and lane.oldest() is None

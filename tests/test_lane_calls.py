@@ -1,4 +1,4 @@
-"""The CPU lane's other collectives (native/src/py/lane_calls.c, taught by aioccl/fast_lane.py): every form
+"""The CPU lane's other collectives (native/src/py/lane_calls.c, taught by aioccl/lanes/cpu.py): every form
 exact in real processes, run in C after its first call; a mismatch, bad input, a group and a late peer
 behave as on the general way."""
 
@@ -68,7 +68,7 @@ async def test_bad_input_after_the_lane_learnt_the_form_is_refused_before_anythi
     try:
         await _teach(comms, lambda c: c.all_gather(np.ones(3, np.float32), out=np.zeros(6, np.float32)))
         c = comms[0]
-        seq, ran = c._seq, c._lane.ran
+        seq, ran = c._seq, c._cpu.native.ran
         ro = np.zeros(6, np.float32)
         ro.flags.writeable = False
         big = np.zeros(12, np.float32)
@@ -81,7 +81,7 @@ async def test_bad_input_after_the_lane_learnt_the_form_is_refused_before_anythi
         for x, out in bad:
             with pytest.raises(aioccl.InvalidArgument):
                 c.all_gather(x, out=out)
-        assert c._seq == seq and c._lane.ran == ran, "a refused call took a sequence number"
+        assert c._seq == seq and c._cpu.native.ran == ran, "a refused call took a sequence number"
         outs = [np.zeros(6, np.float32) for _ in comms]
         await asyncio.gather(*(c.all_gather(np.full(3, c.rank + 1, np.float32), out=o)
                                for c, o in zip(comms, outs, strict=True)))

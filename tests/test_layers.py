@@ -1,5 +1,6 @@
-"""The house's layers hold: no import runs up the layer map, no import circle of more than 3 files, no file
-over its size, and docs/architecture.md shows the map the contract holds the code to (tests/layers.py)."""
+"""The house's layers hold: no import runs up the layer map, no import circle of more than 3 files, and
+docs/architecture.md shows the map the contract holds the code to (tests/layers.py). Files have no size cap:
+a file is one idea, split along its seams, never to meet a line count (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -61,15 +62,6 @@ def test_a_package_face_that_imports_counts_and_ones_own_package_does_not(tmp_pa
 def test_the_docs_show_the_contracts_map():
     doc = (ROOT / "docs" / "architecture.md").read_text()
     assert layers.render() in doc, "docs/architecture.md's layer map differs from tests/layers.py:\n" + layers.render()
-
-
-def test_file_sizes():
-    py = [p for pkg in layers.PACKAGES for p in (ROOT / pkg).rglob("*.py")]
-    c = [p for ext in ("*.c", "*.h", "*.cu") for p in (ROOT / "aioccl").rglob(ext)]
-    assert len(py) > 100 and len(c) > 10
-    over = [f"{p.relative_to(ROOT)} {n}" for p in py if (n := len(p.read_text().splitlines())) > 400]
-    over += [f"{p.relative_to(ROOT)} {n}" for p in c if (n := len(p.read_text().splitlines())) > 600]
-    assert over == []
 
 
 @pytest.mark.parametrize("pkg", ["aioccl", "jax_ext"])

@@ -42,7 +42,7 @@ def test_the_switch_and_a_missing_module_take_the_python_path_with_one_warning()
             "    comms = await make_comms(2)\n"
             "    xs = [np.full(3, c.rank + 1, np.int32) for c in comms]\n"
             "    await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))\n"
-            "    print(n.status(), [x.tolist() for x in xs], [c._lane is None for c in comms])\n"
+            "    print(n.status(), [x.tolist() for x in xs], [c._cpu.native is None for c in comms])\n"
             "    await close_all(comms)\n"
             "asyncio.run(main())\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -352,7 +352,7 @@ async def test_a_closed_communicator_and_its_lane_are_collected():
     xs = [np.ones(3, np.float32) for _ in comms]
     for _ in range(2):
         await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs, strict=True)))
-    assert all(c._lane is not None for c in comms)
+    assert all(c._cpu.native is not None for c in comms)
     refs = [weakref.ref(c) for c in comms]
     await close_all(comms)
     del comms, xs

@@ -1,4 +1,4 @@
-"""The point-to-point lane (``PairLane``, native/src/py/pair_lane.c; owner p2p_lane.py): isend and irecv of a
+"""The point-to-point lane (``PairLane``, native/src/py/pair_lane.c; owner lanes/pair.py): isend and irecv of a
 numpy array over a same-host pair's FIFO, from the call to the done Work in C.
 
 Two communicators in this process over real shared-memory pairs: what the lane takes is exact for every
@@ -33,7 +33,7 @@ def pair(body: Callable[[aioccl.Communicator, aioccl.Communicator], Coroutine[An
     async def main() -> None:
         a, b = await make_comms(2)
         try:
-            assert a._pair_lane is not None and b._pair_lane is not None
+            assert a._pair.native is not None and b._pair.native is not None
             await body(a, b)
         finally:
             await close_all([a, b])
@@ -50,7 +50,7 @@ def poisoned(n: int, dt: Any) -> np.ndarray:
 
 
 def counts(c: aioccl.Communicator) -> tuple[int, int]:
-    s = c._pair_lane.stats()
+    s = c._pair.native.stats()
     return s["sent"], s["received"]
 
 
@@ -324,7 +324,7 @@ def test_bad_input_raises_before_a_byte_moves_and_other_arrays_go_the_general_wa
         await a.close()
         with pytest.raises(aioccl.AiocclError):
             a.isend(x, 1, 0)
-        assert not a._pair_lane.enabled
+        assert not a._pair.native.enabled
 
     pair(body)
 

@@ -22,8 +22,9 @@ import pytest
 from test_pair_lane import data, poisoned
 
 import aioccl
-from aioccl import native, p2p_lane
+from aioccl import native
 from aioccl.engine.turns import loop_waits
+from aioccl.lanes import pair as p2p_lane
 
 from conftest import TRANSPORT_ENV, close_all
 
@@ -109,11 +110,11 @@ def run_case(monkeypatch: pytest.MonkeyPatch, stall_ms: int, pause_s: float, loo
                 start.set()
             if loop_wanted:
                 asyncio.get_running_loop().call_soon(lambda: None)  # ready all through the sends below
-            before = a._pair_lane.stats()
+            before = a._pair.native.stats()
             sends, t0 = [], time.monotonic()
             for k in range(N):
                 sends.append(a.isend(data(COUNT, np.float32, k), 1, 7))
-                if start_late and a._pair_lane.stats()["full"] > before["full"]:
+                if start_late and a._pair.native.stats()["full"] > before["full"]:
                     start.set()  # gave up: now let the receiver read
             took = time.monotonic() - t0
             at_once = sum(w.done() for w in sends)
@@ -123,7 +124,7 @@ def run_case(monkeypatch: pytest.MonkeyPatch, stall_ms: int, pause_s: float, loo
             assert len(got) == N
             for k, y in enumerate(got):
                 assert np.array_equal(y, data(COUNT, np.float32, k)), (k, y[:4])
-            after = a._pair_lane.stats()
+            after = a._pair.native.stats()
             return {key: after[key] - before[key] for key in after}, list(asked.answers), took, at_once
         finally:
             await close_all([a, b])

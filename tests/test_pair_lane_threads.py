@@ -31,7 +31,7 @@ def test_from_another_thread_the_lane_borrows_a_proxy_engine() -> None:
     async def main() -> None:
         a, b = await make_comms(2, engine="thread")
         try:
-            assert a._pair_lane is not None and b._engine.placement.kind == "thread"
+            assert a._pair.native is not None and b._engine.placement.kind == "thread"
             for k, n in enumerate((1, 1000, (80 << 10) // 4 + 3)):
                 by_lane = 0
                 for _ in range(8):
@@ -79,7 +79,7 @@ def test_a_receive_that_waits_gets_its_message_written_straight_into_its_buffer(
                 pytest.skip("the kernel lets no process here write another's memory (cross-memory attach)")
             for n, dt in (((64 << 10) // 4, np.float32), (300_001, np.uint8), (1 << 17, np.int64)):
                 x, y, got = data(n, dt, 5), poisoned(n, dt), []
-                before = a._pair_lane.stats()["delivered"]
+                before = a._pair.native.stats()["delivered"]
                 t = threading.Thread(target=lambda y=y, got=got: got.append(b.irecv(y, 0, 3)))
                 t.start()
                 deadline = time.monotonic() + 10
@@ -89,7 +89,7 @@ def test_a_receive_that_waits_gets_its_message_written_straight_into_its_buffer(
                 w = a.isend(x, 1, 3)
                 t.join(10)
                 assert w.done() and got and got[0].done(), (w, got)
-                assert a._pair_lane.stats()["delivered"] == before + 1
+                assert a._pair.native.stats()["delivered"] == before + 1
                 assert np.array_equal(y, x) and got[0].status == Status(0, 3), (n, y[:8])
                 assert rx.rx.ctl[WANT] == 0 and rx.rx.available() == 0
         finally:

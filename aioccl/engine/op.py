@@ -27,6 +27,7 @@ from .notices import Fingerprint
 A = TypeVar("A")
 Wait = tuple[tuple[int, ...], int]  # shared memory: (channel ranks, the step they must have published)
 NO_SCHEDULE = Schedule(())
+_EMPTY = np.zeros(0, np.uint8)  # a program's buffer that is no buffer (a barrier's)
 
 
 class Lockstep(Protocol):
@@ -113,6 +114,30 @@ class Op(Generic[A]):
         self.chan: Lockstep | None = None
         self._shift: int | None | bool = False  # OUT's element offset inside IN (False: not computed yet)
         self.native = native  # a channel's op: its schedule lowered for the native core (shm_native.py), or None
+
+    @classmethod
+    def new(cls, name: str, code: int, seq: int, inp: A, out: A, dtype_code: int, op: ReduceOp | None, count: int,
+            root: int, timeout: float, result: Callable[[], Any], sched: Schedule = NO_SCHEDULE, order: int = 0,
+            desc: Any = None, native: Any = None, work: Work[Any] | None = None) -> Op[A]:
+        """The one way an op is made: with its ``Work`` (``Work(name, seq)`` unless given), which asks the op
+        whom it waits for (``Communicator.pending()``)."""
+        if work is None:
+            work = Work(name, seq)
+        op_ = cls(name, code, seq, inp, out, dtype_code, op, count, root, timeout, work, result, sched, order, desc,
+                  native)
+        work._probe = op_.blocked_on
+        return op_
+
+    @classmethod
+    def from_template(cls, template: tuple[Any, ...], seq: int, order: int, inp: Any, out: Any, timeout: float,
+                      given: Any) -> Op[Any]:
+        """An op a native caller started from a form it learnt: ``template`` is ``(name, code, dtype_code, op,
+        count, root, sched, desc)`` (what the lane keeps of the op it learnt from), its Work gives ``given``."""
+        name, code, dtype_code, rop, count, root, sched, desc = template
+        flat_in: Any = _EMPTY if inp is None else inp.reshape(-1)
+        flat_out: Any = _EMPTY if out is None else out.reshape(-1)
+        return cls.new(name, code, seq, flat_in, flat_out, dtype_code, rop, count, root, timeout, lambda: given,
+                       sched, order, desc)
 
     def what(self, ctx: int) -> str:
         return f"{self.name} (seq {self.seq}, comm {ctx:x})"

@@ -21,10 +21,11 @@ from types import ModuleType
 
 core: ModuleType | None = None  # the extension module, when loaded and switched on
 why_not = ""  # why ``core`` is None
+reasons: tuple[str, ...] = ()  # the reasons the C lanes decline for (answers.h), once loaded
 
 
 def _load() -> None:
-    global core, why_not
+    global core, why_not, reasons
     setting = os.environ.get("AIOCCL_NATIVE", "1").strip().lower()
     if setting in ("0", "false", "no", "off"):
         why_not = "switched off by AIOCCL_NATIVE=0"
@@ -36,6 +37,9 @@ def _load() -> None:
         warnings.warn(f"aioccl: native core unavailable, small ops take the slower Python path: {why_not}",
                       RuntimeWarning, stacklevel=3)
         return
+    from .answers import Declined, Handover
+
+    reasons = _core.answers_setup(Declined, Handover)  # the Declined of each of the C lanes' reasons, made once
     core = _core
 
 

@@ -80,7 +80,7 @@ class FrameReader:
 
         ``unclaimed(peer, header)``: given, the run of whole point-to-point messages that nothing posted here
         takes, at the end of what is published, stays in the FIFO (``lingered``): nothing behind it waits to
-        be read, and the native lane's receives take them in order straight from the FIFO (``p2p_lane.py``)
+        be read, and the native lane's receives take them in order straight from the FIFO (``lanes/pair.py``)
         instead of from pooled buffers the engine copied them into. A frame that must be read behind them,
         a receive or probe posted here (``Mailbox.on_post``), or the connection's end reads them in."""
         ctl, data, cap = fifo.ctl, fifo.data, fifo.cap

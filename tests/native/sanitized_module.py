@@ -49,7 +49,7 @@ async def main() -> None:
                 x, y = (np.arange(size) % 91).astype(np.int32), np.full(size, -1, np.int32)
                 await asyncio.gather(a.isend(x, 1, k), b.irecv(y, 0, k))
                 assert (y == x).all(), (size, y[:8])
-            assert a._pair_lane.stats()["sent"] >= 4 and b._pair_lane.stats()["received"] >= 1
+            assert a._pair.native.stats()["sent"] >= 4 and b._pair.native.stats()["received"] >= 1
             # a flood past the FIFO: the send that finds it full waits for room (pair_room.c), gives up (its
             # receiver is this thread), and the rest go the general way behind it
             floods = [(np.arange(100_000) % 89 + j).astype(np.int32) for j in range(12)]
@@ -59,7 +59,7 @@ async def main() -> None:
                 await b.irecv(y, 0, 50)
                 assert (y == x).all(), y[:8]
             await asyncio.gather(*sends)
-            assert a._pair_lane.stats()["full"] >= 1, a._pair_lane.stats()
+            assert a._pair.native.stats()["full"] >= 1, a._pair.native.stats()
         await close_all(comms)
 
 

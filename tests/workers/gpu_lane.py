@@ -29,7 +29,7 @@ from _check import Checker  # noqa: E402
 
 
 def lane_ran(comm: aioccl.Communicator) -> int:
-    lane = comm._gpu_lane
+    lane = comm._gpu_lane.native
     return int(lane.ran) if lane is not None else 0
 
 
@@ -151,7 +151,7 @@ def main() -> None:
     print(f"LANE_OK rank={comm.rank} checks={chk.count} ran={lane_ran(comm)}/{calls} path={path}", flush=True)
     back_to_back, single, inside = host_time(comm)
     print(f"LANE_HOST rank={comm.rank} back to back {back_to_back:.1f} us/op, one call on an idle GPU {single:.1f} "
-          f"us, inside the call {inside:.1f} us; native={'on' if comm._gpu_lane is not None else 'off'}", flush=True)
+          f"us, inside the call {inside:.1f} us; native={'on' if comm._gpu_lane.native else 'off'}", flush=True)
     comm.close()
 
 

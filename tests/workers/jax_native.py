@@ -32,9 +32,9 @@ jax.monitoring.register_event_listener(
 comm = jax_ext.runtime.default_comm()
 r, n = comm.rank, comm.world_size
 deadline = time.monotonic() + 30
-while comm._lane is None and time.monotonic() < deadline:  # the channel comes up after the communicator
+while comm._cpu.native is None and time.monotonic() < deadline:  # the channel comes up after the communicator
     time.sleep(0.01)
-assert comm._lane is not None, "no shared-memory channel"
+assert comm._cpu.native is not None, "no shared-memory channel"
 assert native_call.why_not() is None, native_call.why_not()
 
 

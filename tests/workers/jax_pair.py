@@ -21,7 +21,7 @@ from jax_ext import native_call
 comm = jax_ext.runtime.default_comm()
 r, n = comm.rank, comm.world_size
 nxt, prv = (r + 1) % n, (r - 1) % n
-assert comm._pair_lane is not None, "no native point-to-point lane"
+assert comm._pair.native is not None, "no native point-to-point lane"
 
 
 def block(k: int, count: int, dt: object) -> np.ndarray:
@@ -68,12 +68,12 @@ assert stats()[0] >= before + 8, native_call.stats()
 big = 1 << 17
 perm = [(k, k + 1) for k in range(n - 1)]
 pp = jax.jit(lambda v: jax_ext.ppermute(v, perm=perm))
-before, sent = stats()[0], comm._pair_lane.stats()["sent"]
+before, sent = stats()[0], comm._pair.native.stats()["sent"]
 for k in range(4):
     same(pp(jnp.asarray(block(r + k, big, np.float32))),
          block(r - 1 + k, big, np.float32) if r else np.zeros(big, np.float32), f"ppermute {k}")
 assert stats()[0] >= before + 2, native_call.stats()
-assert r == n - 1 or comm._pair_lane.stats()["sent"] >= sent + 2, comm._pair_lane.stats()  # (not a gather)
+assert r == n - 1 or comm._pair.native.stats()["sent"] >= sent + 2, comm._pair.native.stats()  # (not a gather)
 
 # 50 in a jitted loop, every one native (or carried: a peer past the wait)
 loop = jax.jit(lambda v: jax.lax.fori_loop(0, 50, lambda i, a: jax_ext.sendrecv(a, source=prv, dest=nxt), v))

@@ -149,7 +149,7 @@ async def main() -> None:
     global comm, r, n
     comm = await aioccl.init(timeout=30)  # the inline engine: ops run on this thread, no lock to borrow
     r, n = comm.rank, comm.world_size
-    lane = comm._lane
+    lane = comm._cpu.native
     ran_now = (lambda: lane.ran) if lane is not None else (lambda: 0)  # (AIOCCL_NATIVE=0: no lane)
     calls = 0
     for dt in ("float32", "int32", "float64", "int8"):

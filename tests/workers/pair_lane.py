@@ -19,7 +19,7 @@ def msg(i: int, n: int, src: int) -> np.ndarray:
 async def main() -> None:
     comm = await aioccl.init()
     me, peer = comm.rank, 1 - comm.rank
-    assert comm._pair_lane is not None
+    assert comm._pair.native is not None
 
     async def send_all() -> None:
         for i in range(600):
@@ -35,7 +35,7 @@ async def main() -> None:
 
     await asyncio.gather(send_all(), recv_all())
     await comm.barrier()
-    s = comm._pair_lane.stats()
+    s = comm._pair.native.stats()
     print(f"PAIRLANE OK {s['sent']} {s['received']}", flush=True)
     await comm.close()
 

@@ -182,7 +182,7 @@ def _poll(conn: TcpConnection, fut: asyncio.Future[Any], spin_s: float) -> None:
 
 def start_recv(eng: EngineServices, comm: CommView, peer: int, tag: int, target: memoryview, dtype_code: int,
                timeout: float, work: Work[Any], result: Any, spin: bool = True) -> None:
-    """``spin``: False when the native lane has just spun on the FIFO for it (``p2p_lane.py``)."""
+    """``spin``: False when the native lane has just spun on the FIFO for it (``lanes/pair.py``)."""
     what = work.op
     if eng.aborted is not None:
         if work._start():

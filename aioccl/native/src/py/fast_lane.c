@@ -2,11 +2,11 @@
  *
  * Lane.all_reduce takes the common case only (an aligned, contiguous, writable numpy array of a
  * supported dtype, in place, a known reduction, nothing queued on the channel, no group open, the
- * engine's thread or an idle borrowed engine) and returns None for anything else, before taking a
- * sequence number, so the caller goes the general way. It takes the op's sequence number and channel
+ * engine's thread or an idle borrowed engine) and declines anything else (a Declined naming why, answers.h),
+ * before taking a sequence number, so the caller goes the general way. It takes the op's sequence number and channel
  * order (the Lane owns the communicator's counters), runs the protocol with the GIL released, and
  * returns the done Work with its flight-recorder entry made. An op that must wait longer than a spin
- * comes back as (x, op, code, seq, order) for the engine to carry on with (aioccl/engine/shm/native.py). */
+ * comes back as a Handover for the engine to carry on with (aioccl/engine/shm/native.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <sched.h>
@@ -16,6 +16,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include "answers.h"
 #include "fast_lane.h"
 #include "lane.h"
 #include "core/reduce.h"
@@ -197,36 +198,44 @@ static PyObject *record_done(Lane *self, PyArrayObject *x, PyObject *give, long 
 static PyObject *alone(Lane *self, PyArrayObject *x, PyObject *give, Py_ssize_t count, int redop) {
     int open = acpy_work_no_group(self->group_var);
     if (open <= 0)
-        return open < 0 ? NULL : Py_NewRef(Py_None);
+        return open < 0 ? NULL : acpy_declined(ACPY_NO_GROUP);
     return record_done(self, x, give, __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED), count, redop, acpy_work_monotonic());
 }
 
+/* all_reduce(x[, op[, given]]): in place, from the call to the done Work; a Declined (answers.h) before any number
+ * is taken; or a Handover the engine carries on */
 static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (!__atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE) || kwnames != NULL || nargs < 1 || nargs > 3 || !PyArray_CheckExact(args[0]))
-        Py_RETURN_NONE;
+    if (!__atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE))
+        return acpy_declined(ACPY_NO_OFF);
+    if (acpy_lane_learning) /* jax_ext learning what an op runs: the general way must build it */
+        return acpy_declined(ACPY_NO_LEARNING);
+    if (kwnames != NULL || nargs < 1 || nargs > 3 || !PyArray_CheckExact(args[0]))
+        return acpy_declined(ACPY_NO_BUFFERS);
     PyObject *give = nargs == 3 ? args[2] : args[0];  /* what the Work gives back: x, or the tensor it views */
     PyArrayObject *x = (PyArrayObject *)args[0];
     if (!PyArray_CHKFLAGS(x, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED))
-        Py_RETURN_NONE;
+        return acpy_declined(ACPY_NO_BUFFERS);
     int dtype = acpy_lane_dtype(self, (PyObject *)PyArray_DESCR(x)), redop = acpy_lane_redop(self, nargs >= 2 ? args[1] : NULL);
     if (!dtype || !redop || (redop == AC_OP_AVG && dtype != AC_DT_F16 && dtype != AC_DT_BF16 && dtype != AC_DT_F32 && dtype != AC_DT_F64))
-        Py_RETURN_NONE;
+        return acpy_declined(ACPY_NO_BUFFERS);
     Py_ssize_t nbytes = PyArray_NBYTES(x), count = PyArray_SIZE(x);
     if (self->chan == NULL && nbytes > 0)  /* one rank: the reduction of x alone is x, in place (an average too) */
         return alone(self, x, give, count, redop);
-    if (nbytes <= 0 || nbytes > self->max_bytes)
-        Py_RETURN_NONE;
+    if (nbytes <= 0 || nbytes > self->max_bytes || self->chan == NULL)
+        return acpy_declined(ACPY_NO_SIZE);
     cached *c = &self->cache[(uint64_t)(count * 31 + dtype) % CACHE];
-    if (c->prog == NULL || c->count != count || c->dtype != dtype)
-        Py_RETURN_NONE;
+    if (c->prog == NULL || c->count != count || c->dtype != dtype)  /* (the general way's plan teaches it: learn) */
+        return acpy_declined(ACPY_NO_FORM);
     Program *prog = (Program *)c->prog;
     ac_chan *ch = &self->chan->ch;
-    if (!ch->size || ch->active || (uint64_t)prog->words[8] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes ||
+    if ((uint64_t)prog->words[8] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes ||
         (uint64_t)prog->words[9] * (uint64_t)ac_itemsize(dtype) > (uint64_t)nbytes)
-        Py_RETURN_NONE;
+        return acpy_declined(ACPY_NO_SIZE);
+    if (!ch->size || ch->active)
+        return acpy_declined(ACPY_NO_BUSY);
     int open = acpy_work_no_group(self->group_var);
     if (open <= 0)
-        return open < 0 ? NULL : Py_NewRef(Py_None);
+        return open < 0 ? NULL : acpy_declined(ACPY_NO_GROUP);
     long long seq;
     int64_t order;
     int rc;
@@ -235,15 +244,33 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     int went = acpy_lane_go(self, (PyObject *)prog, data, (size_t)nbytes, data, (size_t)nbytes, dtype, redop,
                             (PyObject *)x, (PyObject *)x, &seq, &order, &rc, &t0);
     if (went <= 0)
-        return went < 0 ? NULL : Py_NewRef(Py_None);
+        return went < 0 ? NULL : acpy_declined(ACPY_NO_BUSY);
     if (went == 2) {
         /* the engine carries on with it (and submits it, in order); kept here until the caller claims it,
          * so a signal that interrupts the caller before then cannot lose the op (it is adopted instead) */
         PyObject *op = nargs >= 2 ? args[1] : s_sum;
-        Py_XSETREF(self->pending, Py_BuildValue("(OOiLL)", (PyObject *)x, op, rc, seq, (long long)order));
+        Py_XSETREF(self->pending, acpy_handover(Py_None, (PyObject *)x, (PyObject *)x, op, rc, seq, (long long)order,
+                                                give));
         return self->pending ? Py_NewRef(self->pending) : NULL;
     }
     return record_done(self, x, give, seq, count, redop, t0);
+}
+
+/* call(code, x, out, op, root): the door's first try, on the caller's own arguments before any record is made
+ * (aioccl/lanes/door.py): an in-place all_reduce takes all_reduce's path, any other call run()'s */
+static PyObject *Lane_call(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "call(code, x, out, op, root)");
+        return NULL;
+    }
+    long code = PyLong_CheckExact(args[0]) ? PyLong_AsLong(args[0]) : -1;
+    if (code == -1 && PyErr_Occurred())
+        PyErr_Clear(); /* (run() declines it) */
+    if (args[2] == Py_None && code == ACPY_CODE_ALL_REDUCE) {
+        PyObject *xo[2] = {args[1], args[3]};
+        return Lane_all_reduce(self, xo, 2, NULL);
+    }
+    return acpy_lane_run(self, args, 5);
 }
 
 static int go_locked(Lane *self, PyObject *prog, void *in, size_t in_len, void *out, size_t out_len, int dtype,
@@ -400,17 +427,18 @@ static PyObject *Lane_forget(Lane *self, PyObject *Py_UNUSED(ignored)) {
 
 static PyMethodDef Lane_methods[] = {
     {"all_reduce", (PyCFunction)(void (*)(void))Lane_all_reduce, METH_FASTCALL | METH_KEYWORDS,
-     "all_reduce(x[, op]): a done Work, (code, seq, order) for the engine to carry on, or None: the general way"},
+     "all_reduce(x[, op[, given]]): in place: a done Work, a Handover for the engine to carry on, or a Declined"},
     {"run", (PyCFunction)(void (*)(void))acpy_lane_run, METH_FASTCALL,
      "run(code, x, out, op, root[, gx, gout]): a call of a form learnt before (lane_calls.c): a done Work, "
-     "(template, in, out, code, seq, order, result) for the engine to carry on, None (not now) or False "
-     "(a form not learnt: the general way)"},
+     "a Handover for the engine to carry on, or a Declined (Declined('form'): the general way, which teaches it)"},
+    {"call", (PyCFunction)(void (*)(void))Lane_call, METH_FASTCALL,
+     "call(code, x, out, op, root): all_reduce for an in-place all_reduce, else run: the door's first try"},
     {"teach", (PyCFunction)(void (*)(void))acpy_lane_teach, METH_FASTCALL,
      "teach(code, x, out, op, root, (program, name, desc, template, in_from, out_from, gives, dtype, fresh))"},
     {"take", (PyCFunction)Lane_take, METH_O, "take(on_channel): the next (seq, order); order -1 off the channel"},
     {"learn", (PyCFunction)(void (*)(void))Lane_learn, METH_FASTCALL, "learn(count, dtype, program)"},
     {"forget", (PyCFunction)Lane_forget, METH_NOARGS, "drop the learnt programs"},
-    {"claim", (PyCFunction)Lane_claim, METH_NOARGS, "the op handed to the engine and not yet claimed, or None"},
+    {"claim", (PyCFunction)Lane_claim, METH_NOARGS, "the Handover given to the engine and not yet claimed, or None"},
     {NULL, NULL, 0, NULL},
 };
 

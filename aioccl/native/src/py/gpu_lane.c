@@ -16,6 +16,7 @@
  * it) and the op's buffers, kept until the slot retires. The driver calls are made with the GIL released,
  * under the launcher's mutex: ops on one communicator get their epochs and reach their streams in one
  * order, whatever thread issues them. */
+#include "answers.h"
 #include "gpu_lane.h"
 
 #include <string.h>
@@ -353,31 +354,32 @@ static PyObject *launch_entry(GpuLane *s, PyObject *entry, cu_handle h, PyObject
     return ev;
 }
 
-/* run(code, x, out, op, root): the op of a call learnt before, from the call to the done Work; None: the
- * general way (the call is new, the caller's device or stream is not the plan's, the lane is off). x and out
- * are both GPU arrays of the lane's array type, or both tensors of take_tensors()'s type */
+/* run(code, x, out, op, root): the op of a call learnt before, from the call to the done Work; else a Declined
+ * (answers.h): the call is new ('form'), the caller's device or stream is not the plan's or a graph is being
+ * captured ('device'), the lane is off. x and out are both GPU arrays of the lane's array type, or both tensors
+ * of take_tensors()'s type */
 static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!self->enabled || nargs != 5 || self->err[0] != 0)
-        Py_RETURN_NONE;
+        return acpy_declined(ACPY_NO_OFF);
     int tensors = is_tensor(self, args[1]);
     PyTypeObject *type = tensors ? Py_TYPE(args[1]) : (PyTypeObject *)self->array_type;
     if (Py_TYPE(args[1]) != type || (args[2] != Py_None && Py_TYPE(args[2]) != type))
-        Py_RETURN_NONE;
+        return acpy_declined(ACPY_NO_BUFFERS);
     if (tensors) {
         int cuda = on_cuda(args[1]);
         if (cuda > 0 && args[2] != Py_None)
             cuda = on_cuda(args[2]);
         if (cuda <= 0)
-            return cuda < 0 ? NULL : Py_NewRef(Py_None);
+            return cuda < 0 ? NULL : acpy_declined(ACPY_NO_BUFFERS);
     }
     double t0 = acpy_work_monotonic();
     cu_handle ctx = NULL;
     if (ac_cuda->ctx_current(&ctx) != CU_SUCCESS || ctx != self->ctx) /* another device's, or none yet */
-        Py_RETURN_NONE;
+        return acpy_declined(ACPY_NO_DEVICE);
     int open = acpy_work_no_group(self->group_var); /* (closing, shrinking, a lost rank: the owner switches the
                                                      * lane off) */
     if (open <= 0)
-        return open < 0 ? NULL : Py_NewRef(Py_None);
+        return open < 0 ? NULL : acpy_declined(ACPY_NO_GROUP);
     PyObject *stream = tensors ? PyObject_CallOneArg(self->tensor_stream, self->tensor_device) /* a handle */
                                : PyObject_CallNoArgs(self->current_stream); /* cupy's Stream, or its handle */
     if (stream != NULL && !PyLong_Check(stream))
@@ -389,10 +391,10 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     Py_XDECREF(key);
     cu_handle h = PyLong_AsVoidPtr(stream);
     Py_DECREF(stream);
-    if (entry == NULL || PyErr_Occurred())
-        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    if (entry == NULL || PyErr_Occurred()) /* (the stream is in the key: another stream is another form) */
+        return PyErr_Occurred() ? NULL : acpy_declined(ACPY_NO_FORM);
     if (capturing(h))
-        Py_RETURN_NONE;
+        return acpy_declined(ACPY_NO_DEVICE);
     Py_INCREF(entry); /* (a learn() from another thread may replace it while the GIL is released) */
     PyObject *name = PyTuple_GET_ITEM(entry, 1), *desc = PyTuple_GET_ITEM(entry, 2);
     long gives = PyLong_AsLong(PyTuple_GET_ITEM(entry, 5));
@@ -403,7 +405,7 @@ static PyObject *GpuLane_run(GpuLane *self, PyObject *const *args, Py_ssize_t na
     Py_XDECREF(keep);
     if (ev == NULL && !PyErr_Occurred()) { /* closed meanwhile: the general way says so, in aioccl's words */
         Py_DECREF(entry);
-        Py_RETURN_NONE;
+        return acpy_declined(ACPY_NO_OFF);
     }
     PyObject *w = ev ? acpy_work_born_done(&self->wm, name, seq, result, desc, t0) : NULL;
     if (w != NULL) {

@@ -8,7 +8,7 @@
 #include "core/reduce.h"
 #include "work.h"
 
-enum { CACHE = 64 };
+enum { CACHE = 64, ACPY_CODE_ALL_REDUCE = 1 /* algorithms/table.py's code */ };
 #define NATIVE_WAIT_S 0.02 /* how long a native caller outside the engine waits in C for a late peer */
 
 typedef struct {
@@ -20,7 +20,7 @@ typedef struct {
 typedef struct acpy_calls acpy_calls; /* lane_calls.c: the calls learnt so far */
 
 /* Nonzero while jax_ext learns on this thread what an op runs (fast_lane.CAPTURE.learning()): the general
- * way must build the op to be seen, so run() answers None (a C thread-local: looking up the Python one
+ * way must build the op to be seen, so the lane declines (a C thread-local: looking up the Python one
  * cost a tenth of a small op) */
 extern _Thread_local int acpy_lane_learning;
 
@@ -30,8 +30,7 @@ typedef struct {
     PyObject *lock, *group_var, *record, *ring_bells;
     PyObject *ops[AC_OP_LAST + 1];
     PyObject *name;
-    PyObject *pending; /* the op last handed to the engine, until claimed: (x, op, code, seq, order) from
-                        * all_reduce, (template, in, out, code, seq, order, result) from run */
+    PyObject *pending; /* the Handover last given to the engine (answers.h), until claimed */
     acpy_work_maker wm; /* its Works */
     unsigned long thread_id;
     int bf16_num, enabled;

@@ -17,6 +17,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include "answers.h"
 #include "lane.h"
 #include "core/reduce.h"
 
@@ -218,29 +219,29 @@ static PyObject *pick(int from, PyObject *x, PyObject *out, PyObject *fresh) {
     return from == FROM_X ? x : from == FROM_OUT ? out : from == FROM_FRESH ? fresh : Py_None;
 }
 
-/* run(code, x, out, op, root[, gx, gout]): the done Work of a call of a form learnt before; (template, in,
- * out, code, seq, order, result) when it must wait (the engine carries it on); None: not now; False: a form
- * the lane does not know (the general way, which then teaches it). gx, gout: what the Work gives back for
- * x and out (the tensors that x and out view), by default x and out. */
+/* run(code, x, out, op, root[, gx, gout]): the done Work of a call of a form learnt before; a Handover when it
+ * must wait (the engine carries it on); else a Declined (answers.h): Declined('form') for a form the lane does
+ * not know yet (the general way, which then teaches it). gx, gout: what the Work gives back for x and out (the
+ * tensors that x and out view), by default x and out. */
 PyObject *acpy_lane_run(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 && nargs != 7) {
         PyErr_SetString(PyExc_TypeError, "run(code, x, out, op, root[, gx, gout])");
         return NULL;
     }
     if (!__atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE) || self->chan == NULL || self->calls == NULL)
-        Py_RETURN_NONE;
+        return acpy_declined(ACPY_NO_OFF);
+    if (acpy_lane_learning) /* jax_ext learning what an op runs: the general way must build it */
+        return acpy_declined(ACPY_NO_LEARNING);
     call_key k;
     span x, o;
     if (make_key(self, args, &k, &x, &o) < 0)
-        Py_RETURN_FALSE;
-    if (acpy_lane_learning) /* jax_ext learning what an op runs: the general way must build it */
-        Py_RETURN_NONE;
+        return acpy_declined(ACPY_NO_BUFFERS);
     call_entry *e = slot_of(self, &k);
     if (!e->used || memcmp(&e->key, &k, sizeof k) != 0)
-        Py_RETURN_FALSE;
+        return acpy_declined(ACPY_NO_FORM);
     int open = acpy_work_no_group(self->group_var);
     if (open <= 0)
-        return open < 0 ? NULL : Py_NewRef(Py_None);
+        return open < 0 ? NULL : acpy_declined(ACPY_NO_GROUP);
     PyObject *fresh = NULL;
     if (e->fresh_descr != NULL) {
         Py_INCREF(e->fresh_descr); /* (PyArray_Empty steals it) */
@@ -257,7 +258,7 @@ PyObject *acpy_lane_run(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
     size_t item = e->dtype ? ac_itemsize(e->dtype) : 1;
     if ((uint64_t)prog->words[8] * item > in_len || (uint64_t)prog->words[9] * item > out_len) {
         Py_XDECREF(fresh); /* (the general way refuses it the same way: never here for a form it taught) */
-        Py_RETURN_FALSE;
+        return acpy_declined(ACPY_NO_SIZE);
     }
     PyObject *entry_refs[3] = {Py_NewRef(e->prog), Py_NewRef(e->name), Py_NewRef(e->desc)};
     PyObject *template = Py_NewRef(e->template);
@@ -273,10 +274,9 @@ PyObject *acpy_lane_run(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *give = gives == GIVES_X ? gx : gives == GIVES_OUT ? gout : gives == GIVES_FRESH ? fresh : Py_None;
     PyObject *result = NULL;
     if (went == 0)
-        result = Py_NewRef(Py_None);
+        result = acpy_declined(ACPY_NO_BUSY);
     else if (went == 2) {
-        Py_XSETREF(self->pending, Py_BuildValue("(OOOiLLO)", template, in_obj, out_obj, rc, seq, (long long)order,
-                                                give));
+        Py_XSETREF(self->pending, acpy_handover(template, in_obj, out_obj, Py_None, rc, seq, (long long)order, give));
         result = self->pending ? Py_NewRef(self->pending) : NULL;
     } else if (went == 1) {
         self->ran++;

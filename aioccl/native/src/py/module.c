@@ -6,6 +6,7 @@
 #define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include "answers.h"
 #include "awaiting.h"
 #include "channel_type.h"
 #include "core/channel.h"
@@ -85,7 +86,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         return NULL;
     }
 #endif
-    if (acpy_awaiting_ready(m) < 0 || acpy_channel_type_ready(m) < 0 || acpy_fast_lane_ready(m) < 0 || acpy_gpu_lane_ready(m) < 0 ||
+    if (acpy_answers_ready(m) < 0 || acpy_awaiting_ready(m) < 0 || acpy_channel_type_ready(m) < 0 || acpy_fast_lane_ready(m) < 0 || acpy_gpu_lane_ready(m) < 0 ||
         acpy_pair_lane_ready(m) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -199,7 +199,11 @@ static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
         PyErr_SetString(PyExc_TypeError, "send(array, peer, tag[, again]) or recv(array, peer, tag[, given])");
         return -1;
     }
-    if (!self->enabled || !PyArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]))
+    c->why = ACPY_NO_OFF;
+    if (!self->enabled)
+        return 0;
+    c->why = ACPY_NO_BUFFERS;
+    if (!PyArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]))
         return 0;
     c->arr = (PyArrayObject *)args[0];
     c->buf = (uint8_t *)PyArray_BYTES(c->arr);
@@ -211,18 +215,27 @@ static int take_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
     if (!PyArray_IS_C_CONTIGUOUS(c->arr) || (writing && !PyArray_ISWRITEABLE(c->arr)))
         return 0;
     c->nbytes = (size_t)PyArray_NBYTES(c->arr);
-    if ((Py_ssize_t)c->nbytes > self->eager || !(c->code = dtype_code(self, PyArray_DESCR(c->arr))))
+    if (!(c->code = dtype_code(self, PyArray_DESCR(c->arr))))
         return 0;
     return acpy_pair_check(self, c);
 }
 
 int acpy_pair_check(PairLane *self, call *c) {
-    if (!self->enabled || c->peer < 0 || c->peer >= self->size || c->peer == self->rank || c->tag < 0 ||
-        c->tag > MAX_TAG || (Py_ssize_t)c->nbytes > self->eager || c->code <= 0 || c->code > 255)
+    c->why = ACPY_NO_OFF;
+    if (!self->enabled)
         return 0;
+    c->why = c->peer < 0 || c->tag < 0 ? ACPY_NO_WILDCARD : ACPY_NO_BUFFERS; /* (the general way names a bad peer) */
+    if (c->peer < 0 || c->peer >= self->size || c->peer == self->rank || c->tag < 0 || c->tag > MAX_TAG ||
+        c->code <= 0 || c->code > 255)
+        return 0;
+    c->why = ACPY_NO_SIZE;
+    if ((Py_ssize_t)c->nbytes > self->eager)
+        return 0;
+    c->why = ACPY_NO_GROUP;
     int open = acpy_work_no_group(self->group_var);
     if (open <= 0)
         return open;
+    c->why = ACPY_NO_OFF;
     PyObject *aborted = PyObject_GetAttr(self->engine, s_aborted);
     if (aborted == NULL)
         return -1;
@@ -234,9 +247,10 @@ int acpy_pair_check(PairLane *self, call *c) {
     c->conn = PyDict_GetItemWithError(self->conns, c->world);
     if (c->conn == NULL)
         return PyErr_Occurred() ? -1 : 0;
-    if ((PyObject *)Py_TYPE(c->conn) != self->pair_type)
+    if ((PyObject *)Py_TYPE(c->conn) != self->pair_type) /* (another host's peer: no FIFO between them) */
         return 0;
     int closed = attr_true(c->conn, s_closed);
+    c->why = ACPY_NO_BUSY; /* (from here on, what declines is something in the way: queued, posted, held) */
     return closed < 0 ? -1 : !closed;
 }
 
@@ -361,17 +375,17 @@ static int held_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
     return took;
 }
 
-/* send(x, peer, tag[, again]): the done Work (with `again`, a put-off send tried again: True), None (the general
- * way), or False (on the engine's thread, the FIFO stayed full and its loop is wanted: the send waits for room
- * from the loop, p2p_lane.put_off) */
+/* send(x, peer, tag[, again]): the done Work (with `again`, a put-off send tried again: True), or a Declined
+ * (answers.h): Declined('full') on the engine's thread when the FIFO stayed full and its loop is wanted (the send
+ * waits for room from the loop, p2p_lane.put_off); any other reason: the general way */
 static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
     int took = held_call(self, args, nargs, 0, &c, acpy_pair_put);
     if (took == 2) /* (p2p_lane.put_off) */
-        return Py_NewRef(Py_False);
+        return acpy_declined(ACPY_NO_FULL);
     if (took <= 0)
-        return took < 0 ? NULL : Py_NewRef(Py_None);
+        return took < 0 ? NULL : acpy_declined((acpy_no)c.why);
     if (nargs == 4) /* a put-off send tried again: its own Work is the caller's, already recorded as it ends */
         return Py_NewRef(Py_True);
     return done_work(self, op_name(self, 0, &c), &c, Py_None, t0);
@@ -522,15 +536,15 @@ int acpy_pair_get(PairLane *self, call *c) {
     return 1;
 }
 
-/* recv(buf, peer, tag): the done Work, None (the general way), or False (the general way, without spinning:
- * this call spun and nothing came) */
+/* recv(buf, peer, tag): the done Work, or a Declined (answers.h): Declined('spun') when this call spun and nothing
+ * came (the general way, without spinning again); any other reason: the general way */
 static PyObject *PairLane_recv(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
     int took = held_call(self, args, nargs, 1, &c, acpy_pair_get);
     if (took == 1 || took == 3)
         return recv_work(self, &c, nargs == 4 ? args[3] : args[0], t0);
-    return took < 0 ? NULL : Py_NewRef(took == 2 ? Py_False : Py_None);
+    return took < 0 ? NULL : acpy_declined(took == 2 ? ACPY_NO_SPUN : (acpy_no)c.why);
 }
 
 static PyObject *PairLane_stats(PairLane *self, PyObject *Py_UNUSED(arg)) {

@@ -10,6 +10,7 @@
 
 #include "core/bell.h"
 #include "core/fifo.h"
+#include "answers.h"
 #include "work.h"
 
 #define NOGIL_BYTES ((size_t)64 << 10) /* copies from this size on release the GIL */
@@ -59,6 +60,7 @@ typedef struct {
     int native;    /* a caller outside Python (pair_native.c): its receive announces no want, its send waits
                     * for none (XLA's buffers are often fresh pages, which cross-memory attach faults in slowly:
                     * a jitted 64 KiB sendrecv took 45 us written in place against 18 through the FIFO) */
+    int why;       /* why the lane declined it, when it did (answers.h's acpy_no) */
 } call;
 
 /* The lane's verbs on a call whose buffer, peer, tag, code and size are filled in, by a caller that holds

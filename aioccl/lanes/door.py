@@ -1,0 +1,136 @@
+"""The one door every op goes through: the lanes tried in one order, each answering with a typed answer.
+
+Every public collective is one line: ``door.collective(code, x, out, op, root, timeout, stream)``; every
+message ``door.message(...)``. The door offers the call to the lanes in ``ORDER`` and returns the first
+``Work`` one gives. A lane answers ``Work`` (it took the call), ``Declined`` (and why) or ``Handover`` (an
+op its native entry started and could not finish in the call: the same lane has the engine carry it on).
+
+The first lane of each order has a native entry the door tries on the caller's own arguments, before any
+record is made: that is the hot path (a repeated small op done in C, from the call to the done Work), and it
+costs one C call. Only when it declines is the ``Call`` record made, its buffers classified once, and the
+lanes asked in order, the first again with the record (it may take what it can view: a CPU tensor).
+
+Why a call took the road it took: ``AIOCCL_DEBUG=INFO AIOCCL_DEBUG_SUBSYS=LANES`` logs, once per call form,
+which lane took it and why each earlier lane declined; ``comm.explain(...)`` (``explain`` here) answers the
+same for one call without running it. docs/architecture.md's table of lanes is checked against each lane's
+``RULES`` (tests/test_lanes.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from .. import log
+from ..native.answers import REASONS, Declined, Handover
+from ..work import Work
+from .call import RECV, SEND, Call
+
+# The order the lanes are tried in, by name: for collectives and for messages. The one place it is said.
+ORDER: dict[str, tuple[str, ...]] = {
+    "collective": ("cpu", "gpu", "general"),
+    "message": ("pair", "general"),
+}
+
+_log = log.get("LANES")
+_LOGGED_MAX = 1024  # call forms logged at most (then the log says it stops: nothing grows without bound)
+
+
+class Lane(Protocol):
+    """What the door asks of a lane (aioccl/lanes/*.py)."""
+
+    name: str
+    RULES: tuple[tuple[str, str], ...]  # (reason, when it declines for it): the docs' table, the tests' rows
+
+    def check(self, call: Call) -> Declined | None:
+        """Why this lane would decline ``call`` without trying it, or None (it would try it)."""
+
+    def try_call(self, call: Call) -> Work[Any] | Declined | Handover:
+        """Take ``call``: its Work, a Declined, or a Handover (an op started that the engine must carry on)."""
+
+    def carry_on(self, handed: Handover, call: Call) -> Work[Any]:
+        """The engine carries on with an op this lane's native entry started (only a lane with one)."""
+
+
+class Door:
+    """A communicator's door: its lanes by name, tried in ``ORDER``.
+
+    ``first``: the first collective lane's native entry on raw arguments, ``(code, x, out, op, root) ->
+    Work | Declined | Handover`` (the CPU lane's ``Lane.call``, or a stand-in that declines while it has
+    none); ``first_send`` / ``first_recv`` likewise for messages (the pair lane's)."""
+
+    def __init__(self, lanes: dict[str, Lane]) -> None:
+        self.lanes = lanes
+        self.collective_lanes = tuple(lanes[name] for name in ORDER["collective"])
+        self.message_lanes = tuple(lanes[name] for name in ORDER["message"])
+        self._logged: set[tuple[Any, ...]] = set()
+
+    def collective(self, code: int, x: Any, out: Any, op: Any, root: Any, timeout: float | None,
+                   stream: Any) -> Work[Any]:
+        if timeout is None and stream is None:  # the hot path: the first lane's C entry, no record made
+            got = self.collective_lanes[0].first(code, x, out, op, root)  # type: ignore[attr-defined]
+            if got.__class__ is Work:
+                return got
+            if got.__class__ is Handover:
+                return self.collective_lanes[0].carry_on(got, Call(code, x, out, op, root, None, None))
+            return self._issue(self.collective_lanes, Call(code, x, out, op, root, None, None, got))
+        return self._issue(self.collective_lanes, Call(code, x, out, op, root, timeout, stream))
+
+    def send(self, x: Any, peer: Any, tag: Any, timeout: float | None, stream: Any) -> Work[Any]:
+        if timeout is None and stream is None:
+            got = self.message_lanes[0].first_send(x, peer, tag)  # type: ignore[attr-defined]
+            if got.__class__ is Work:
+                return got
+            return self._issue(self.message_lanes, Call(SEND, x, None, None, peer, None, None, got, tag))
+        return self._issue(self.message_lanes, Call(SEND, x, None, None, peer, timeout, stream, None, tag))
+
+    def recv(self, buf: Any, peer: Any, tag: Any, timeout: float | None, stream: Any) -> Work[Any]:
+        if timeout is None and stream is None:
+            got = self.message_lanes[0].first_recv(buf, peer, tag)  # type: ignore[attr-defined]
+            if got.__class__ is Work:
+                return got
+            return self._issue(self.message_lanes, Call(RECV, buf, None, None, peer, None, None, got, tag))
+        return self._issue(self.message_lanes, Call(RECV, buf, None, None, peer, timeout, stream, None, tag))
+
+    def _issue(self, lanes: tuple[Lane, ...], call: Call) -> Work[Any]:
+        """The record's way: each lane in order until one gives a Work (the last, the general way, always
+        does, or raises ``InvalidArgument``)."""
+        declined: list[tuple[str, str]] = []
+        for lane in lanes:
+            got = lane.try_call(call)
+            if got.__class__ is Declined:
+                declined.append((lane.name, got.reason))
+                continue
+            if got.__class__ is Handover:
+                got = lane.carry_on(got, call)
+            if _log.isEnabledFor(logging.INFO):
+                self._tell(call, lane.name, declined)
+            return got  # type: ignore[return-value]
+        raise AssertionError(f"no lane took {call.describe()}: the general way must take every call")
+
+    def _tell(self, call: Call, took: str, declined: list[tuple[str, str]]) -> None:
+        """The LANES log: once per call form, who took it and why the lanes before it declined."""
+        key = (call.describe(), took, tuple(declined))
+        if key in self._logged or len(self._logged) > _LOGGED_MAX:
+            return
+        self._logged.add(key)
+        if len(self._logged) > _LOGGED_MAX:
+            _log.info("more than %d call forms logged: no more are", _LOGGED_MAX)
+            return
+        why = "; ".join(f"{name} declined: {reason} ({REASONS[reason]})" for name, reason in declined)
+        _log.info("%s: the %s lane took it%s", key[0], took, f" ({why})" if why else "")
+
+    def explain(self, call: Call) -> list[tuple[str, str]]:
+        """What each lane would do with ``call``, in order, without running it: ``(lane, "declines: <reason>
+        (<what it means>)")`` for each lane before the one that would try it, then ``(lane, "would try it")``
+        (a native lane, which may still decline when it runs: a form not learnt yet, the channel busy) or
+        ``("general", "would take it")``."""
+        lanes = self.message_lanes if call.code in (SEND, RECV) else self.collective_lanes
+        out: list[tuple[str, str]] = []
+        for lane in lanes:
+            no = lane.check(call)
+            if no is None:  # (a native lane may still decline when it runs: a form not learnt, the channel busy)
+                out.append((lane.name, "would take it" if lane.name == "general" else "would try it"))
+                return out
+            out.append((lane.name, f"declines: {no.reason} ({REASONS[no.reason]})"))
+        return out
