@@ -23,6 +23,7 @@ from aioccl.lanes import door
 from aioccl.lanes.call import RECV, SEND, Call
 from aioccl.lanes.cpu import CAPTURE
 from aioccl.native.answers import REASONS, Declined
+
 from conftest import ROOT, close_all, make_comms
 
 ALL_REDUCE, ALL_GATHER, BARRIER = 1, 4, 9
