@@ -3,10 +3,11 @@
 The same checks serve host and GPU buffers; ``stream=`` orders an op on GPU
 buffers on that CUDA stream (default: the current one, see docs/gpu.md).
 
-A mixin of ``Communicator``. Each public method is one line: the call goes through the communicator's door
-(``lanes/door.py``), which offers it to the lanes in one order; the last of them, the general way, runs the
-``_<collective>`` method here: it validates (raising ``InvalidArgument`` before anything is sent), decides
-the buffers and the result, and hands them to ``Communicator._collective``.
+The general way's collectives (``GeneralCollectives``, a part of each ``Communicator``): a public
+collective goes through the communicator's door (``lanes/door.py``), which offers it to the lanes in one
+order; the last of them, the general way, runs the ``_<collective>`` method here: it validates (raising
+``InvalidArgument`` before anything is sent), decides the buffers and the result, and hands them to the
+launcher (``launch.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .work import Work
 if TYPE_CHECKING:
     from .engine.view import CommView
     from .lanes.call import Call
-    from .lanes.door import Door
+    from .launch import Launcher
 
 _CODES = {name: BY_NAME[name].code for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter",
                                                  "all_to_all", "reduce", "gather", "scatter", "scan")}
@@ -33,12 +34,17 @@ _BARRIER = BY_NAME["barrier"].code
 _ALL_REDUCE = _CODES["all_reduce"]
 
 
-class CollectiveOps:
-    # (Communicator's own members, used here: this mixin is a part of it, not a class of its own)
-    _door: Door
-    _view: CommView
-    _root: Callable[[int], int]
-    _collective: Callable[..., Work[Any]]
+class GeneralCollectives:
+    """The general way of every collective of one communicator (``view``), started by ``launcher``."""
+
+    def __init__(self, view: CommView, launcher: Launcher) -> None:
+        self._view = view
+        self._collective = launcher.collective
+
+    def _root(self, root: int) -> int:
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self._view.size:
+            raise InvalidArgument(f"root {root!r} out of range for a communicator of {self._view.size} ranks")
+        return int(root)
 
     @staticmethod
     def _in_place(x: Buf, name: str = "x") -> Buf:
@@ -58,18 +64,6 @@ class CollectiveOps:
                                   f"got shape {shape}")
         return (shape[0] // self._view.size, *shape[1:])
 
-    # -- collectives -----------------------------------------------------------
-    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
-                   timeout: float | None = None, stream: Any = None) -> Work[Any]:
-        """Reduce ``x`` across ranks; in place unless ``out`` is given. Awaits to the result."""
-        return self._door.collective(_ALL_REDUCE, x, out, op, 0, timeout, stream)
-
-    def scan(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
-             timeout: float | None = None, stream: Any = None) -> Work[Any]:
-        """Inclusive prefix reduction (``MPI_Scan``): rank r gets ``x_0 op ... op x_r``, folded in rank order;
-        ``avg`` divides by r + 1. In place unless ``out`` is given. Awaits to the result."""
-        return self._door.collective(_CODES["scan"], x, out, op, 0, timeout, stream)
-
     def _elementwise(self, name: str, x: Any, op: ReduceOp | str, out: Any, timeout: float | None,
                      stream: Any) -> Work[Any]:
         """all_reduce and scan: a reduction whose result has x's shape, in place unless ``out`` is given."""
@@ -80,11 +74,6 @@ class CollectiveOps:
         inp = ob if (out is None and xb.immutable) else xb
         return self._collective(name, xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
-
-    def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
-                  stream: Any = None) -> Work[Any]:
-        """Copy root's ``x`` into every rank's ``x``, or into ``out`` where given (a new array for JAX)."""
-        return self._door.collective(_CODES["broadcast"], x, out, None, root, timeout, stream)
 
     def _broadcast(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
         root = self._root(root)
@@ -98,11 +87,6 @@ class CollectiveOps:
         inp = xb if self._view.rank == root else ob
         return self._collective("broadcast", xb.array.size, root, inp, ob, None, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
-
-    def reduce(self, x: Any, root: int = 0, op: ReduceOp | str = "sum", out: Any = None, *,
-               timeout: float | None = None, stream: Any = None) -> Work[Any]:
-        """Reduce onto ``root`` (into ``out`` or, by default, root's ``x``); None on other ranks."""
-        return self._door.collective(_CODES["reduce"], x, out, op, root, timeout, stream)
 
     def _reduce(self, x: Any, root: int, op: ReduceOp | str, out: Any, timeout: float | None,
                 stream: Any) -> Work[Any]:
@@ -123,11 +107,6 @@ class CollectiveOps:
         return self._collective("reduce", xb.array.size, root, inp, ob, rop,
                                 lambda: ob.wrap(ob.array) if is_root else None, timeout, stream=stream)
 
-    def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None,
-                  stream: Any = None) -> Work[Any]:
-        """Concatenate every rank's ``x`` along axis 0 (0-d inputs give shape ``(n,)``)."""
-        return self._door.collective(_CODES["all_gather"], x, out, None, 0, timeout, stream)
-
     def _all_gather(self, x: Any, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
         xb = adapt(x, "x")
         shape = xb.array.shape
@@ -136,11 +115,6 @@ class CollectiveOps:
         no_foreign_overlap(xb, ob, self._view.rank, "all_gather")
         return self._collective("all_gather", xb.array.size, 0, xb, ob, None, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
-
-    def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
-                       timeout: float | None = None, stream: Any = None) -> Work[Any]:
-        """Reduce ``x`` (n blocks along axis 0) and keep block ``rank``; by default in x's own block."""
-        return self._door.collective(_CODES["reduce_scatter"], x, out, op, 0, timeout, stream)
 
     def _reduce_scatter(self, x: Any, op: ReduceOp | str, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
         xb = adapt(x, "x")
@@ -159,11 +133,6 @@ class CollectiveOps:
         return self._collective("reduce_scatter", count, 0, xb, ob, rop, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
 
-    def gather(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
-                  stream: Any = None) -> Work[Any]:
-        """``all_gather`` onto ``root`` only; other ranks get None."""
-        return self._door.collective(_CODES["gather"], x, out, None, root, timeout, stream)
-
     def _gather(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
         root = self._root(root)
         xb = adapt(x, "x")
@@ -177,12 +146,6 @@ class CollectiveOps:
         is_root = self._view.rank == root
         return self._collective("gather", xb.array.size, root, xb, ob, None,
                                 lambda: ob.wrap(ob.array) if is_root else None, timeout, stream=stream)
-
-    def scatter(self, x: Any = None, root: int = 0, out: Any = None, *, timeout: float | None = None,
-                  stream: Any = None) -> Work[Any]:
-        """Root's ``x`` holds n blocks along axis 0; rank i gets block i (in ``out``, or in its own
-        ``x``'s block i when every rank passes a full-size ``x``)."""
-        return self._door.collective(_CODES["scatter"], x, out, None, root, timeout, stream)
 
     def _scatter(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
         root = self._root(root)
@@ -210,11 +173,6 @@ class CollectiveOps:
         count = ob.array.size
         return self._collective("scatter", count, root, xb, ob, None, lambda: ob.wrap(ob.array), timeout, stream=stream)
 
-    def all_to_all(self, x: Any, out: Any = None, *, timeout: float | None = None,
-                  stream: Any = None) -> Work[Any]:
-        """Block j of ``x`` goes to rank j; block i of the result came from rank i. In place by default."""
-        return self._door.collective(_CODES["all_to_all"], x, out, None, 0, timeout, stream)
-
     def _all_to_all(self, x: Any, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
         xb = adapt(x, "x")
         bshape = self._blocks(xb)
@@ -232,16 +190,12 @@ class CollectiveOps:
         return self._collective("all_to_all", count, 0, inp, ob, None, lambda: ob.wrap(ob.array), timeout,
                                 in_place=in_place, stream=stream)
 
-    def barrier(self, *, timeout: float | None = None) -> Work[None]:
-        """Completes once every rank has entered the barrier."""
-        return self._door.collective(_BARRIER, None, None, None, 0, timeout, None)
-
     def _barrier(self, timeout: float | None) -> Work[None]:
         empty = Buf(np.zeros(0, dtype=np.uint8), True, lambda a: None)
         return self._collective("barrier", 0, 0, empty, empty, None, lambda: None, timeout)
 
     # -- the general way (lanes/general.py): every call the faster lanes declined ------------------------
-    def _general_collective(self, call: Call) -> Work[Any]:
+    def run(self, call: Call) -> Work[Any]:
         """The general way of one call: its collective's argument handling above, then ``_collective``."""
         return _GENERAL[call.code](self, call)
 

@@ -1,4 +1,4 @@
-"""The communicator: validate arguments, pick a schedule, hand the op to the engine.
+"""The communicator: the face of a group of ranks, holding its parts and passing them what they need.
 
 Every method checks its arguments in the caller's thread and raises
 ``InvalidArgument`` *before* anything is sent, then returns a
@@ -8,6 +8,11 @@ must issue the same collectives in the same order (from any number of tasks
 or threads, as long as that order is the same everywhere), exactly as in
 NCCL. Point-to-point ops do not take sequence numbers; they match by
 (peer, tag) in posting order.
+
+Its parts: the state every part shares (``state.py``), the door and its lanes (``lanes/``), the general
+way's collectives and messages (``collectives.py``, ``p2p.py``), the planner (``planning.py``), the
+launcher (``launch.py``), the tracker (``tracking.py``) and its lifecycle (``lifecycle.py``). Each public
+method is one call of the part that does it.
 """
 
 from __future__ import annotations
@@ -16,108 +21,103 @@ import asyncio
 import functools
 import logging
 import os
-import threading
-import time
 import weakref
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
 from . import async_libs, knobs, log, topology
-from .algorithms.schedule import Schedule
 from .algorithms.table import BY_NAME
 from .bootstrap.unique_id import UniqueId
-from .buffers import Buf, same_device
-from .collectives import CollectiveOps
+from .collectives import GeneralCollectives
 from .dtypes import ReduceOp, dtype_code
 from .engine.engine import Engine
-from .engine.op import Op
-from .engine.shm import native as shm_native
-from .engine.shm.channel import ShmChannel
+from .engine.p2p.probes import Message
 from .engine.view import CommView
 from .envvars import check_timeout, env_int, env_timeout
-from .errors import CommAborted, InvalidArgument, PeerLost
+from .errors import InvalidArgument, PeerLost
 from .group import Group
-from .introspection import FlightRecorder
+from .introspection import PendingOp
 from .lanes.call import call_of
-from .lanes.cpu import CAPTURE, TEACHING, CpuLane
+from .lanes.cpu import CpuLane
 from .lanes.door import Door
 from .lanes.general import General
 from .lanes.gpu import GpuLane
 from .lanes.pair import PairLane
-from .lifecycle import LifecycleOps
-from .p2p import PointToPointOps
+from .launch import Launcher
+from .lifecycle import Lifecycle
+from .p2p import ANY_SOURCE, ANY_TAG, Messages
 from .placement import Placement
-from .planning import Planning
+from .planning import Planner
 from .recovery import on_member_lost
+from .state import CommState
 from .topology import Topology
-from .tracking import OpTracking
+from .tracking import Tracker
 from .transport.ib.connection import IbConnection
 from .transport.shm.pair import ShmPairConnection
 from .tuning import Tuning
 from .work import Work
 
 _log = log.get("COLL")
+_CODES = {c: BY_NAME[c].code for c in BY_NAME}
+_ALL_REDUCE, _BARRIER = _CODES["all_reduce"], _CODES["barrier"]
 # a shared-memory collective this small, issued from a thread while the proxy engine idles, runs in the call
 # (Placement.borrow); a larger one stays on the engine's thread, overlapping the caller's work (DDP's buckets)
 DEFAULT_BORROW_BYTES = 64 << 10
 
 
-class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Planning):
+class Communicator:
     """A group of ranks that run collectives together.
 
     Create with [`create`][aioccl.Communicator.create] or [`init()`][aioccl.init].
     """
 
+    _state: CommState  # (what every part shares: state.py)
+
     def __init__(self, engine: Engine, view: CommView, hosts: list[str], timeout: float, tuning: Tuning,
-                 parent: Communicator | None = None) -> None:
+                 parent: Communicator | None = None, owns_engine: bool | None = None) -> None:
         self._engine = engine
         self._view = view
-        self._timeout = timeout
-        self._tuning = tuning
+        self._hosts = hosts
         self._parent = parent
-        self._lock = threading.Lock()
-        self._counters: Any = shm_native.Counters()  # sequence numbers and channel orders; the lane's once made
-        # the lanes, tried in lanes/door.py's ORDER; the general way last (this communicator's own methods)
-        self._general = General(self._general_collective, self._general_message)
-        self._cpu = CpuLane(self)
-        self._gpu_lane = GpuLane(self._general)
-        self._borrow_bytes = env_int(os.environ, "AIOCCL_BORROW_BYTES", DEFAULT_BORROW_BYTES, 0, 1 << 40)
-        # (call) -> its schedule, and that lowered for the native core (None: the Python executor), see _plan
-        self._plans: dict[tuple[Any, ...], tuple[Schedule, Any]] = {}
-        self._native_max = shm_native.max_bytes()
-        self._inflight: set[Work[Any]] = set()
-        self._recorder = FlightRecorder()
-        self._closed: BaseException | None = None
-        self._member_lost: PeerLost | None = None  # a rank of it was lost (not closed): ops fail until shrink
-        self._aborted = False
-        self._subs: list[Communicator] = []
-        self._groups_made: dict[tuple[tuple[int, ...], str], int] = {}  # create_group's per-group serials
         mine = hosts[view.rank]
         same = [r for r in range(view.size) if hosts[r] == mine]
         self._local = (same.index(view.rank), len(same))
-        self._hosts = hosts
         index: dict[str, int] = {}
-        self._layout = tuple(index.setdefault(h, len(index)) for h in hosts)  # each rank's host, for the tuner
-        # the world's channel is made with the engine; a child's by _open_channel, before the user sees it
+        layout = tuple(index.setdefault(h, len(index)) for h in hosts)  # each rank's host, for the tuner
+        self._layout = layout
+        state = self._state = CommState(view, timeout, parent._state if parent is not None else None)
+        # the world's channel is made with the engine; a child's by its lifecycle, before the user sees it
         world = engine.table is not None and view.ctx == engine.table.comm_id
-        self._shm: ShmChannel | None = engine.shm if world else None
-        if self._shm is not None or view.size == 1:
-            self._cpu.open()
-        self._pair = PairLane(engine, view, self._recorder.entries.append, self._put_off)
-        self._door = Door({"cpu": self._cpu, "gpu": self._gpu_lane, "pair": self._pair, "general": self._general})
-        self._owns_engine = parent is None  # closing it closes the engine (passed on by shrink)
+        state.shm = engine.shm if world else None
+        self._tracker = tracker = Tracker(engine, state)
+        self._cpu = cpu = CpuLane(engine, state, tracker)
+        self._planner = planner = Planner(state, tuning, layout, cpu)
+        cpu.planner = planner
+        self._gpu_lane = gpu_lane = GpuLane(state)
+        borrow = env_int(os.environ, "AIOCCL_BORROW_BYTES", DEFAULT_BORROW_BYTES, 0, 1 << 40)
+        self._launcher = launcher = Launcher(engine, state, planner, tracker, cpu, gpu_lane, borrow, self._local[1],
+                                             lambda: self.split(0))
+        self._collectives = collectives = GeneralCollectives(view, launcher)
+        self._messages = messages = Messages(engine, state, tracker, launcher)
+        # the lanes, tried in lanes/door.py's ORDER; the general way last
+        general = General(collectives.run, messages.run)
+        gpu_lane.general = general
+        if state.shm is not None or view.size == 1:
+            cpu.open()
+        self._pair = pair = PairLane(engine, state, messages.put_off)
+        messages.pair = pair
+        self._door = Door({"cpu": cpu, "gpu": gpu_lane, "pair": pair, "general": general})
+        self._life = Lifecycle(engine, state, launcher, planner, cpu, self._derive, self.all_gather,
+                               parent is None if owns_engine is None else owns_engine)
         if world:  # one listener per engine, for all its communicators
             engine.mailbox.lost_listeners.append(functools.partial(on_member_lost, engine))
-        self._gpu: Any = None  # GpuRunner, made by the first op on GPU buffers
         box = engine.mailbox
         gone = next((w for w in view.ranks if w in box.lost and w not in box.closed_peers), None)
         if gone is not None:  # lost while this communicator was being made (its engine's bootstrap)
-            self._member_lost = PeerLost(gone, f"{box.lost[gone].detail}; it was rank {view.ranks.index(gone)} of "
-                                               f"communicator {view.ctx:x}, so its ops fail until comm.shrink()")
-            self._lane_off()
-        engine.watchdog.watch(self)
+            state.lose_member(PeerLost(gone, f"{box.lost[gone].detail}; it was rank {view.ranks.index(gone)} of "
+                                             f"communicator {view.ctx:x}, so its ops fail until comm.shrink()"))
+        engine.watchdog.watch(state)
 
     # -- creation ------------------------------------------------------------
     @classmethod
@@ -230,7 +230,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Pla
         """``"shm"`` when the collectives run over the shared-memory channel; else how this rank reaches
         its peers: ``"shm"``, ``"tcp"`` or ``"ib"``, or several joined by ``+`` (``"shm+tcp"``) when
         some pairs run over each."""
-        if self._shm is not None:
+        if self._state.shm is not None:
             return "shm"
         kinds = {self.transport_to(p) for p in range(self.world_size) if p != self.rank}
         return "+".join(sorted(kinds)) if kinds else "tcp"
@@ -238,7 +238,7 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Pla
     def transport_to(self, peer: int) -> str:
         """``"self"``, ``"shm"``, ``"tcp"`` or ``"ib"``: what carries this rank's messages to ``peer``
         (point-to-point always; collectives too unless they run over the shared-memory channel)."""
-        peer = self._peer(peer)
+        peer = self._messages.peer(peer)
         if peer == self.rank:
             return "self"
         conn = self._engine.conns.get(self._view.ranks[peer])
@@ -247,7 +247,13 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Pla
     def topology(self) -> Topology:
         """Hosts, ranks per host, this rank's transport to each peer, and how collectives run
         (see ``aioccl.topology``)."""
-        return topology.of(self)
+        pairs = {p: self._transport_line(p) for p in range(self.world_size) if p != self.rank}
+        return topology.of(self.rank, self._layout, self._hosts, self._state.shm is not None, pairs)
+
+    def _transport_line(self, peer: int) -> str:
+        kind = self.transport_to(peer)
+        stripes = getattr(self._engine.conns.get(self._view.ranks[peer]), "stripes", None)
+        return f"{kind}({stripes.parts} streams)" if kind == "tcp" and stripes is not None else kind
 
     def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """A zeroed array in this rank's registered shared memory (like ``ncclMemAlloc``).
@@ -264,133 +270,128 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Pla
             raise InvalidArgument(f"alloc: shape must be non-negative ints, got {shape!r}")
         dt = np.dtype(dtype)
         dtype_code(dt)
-        self._usable()
-        if self._shm is None:
+        self._state.usable()
+        shm = self._state.shm
+        if shm is None:
             arr = np.zeros(shape_t, dtype=dt)
             port = self._engine.ib_port
             if port is not None and arr.nbytes:  # registered once, for zero-copy RDMA writes
                 region = port.register(arr.ctypes.data, arr.nbytes)
                 weakref.finalize(arr, port.deregister, region)
             return arr
-        arr = self._shm.alloc(tuple(int(d) for d in shape_t), dt)
+        arr = shm.alloc(tuple(int(d) for d in shape_t), dt)
         arr[...] = 0
         return arr
 
     def __repr__(self) -> str:
         return f"<aioccl.Communicator rank {self.rank}/{self.world_size} ctx {self._view.ctx:x}>"
 
-    # -- plumbing ------------------------------------------------------------
-    def _usable(self) -> None:
-        if self._closed is not None:
-            raise self._closed
-        if self._parent is not None and self._parent._closed is not None:
-            raise CommAborted(f"parent communicator is closed: {self._parent._closed}")
+    # -- collectives: each a call of the door (lanes/door.py) --------------------------------------------
+    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
+                   timeout: float | None = None, stream: Any = None) -> Work[Any]:
+        """Reduce ``x`` across ranks; in place unless ``out`` is given. Awaits to the result."""
+        return self._door.collective(_ALL_REDUCE, x, out, op, 0, timeout, stream)
 
-    def _op_timeout(self, timeout: float | None) -> float:
-        return self._timeout if timeout is None else check_timeout(timeout)
 
-    def _root(self, root: int) -> int:
-        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.world_size:
-            raise InvalidArgument(f"root {root!r} out of range for a communicator of {self.world_size} ranks")
-        return int(root)
+    def scan(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
+             timeout: float | None = None, stream: Any = None) -> Work[Any]:
+        """Inclusive prefix reduction (``MPI_Scan``): rank r gets ``x_0 op ... op x_r``, folded in rank order;
+        ``avg`` divides by r + 1. In place unless ``out`` is given. Awaits to the result."""
+        return self._door.collective(_CODES["scan"], x, out, op, 0, timeout, stream)
 
-    def _peer(self, peer: int) -> int:
-        if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):
-            raise InvalidArgument(f"peer must be an int (a rank of this communicator, 0..{self.world_size - 1}), "
-                                  f"got {peer!r} of type {type(peer).__name__}")
-        if not 0 <= peer < self.world_size:
-            raise InvalidArgument(f"peer {peer!r} out of range for a communicator of {self.world_size} ranks")
-        return int(peer)
 
-    def _collective(self, name: str, count: int, root: int, inp: Buf, out: Buf, op: ReduceOp | None,
-                    result: Callable[[], Any], timeout: float | None, in_place: bool = False,
-                    stream: Any = None) -> Work[Any]:
-        t = self._op_timeout(timeout)
-        if not (isinstance(inp.array, np.ndarray) and isinstance(out.array, np.ndarray)):  # GPU, or mixed
-            same_device(name, inp, out)  # raises for mixed devices
-            self._usable()
-            work, start = self._gpu_runner().prepare(name, count, root, inp, out, op, result, t, stream)
-            desc = (count, out.array.dtype, op, root if BY_NAME[name].rooted else None)
-            if start is None:  # enqueued on the GPU: done, nothing for the engine to do
-                work._desc = desc
-                work._t0 = time.monotonic()
-                self._record(work)
-                return work  # type: ignore[no-any-return]
-            return self._track(work, desc, start)
-        if stream is not None:
-            raise InvalidArgument(f"{name}: stream= orders ops on GPU buffers; these buffers are in host memory")
-        dt = out.array.dtype
-        same = in_place or inp.array is out.array  # peers must not read a buffer this rank overwrites
-        plan = self._plans.get((name, count, dt, root, in_place, same)) or self._new_plan(name, count, dt, root,
-                                                                                        in_place, same)
-        fo = out.array.reshape(-1)
-        return self._launch(name, plan[0], fo if inp is out else inp.array.reshape(-1), fo, op, count, root, t, result,
-                            plan[1])
+    def broadcast(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
+                  stream: Any = None) -> Work[Any]:
+        """Copy root's ``x`` into every rank's ``x``, or into ``out`` where given (a new array for JAX)."""
+        return self._door.collective(_CODES["broadcast"], x, out, None, root, timeout, stream)
 
-    @property
-    def _seq(self) -> int:
-        """The sequence number the next op takes (how many this communicator has issued)."""
-        return int(self._counters.seq)
 
-    def _launch(self, name: str, sched: Schedule, inp: np.ndarray, out: np.ndarray, op: ReduceOp | None,
-                count: int, root: int, timeout: float, result: Callable[[], Any], native: Any = None) -> Work[Any]:
-        """Run this rank's ``sched`` (any schedule of the one vocabulary) as collective ``name``: on the
-        communicator's shared-memory channel, in issue order, when it has lockstep steps, else as a task of
-        the engine that awaits its messages."""
-        shm = self._shm if sched.lockstep else None
-        if sched.lockstep and shm is None:
-            raise InvalidArgument(f"{name}: a schedule with shared-memory steps needs ranks on one host")
-        dt, coll = out.dtype, BY_NAME[name]
-        desc = (count, dt, op, root if coll.rooted else None)
-        order = -1  # a channel's op: its issue number there
-        lane = self._cpu.native
-        if lane is not None and lane.pending:
-            self._cpu.adopt_orphan()
-        with self._lock:
-            self._usable()
-            seq, order = self._counters.take(shm is not None)  # the channel runs its ops in issue order
-        work: Work[Any] = Work(name, seq)
-        op_ = Op(name, coll.code, seq, inp, out, dtype_code(dt) if name != "barrier" else 0, op, count,
-                 root, timeout, work, result, sched, order, desc, native)
-        work._probe = op_.blocked_on
-        if CAPTURE.ops is not None:  # jax_ext learning what a custom call runs (lanes/cpu.py)
-            CAPTURE.ops.append((op_, native))  # (the op lets go of its program once it has to wait)
-        elif TEACHING.call is not None and native is not None and shm is not None:
-            self._cpu.teach(op_, native)  # the lane runs this call's form from now on (lanes/cpu.py)
-        _log.debug("%s seq %d: %d x %s, algorithm %s%s", name, seq, count, dt, sched.algo,
-                   " over shared memory" if shm is not None else "")
-        if shm is not None:  # a small op from another thread may run here, inside the call (placement.py)
-            return self._track(work, desc, shm.submit, op_, borrow=0 < self._borrow_bytes >= count * dt.itemsize)
-        return self._track(work, desc, self._engine.run_collective, self._view, op_)
+    def reduce(self, x: Any, root: int = 0, op: ReduceOp | str = "sum", out: Any = None, *,
+               timeout: float | None = None, stream: Any = None) -> Work[Any]:
+        """Reduce onto ``root`` (into ``out`` or, by default, root's ``x``); None on other ranks."""
+        return self._door.collective(_CODES["reduce"], x, out, op, root, timeout, stream)
 
-    def _gpu_p2p(self, kind: str, buf: Buf, peer: int, tag: int, result: Callable[[], Any], timeout: float,
-                 stream: Any) -> Work[Any]:
-        work, start = self._gpu_runner().prepare_p2p(kind, buf, peer, tag, result, timeout, stream)
-        return self._track(work, (buf.array.size, buf.array.dtype, None, None), start)
 
-    def _gpu_runner(self) -> Any:
-        """The GPU path, set up by the first op on GPU buffers (which every rank issues at the same point:
-        setting up takes a collective on this communicator)."""
-        if self._gpu is None:
-            from .gpu.owner import Owner
-            from .gpu.runner import GpuRunner  # imports nothing from cupy until here
+    def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None,
+                  stream: Any = None) -> Work[Any]:
+        """Concatenate every rank's ``x`` along axis 0 (0-d inputs give shape ``(n,)``)."""
+        return self._door.collective(_CODES["all_gather"], x, out, None, 0, timeout, stream)
 
-            # the private group for its host side: a collective, issued now, at the same point on every rank
-            side = self.split(0)
-            self._gpu = GpuRunner(Owner(self.rank, self.world_size, self.local_world_size, f"{self._view.ctx:x}",
-                                        self._engine, side, self._recorder.entries.append, self._publish_gpu_lane))
-        return self._gpu
 
-    def _publish_gpu_lane(self, lane: Any) -> None:
-        self._gpu_lane.publish(self._gpu, lane)
+    def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", out: Any = None, *,
+                       timeout: float | None = None, stream: Any = None) -> Work[Any]:
+        """Reduce ``x`` (n blocks along axis 0) and keep block ``rank``; by default in x's own block."""
+        return self._door.collective(_CODES["reduce_scatter"], x, out, op, 0, timeout, stream)
 
-    def _lane_off(self) -> None:
-        """The communicator takes no more ops (closed, aborted, shrunk, a member lost): its lanes say so too,
-        for the callers that read only a lane (an XLA custom call, on XLA's thread, without the GIL)."""
-        self._cpu.off()
-        self._gpu_lane.off()
-        self._pair.off()
 
+    def gather(self, x: Any, root: int = 0, out: Any = None, *, timeout: float | None = None,
+                  stream: Any = None) -> Work[Any]:
+        """``all_gather`` onto ``root`` only; other ranks get None."""
+        return self._door.collective(_CODES["gather"], x, out, None, root, timeout, stream)
+
+
+    def scatter(self, x: Any = None, root: int = 0, out: Any = None, *, timeout: float | None = None,
+                  stream: Any = None) -> Work[Any]:
+        """Root's ``x`` holds n blocks along axis 0; rank i gets block i (in ``out``, or in its own
+        ``x``'s block i when every rank passes a full-size ``x``)."""
+        return self._door.collective(_CODES["scatter"], x, out, None, root, timeout, stream)
+
+
+    def all_to_all(self, x: Any, out: Any = None, *, timeout: float | None = None,
+                  stream: Any = None) -> Work[Any]:
+        """Block j of ``x`` goes to rank j; block i of the result came from rank i. In place by default."""
+        return self._door.collective(_CODES["all_to_all"], x, out, None, 0, timeout, stream)
+
+
+    def barrier(self, *, timeout: float | None = None) -> Work[None]:
+        """Completes once every rank has entered the barrier."""
+        return self._door.collective(_BARRIER, None, None, None, 0, timeout, None)
+
+    # -- point-to-point -------------------------------------------------------------------------------------
+    def isend(self, x: Any, peer: int, tag: int = 0, *, timeout: float | None = None,
+              stream: Any = None) -> Work[None]:
+        """Send ``x`` to ``peer``; done once the data is handed to the transport.
+
+        A payload over ``AIOCCL_P2P_EAGER`` (1 MiB) goes by rendezvous: it leaves only once ``peer`` has
+        posted a matching receive, so the send completes then, and its deadline counts until then. To a
+        same-host peer whose FIFO is full, the call waits for room while that peer keeps taking messages
+        and the event loop has nothing else to run (its sends would otherwise queue in the engine).
+        """
+        return self._door.send(x, peer, tag, timeout, stream)
+
+    def irecv(self, buf: Any, peer: int, tag: int = 0, *, timeout: float | None = None,
+              stream: Any = None) -> Work[Any]:
+        """Receive into ``buf`` from ``peer``; sizes and dtypes must match the send exactly.
+
+        ``peer=ANY_SOURCE`` and ``tag=ANY_TAG`` match as MPI's: the receive takes the earliest-arrived
+        message that fits and that no receive posted before it takes; ``work.status`` (a ``Status``) then
+        names its source and tag. From any source, a crashed rank of the communicator fails it.
+        """
+        return self._door.recv(buf, peer, tag, timeout, stream)
+
+    send = isend
+    recv = irecv
+
+    def drain(self, peer: int = ANY_SOURCE, *, timeout: float | None = None) -> Work[None]:
+        """Backpressure, as asyncio's ``StreamWriter.drain()``: done once the sends to ``peer`` (default:
+        every peer) that wait in the engine, not yet handed to the transport, hold at most
+        ``AIOCCL_SEND_QUEUE`` bytes (4 MiB). ``isend`` never waits for its receive; ``await comm.drain(peer)`` after it
+        bounds what a sender holds when the peer is slower. Done at once while the peer keeps up; past
+        ``timeout`` it raises ``CollectiveTimeout`` naming the peers still behind (the sends run on).
+        """
+        return self._messages.drain(peer, timeout=timeout)
+
+    def probe(self, peer: int = ANY_SOURCE, tag: int = ANY_TAG, *, timeout: float | None = None) -> Work[Message]:
+        """Learn the next message's source, tag, dtype and size without receiving it (MPI's ``Probe``).
+
+        The Work gives a ``Message(source, tag, dtype, size, nbytes)`` for the earliest message waiting
+        here that fits ``peer`` and ``tag`` (``ANY_SOURCE`` / ``ANY_TAG``: any), or else the next one to
+        arrive that no posted receive takes. The message stays: receive it with
+        ``comm.irecv(np.empty(m.size, m.dtype), m.source, m.tag)``. Cancelling the await withdraws the probe.
+        """
+        return self._messages.probe(peer, tag, timeout=timeout)
+
+    # -- which road -----------------------------------------------------------------------------------------
     def explain(self, op: str, x: Any = None, out: Any = None, *, reduce: Any = "sum", root: int = 0, tag: int = 0,
                 timeout: float | None = None, stream: Any = None) -> list[tuple[str, str]]:
         """Which lane would take this call, and why each lane before it would decline, without running it:
@@ -400,25 +401,96 @@ class Communicator(CollectiveOps, PointToPointOps, LifecycleOps, OpTracking, Pla
         benchmark"."""
         return self._door.explain(call_of(op, x, out, reduce, root, tag, timeout, stream))
 
-    def _derive(self, ranks: list[int], ctx: int, *, shrunk: bool) -> Communicator:
-        """A communicator of ``ranks`` (of this one) on the same engine: a ``split`` child, or the
-        survivors after ``shrink`` (which replace this one, so they get its parent, not this one)."""
-        view = CommView(ctx, ranks.index(self.rank), len(ranks), tuple(self._view.ranks[r] for r in ranks))
-        parent = self._parent if shrunk else (self._parent or self)
-        return Communicator(self._engine, view, [self._hosts[r] for r in ranks], self._timeout, self._tuning,
-                            parent=parent)
+    # -- what it is doing ------------------------------------------------------------------------------------
+    def pending(self) -> list[PendingOp]:
+        """The ops issued on this communicator and not finished yet, oldest first, with the ranks each
+        is waiting for (communicator ranks; ``None`` while queued behind earlier ops)."""
+        return self._tracker.pending()
 
-    async def _open_channel(self, timeout: float, what: str) -> None:
-        """A new child's shared-memory channel, when its ranks share one host (on the engine loop; every
-        member calls it at the same point, before any op on the child)."""
-        from .engine.shm.setup import setup
+    def recent(self) -> list[str]:
+        """The flight recorder: the last finished ops (``AIOCCL_FLIGHT_RECORDER`` of them), oldest first."""
+        return self._tracker.recent()
 
-        self._shm = await setup(self._engine, self._view, timeout, what)
-        self._forget_plans()  # schedules chosen before: sockets
-        if self._shm is not None:
-            self._cpu.open()
+    @property
+    def _seq(self) -> int:
+        """The sequence number the next op takes (how many this communicator has issued)."""
+        return self._state.seq
 
     # -- groups, split, lifetime -------------------------------------------
     def group(self) -> Group:
         """``async with comm.group():`` launches the ops issued inside together and awaits them all."""
         return Group()
+
+    def split(self, color: int | None, key: int | None = None, *,
+              timeout: float | None = None) -> Work[Communicator | None]:
+        """Collective: ranks with equal ``color`` form a new communicator, ordered by (key, rank).
+
+        ``color=None`` takes part but gets None.
+        """
+        return self._life.split(color, key, timeout=timeout)
+
+    def create_group(self, ranks: list[int], *, tag: str = "", timeout: float | None = None) -> Work[Communicator]:
+        """Collective over ``ranks`` only (MPI's ``MPI_Comm_create_group``): the ranks listed, in that
+        order, form a new communicator; the others do not call it.
+
+        Every member passes the same ``ranks`` and ``tag``, and members create their groups in the same
+        order (that is how they agree on the new communicator's identity without asking the others).
+        Like a ``split`` child it shares this communicator's connections and, on one host, gets a
+        shared-memory channel of its own. ``torch.distributed.new_group`` maps to it.
+        """
+        return self._life.create_group(ranks, tag=tag, timeout=timeout)
+
+    def shrink(self, *, timeout: float | None = None) -> Work[Communicator]:
+        """After [`PeerLost`][aioccl.errors.PeerLost]: the survivors agree on who is alive and form a new communicator.
+
+        Every surviving rank calls it (it is collective over the survivors);
+        the Work gives the new [`Communicator`][aioccl.Communicator], with ranks renumbered in
+        the old order. It reuses the existing connections (so it takes
+        milliseconds, not a new bootstrap) and runs over sockets. This
+        communicator is then closed and hands the engine to the new one: close
+        the new one at the end.
+        """
+        return self._life.shrink(timeout=timeout)
+
+    def close(self, *, timeout: float | None = None) -> Work[None]:
+        """Let in-flight ops finish (for at most ``timeout`` s, default the communicator's), then release
+        the communicator, saying goodbye to peers if it owns the connections.
+
+        A receive no message has matched yet is not waited for: it is withdrawn at once and raises
+        [`OpCancelled`][aioccl.OpCancelled] (a pipeline's receiver is always waiting when the app shuts
+        down). Sends and collectives are promises to peers, so they are let finish.
+
+        Past the deadline the ops still running fail with [`CommAborted`][aioccl.errors.CommAborted], the
+        communicator is released anyway, and the returned Work raises
+        [`CollectiveTimeout`][aioccl.errors.CollectiveTimeout] naming them.
+        """
+        return self._life.close(timeout=timeout)
+
+    def abort(self) -> None:
+        """Fail every in-flight op with CommAborted now and drop the connections (peers see PeerLost).
+
+        Never blocks (the engine is told, not waited for), is idempotent, and may be called from any
+        thread, a signal handler's included, or from a done callback.
+        """
+        self._life.abort()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            await self.close()
+        else:
+            self.abort()
+
+    def _derive(self, ranks: list[int], ctx: int, shrunk: bool, owns_engine: bool) -> Communicator:
+        """A communicator of ``ranks`` (of this one) on the same engine: a ``split`` child, or the
+        survivors after ``shrink`` (which replace this one, so they get its parent, not this one)."""
+        view = CommView(ctx, ranks.index(self.rank), len(ranks), tuple(self._view.ranks[r] for r in ranks))
+        parent = self._parent if shrunk else (self._parent or self)
+        return Communicator(self._engine, view, [self._hosts[r] for r in ranks], self._state.timeout,
+                            self._planner.tuning, parent=parent, owns_engine=owns_engine)
+
+    async def _open_channel(self, timeout: float, what: str) -> None:
+        """A new child's shared-memory channel, when its ranks share one host (its lifecycle's)."""
+        await self._life.open_channel(timeout, what)

@@ -1,7 +1,8 @@
 """A communicator's life after creation: ``split``, ``shrink``, ``close``, ``abort``, ``async with``.
 
-A mixin of ``Communicator``, like the collectives and point-to-point ops.
-Each ends or derives a communicator, so each must reckon with the ops still
+A part of each ``Communicator`` (``Lifecycle``), given what it acts on: the engine, the communicator's
+state, its launcher (the GPU path to release), planner and CPU lane (a new channel's), and how to derive a
+child. Each ends or derives a communicator, so each must reckon with the ops still
 in flight: ``close`` lets them finish within a deadline, ``abort`` fails
 them now, ``shrink`` replaces a communicator whose peer was lost, and
 ``split`` makes children that share their parent's connections.
@@ -11,9 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import threading
 import time
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,60 +23,62 @@ from .introspection import pending_op
 from .work import Work, completed
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .communicator import Communicator
     from .engine.engine import Engine
-    from .engine.shm.channel import ShmChannel
-    from .engine.view import CommView
+    from .lanes.cpu import CpuLane
+    from .launch import Launcher
+    from .planning import Planner
+    from .state import CommState
 
 _log = log.get("COLL")
 
 
-class LifecycleOps:
-    if TYPE_CHECKING:
-        _engine: Engine
-        _view: CommView
-        _subs: list[Communicator]
-        _groups_made: dict[tuple[tuple[int, ...], str], int]
-        _owns_engine: bool
-        _lock: threading.Lock
-        _closed: BaseException | None
-        _member_lost: Any
-        _aborted: bool
-        _inflight: set[Work[Any]]
-        _gpu: Any
-        _shm: ShmChannel | None
+class Lifecycle:
+    """How one communicator (``state``) ends or derives others. ``derive(ranks, ctx, shrunk, owns_engine)``
+    makes a communicator of some of its ranks on the same engine; ``all_gather``: its own (``split`` is one);
+    ``owns_engine``: closing it closes the engine (passed on by ``shrink``)."""
 
-        def _derive(self, ranks: list[int], ctx: int, *, shrunk: bool) -> Communicator: ...
+    def __init__(self, engine: Engine, state: CommState, launcher: Launcher, planner: Planner, cpu: CpuLane,
+                 derive: Callable[[list[int], int, bool, bool], Communicator],
+                 all_gather: Callable[..., Work[Any]], owns_engine: bool) -> None:
+        self._engine = engine
+        self._state = state
+        self._view = state.view
+        self._launcher = launcher
+        self._planner = planner
+        self._cpu = cpu
+        self._derive = derive
+        self._all_gather = all_gather
+        self.owns_engine = owns_engine
+        self._subs: list[Communicator] = []
+        self._groups_made: dict[tuple[tuple[int, ...], str], int] = {}  # create_group's per-group serials
 
-        async def _open_channel(self, timeout: float, what: str) -> None: ...
+    def __repr__(self) -> str:
+        return f"<aioccl.Communicator rank {self._view.rank}/{self._view.size} ctx {self._view.ctx:x}>"
 
-        @property
-        def rank(self) -> int: ...
+    async def open_channel(self, timeout: float, what: str) -> None:
+        """A new communicator's shared-memory channel, when its ranks share one host (on the engine loop; every
+        member calls it at the same point, before any op on it)."""
+        from .engine.shm.setup import setup
 
-        @property
-        def world_size(self) -> int: ...
-
-        def _op_timeout(self, timeout: float | None) -> float: ...
-
-        def _usable(self) -> None: ...
-
-        def _lane_off(self) -> None: ...
-
-        def all_gather(self, x: Any, out: Any = None, *, timeout: float | None = None) -> Work[Any]: ...
+        self._state.shm = await setup(self._engine, self._view, timeout, what)
+        self._planner.forget()  # schedules chosen before: sockets
+        if self._state.shm is not None:
+            self._cpu.open()
 
     def split(self, color: int | None, key: int | None = None, *,
               timeout: float | None = None) -> Work[Communicator | None]:
-        """Collective: ranks with equal ``color`` form a new communicator, ordered by (key, rank).
-
-        ``color=None`` takes part but gets None.
-        """
+        """``Communicator.split``: an all_gather of (color, key), then the child, its channel opened."""
         if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
             raise InvalidArgument(f"color must be a non-negative int or None, got {color!r}")
         if key is not None and not isinstance(key, (int, np.integer)):
             raise InvalidArgument(f"key must be an int or None, got {key!r}")
-        mine = np.array([-1 if color is None else color, self.rank if key is None else key], dtype=np.int64)
-        t = self._op_timeout(timeout)
-        gathered = self.all_gather(mine, timeout=t)
+        me, n = self._view.rank, self._view.size
+        mine = np.array([-1 if color is None else color, me if key is None else key], dtype=np.int64)
+        t = self._state.op_timeout(timeout)
+        gathered = self._all_gather(mine, timeout=t)
         result: Work[Communicator | None] = Work("split", gathered.seq)
         result._bind(self._engine.placement)
         eng = self._engine
@@ -89,39 +91,32 @@ class LifecycleOps:
             if color is None:
                 result._set_result(None)
                 return
-            table = w.result().reshape(self.world_size, 2)
-            members = sorted((int(table[r, 1]), r) for r in range(self.world_size) if table[r, 0] == color)
+            table = w.result().reshape(n, 2)
+            members = sorted((int(table[r, 1]), r) for r in range(n) if table[r, 0] == color)
             digest = hashlib.blake2b(f"{self._view.ctx}:{w.seq}:{color}".encode(), digest_size=8).digest()
-            sub = self._derive([r for _, r in members], int.from_bytes(digest, "little") >> 1, shrunk=False)
+            sub = self._derive([r for _, r in members], int.from_bytes(digest, "little") >> 1, False, False)
             eng.launch(lambda: self._adopt(sub, result, t, "split"))
 
         gathered._on_done(finish)
         return result
 
     def create_group(self, ranks: list[int], *, tag: str = "", timeout: float | None = None) -> Work[Communicator]:
-        """Collective over ``ranks`` only (MPI's ``MPI_Comm_create_group``): the ranks listed, in that
-        order, form a new communicator; the others do not call it.
-
-        Every member passes the same ``ranks`` and ``tag``, and members create their groups in the same
-        order (that is how they agree on the new communicator's identity without asking the others).
-        Like a ``split`` child it shares this communicator's connections and, on one host, gets a
-        shared-memory channel of its own. ``torch.distributed.new_group`` maps to it.
-        """
+        """``Communicator.create_group``: the members agree on its identity without asking the others."""
         if (not isinstance(ranks, (list, tuple)) or not ranks
-                or any(not isinstance(r, (int, np.integer)) or not 0 <= r < self.world_size for r in ranks)
+                or any(not isinstance(r, (int, np.integer)) or not 0 <= r < self._view.size for r in ranks)
                 or len(set(ranks)) != len(ranks)):
             raise InvalidArgument(f"create_group: ranks must be distinct ranks of this communicator "
-                                  f"(0..{self.world_size - 1}), got {ranks!r}")
+                                  f"(0..{self._view.size - 1}), got {ranks!r}")
         members = [int(r) for r in ranks]
-        if self.rank not in members:
-            raise InvalidArgument(f"create_group: rank {self.rank} is not in {members}; only members call it")
-        t = self._op_timeout(timeout)
-        self._usable()
-        with self._lock:
+        if self._view.rank not in members:
+            raise InvalidArgument(f"create_group: rank {self._view.rank} is not in {members}; only members call it")
+        t = self._state.op_timeout(timeout)
+        self._state.usable()
+        with self._state.lock:
             serial = self._groups_made.get((tuple(members), tag), 0)
             self._groups_made[(tuple(members), tag)] = serial + 1
         digest = hashlib.blake2b(f"{self._view.ctx}:group:{members}:{tag}:{serial}".encode(), digest_size=8).digest()
-        sub = self._derive(members, int.from_bytes(digest, "little") >> 1, shrunk=False)
+        sub = self._derive(members, int.from_bytes(digest, "little") >> 1, False, False)
         work: Work[Communicator] = Work("create_group", -1)
         work._bind(self._engine.placement)
 
@@ -140,18 +135,10 @@ class LifecycleOps:
         work._set_result(sub)
 
     def shrink(self, *, timeout: float | None = None) -> Work[Communicator]:
-        """After [`PeerLost`][aioccl.errors.PeerLost]: the survivors agree on who is alive and form a new communicator.
-
-        Every surviving rank calls it (it is collective over the survivors);
-        the Work gives the new [`Communicator`][aioccl.Communicator], with ranks renumbered in
-        the old order. It reuses the existing connections (so it takes
-        milliseconds, not a new bootstrap) and runs over sockets. This
-        communicator is then closed and hands the engine to the new one: close
-        the new one at the end.
-        """
-        t = self._op_timeout(timeout)
-        if self._closed is not None:  # a lost member is what shrink is for: only a closed one refuses
-            raise self._closed
+        """``Communicator.shrink``: the survivors agree (``recovery.py``), then the successor takes the engine."""
+        t = self._state.op_timeout(timeout)
+        if self._state.closed is not None:  # a lost member is what shrink is for: only a closed one refuses
+            raise self._state.closed
         work: Work[Communicator] = Work("shrink", -1)
         work._bind(self._engine.placement)
         eng, view = self._engine, self._view
@@ -178,38 +165,24 @@ class LifecycleOps:
 
     def _successor(self, alive: list[int]) -> Communicator:
         digest = hashlib.blake2b(f"{self._view.ctx}:shrink:{alive}".encode(), digest_size=8).digest()
-        new = self._derive(alive, int.from_bytes(digest, "little") >> 1, shrunk=True)
-        new._owns_engine, self._owns_engine = self._owns_engine, False
-        lost = [r for r in range(self.world_size) if r not in alive]
-        with self._lock:
-            self._closed = CommAborted(f"{self!r} was shrunk to {new!r} (lost ranks {lost}); use the new one")
-        self._lane_off()
+        owns, self.owns_engine = self.owns_engine, False
+        new = self._derive(alive, int.from_bytes(digest, "little") >> 1, True, owns)
+        lost = [r for r in range(self._view.size) if r not in alive]
+        self._state.close_with(CommAborted(f"{self!r} was shrunk to {new!r} (lost ranks {lost}); use the new one"))
         _log.warning("shrunk to %d ranks without %s: now rank %d", len(alive), lost, new.rank)
         return new
 
     def close(self, *, timeout: float | None = None) -> Work[None]:
-        """Let in-flight ops finish (for at most ``timeout`` s, default the communicator's), then release
-        the communicator, saying goodbye to peers if it owns the connections.
-
-        A receive no message has matched yet is not waited for: it is withdrawn at once and raises
-        [`OpCancelled`][aioccl.OpCancelled] (a pipeline's receiver is always waiting when the app shuts
-        down). Sends and collectives are promises to peers, so they are let finish.
-
-        Past the deadline the ops still running fail with [`CommAborted`][aioccl.errors.CommAborted], the
-        communicator is released anyway, and the returned Work raises
-        [`CollectiveTimeout`][aioccl.errors.CollectiveTimeout] naming them.
-        """
-        t = self._op_timeout(timeout)
-        with self._lock:
-            if self._closed is not None:
-                return completed("close", -1, None)
-            self._closed = CommAborted(f"{self!r} is closed")
-        self._lane_off()
-        pending = list(self._inflight)
+        """``Communicator.close``: receives withdrawn, the rest let finish within ``timeout``, then released."""
+        t = self._state.op_timeout(timeout)
+        if not self._state.close_with(CommAborted(f"{self!r} is closed")):
+            return completed("close", -1, None)
+        pending = list(self._state.inflight)
         work: Work[None] = Work("close", -1)
         work._bind(self._engine.placement)
-        owns = self._owns_engine
+        owns = self.owns_engine
         eng = self._engine
+        launcher = self._launcher
 
         async def run() -> None:
             late: CollectiveTimeout | None = None
@@ -234,9 +207,9 @@ class LifecycleOps:
                     w._set_exception(CommAborted(f"{w!r} was cut short by close() after {t:g}s"))
                 if owns:
                     eng.abort_on_loop(CommAborted(f"{self!r} is closed"))
-            if self._gpu is not None:
-                self._gpu.release()
-            chan = self._shm
+            if launcher.gpu is not None:
+                launcher.gpu.release()
+            chan = self._state.shm
             if chan is not None and chan is not eng.shm:  # a child's own channel (the world's goes with the engine)
                 eng.detach_channel(chan)
             if owns and late is None:
@@ -255,41 +228,24 @@ class LifecycleOps:
         return work
 
     def abort(self) -> None:
-        """Fail every in-flight op with CommAborted now and drop the connections (peers see PeerLost).
-
-        Never blocks (the engine is told, not waited for), is idempotent, and may be called from any
-        thread, a signal handler's included, or from a done callback.
-        """
+        """``Communicator.abort``: every op in flight fails now; never blocks."""
         exc = CommAborted(f"{self!r} was aborted")
-        with self._lock:
-            if self._aborted:
-                return
-            self._aborted = True
-            self._closed = exc
-        self._lane_off()
-        for w in list(self._inflight):
+        if not self._state.close_with(exc, abort=True):
+            return
+        for w in list(self._state.inflight):
             w._set_exception(exc)
-        if self._gpu is not None:
-            self._gpu.abort(exc)
+        if self._launcher.gpu is not None:
+            self._launcher.gpu.abort(exc)
         eng = self._engine
-        chan = self._shm
-        if chan is not None and chan is not eng.shm and not self._owns_engine and not eng.loop.is_closed():
+        chan = self._state.shm
+        if chan is not None and chan is not eng.shm and not self.owns_engine and not eng.loop.is_closed():
             if eng.placement.on_loop_thread():
                 eng.detach_channel(chan, exc)
             else:
                 eng.placement.call(eng.detach_channel, chan, exc)
-        if self._owns_engine:
+        if self.owns_engine:
             if eng.placement.on_loop_thread():
                 eng.abort_on_loop(exc)
             elif not eng.loop.is_closed():
                 eng.placement.call(eng.abort_on_loop, exc)
             eng.placement.stop(join=False)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            await self.close()
-        else:
-            self.abort()

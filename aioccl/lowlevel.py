@@ -42,12 +42,12 @@ def on_engine_thread(comm: Communicator) -> bool:
 
 def in_flight(comm: Communicator) -> set[Work[Any]]:
     """The ops of ``comm`` issued and not yet finished (a copy)."""
-    return set(comm._inflight)
+    return set(comm._state.inflight)
 
 
 def is_closed(comm: Communicator) -> bool:
     """Whether ``comm`` takes no more ops (closed or aborted)."""
-    return comm._closed is not None
+    return comm._state.closed is not None
 
 
 def next_seq(comm: Communicator) -> int:
@@ -57,12 +57,13 @@ def next_seq(comm: Communicator) -> int:
 
 def default_timeout(comm: Communicator) -> float:
     """The deadline an op of ``comm`` gets when its call names none, seconds."""
-    return comm._timeout
+    return comm._state.timeout
 
 
 def gpu_path(comm: Communicator) -> str | None:
     """How ``comm``'s GPU ops run ('device' or 'staged'), None before its first GPU op."""
-    return comm._gpu.path if comm._gpu is not None else None
+    gpu = comm._launcher.gpu
+    return gpu.path if gpu is not None else None
 
 
 def gpu_lane_ran(comm: Communicator) -> int:
@@ -84,7 +85,7 @@ def pair_lane(comm: Communicator) -> Any:
 
 def channel(comm: Communicator) -> Any:
     """``comm``'s shared-memory channel (``engine/shm/channel.py``), or None when its ranks span hosts."""
-    return comm._shm
+    return comm._state.shm
 
 
 def resume_native(comm: Communicator, template: Op[Any], rc: int, seq: int, order: int, inp: np.ndarray,

@@ -28,7 +28,7 @@ shows up as ``PeerLost`` in the next op, and shrinking again is the remedy).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -40,15 +40,7 @@ from .work import Work
 if TYPE_CHECKING:
     from .engine.engine import Engine
     from .engine.view import CommView
-    from .watchdog import Watched
-
-    class Member(Watched, Protocol):
-        """A communicator as a lost member concerns it (the engine's watchdog holds every communicator)."""
-
-        _closed: BaseException | None
-        _member_lost: PeerLost | None
-
-        def _lane_off(self) -> None: ...
+    from .state import CommState
 
 SHRINK_TAG = 1 << 62  # user tags are below 2**62; round r uses SHRINK_TAG + r
 _U8 = dtype_code(np.dtype(np.uint8))
@@ -56,19 +48,16 @@ _U8 = dtype_code(np.dtype(np.uint8))
 
 def on_member_lost(engine: Engine, world_rank: int, lost: PeerLost) -> None:
     """The engine lost ``world_rank`` (engine thread): each of its communicators holding that rank fails
-    what is waiting and refuses new ops with ``PeerLost``, until the app shrinks it."""
+    what is waiting and refuses new ops with ``PeerLost``, until the app shrinks it (through its state,
+    ``CommState.lose_member``: the watchdog holds every communicator's state)."""
     if world_rank in engine.mailbox.closed_peers:
         return
-    for comm in cast("list[Member]", list(engine.watchdog.comms)):
-        ranks = comm._view.ranks
-        if world_rank not in ranks or comm._closed is not None or comm._member_lost is not None:
-            continue
-        exc = PeerLost(world_rank, f"{lost.detail}; it was rank {ranks.index(world_rank)} of communicator "
-                                   f"{comm._view.ctx:x}, so its ops fail until comm.shrink()")
-        comm._member_lost = exc
-        comm._lane_off()
-        for w in list(comm._inflight):
-            w._withdraw_with(exc)
+    for state in cast("list[CommState]", list(engine.watchdog.comms)):
+        ranks = state.view.ranks
+        if world_rank in ranks:
+            state.lose_member(PeerLost(world_rank, f"{lost.detail}; it was rank {ranks.index(world_rank)} of "
+                                                   f"communicator {state.view.ctx:x}, so its ops fail until "
+                                                   "comm.shrink()"))
 
 
 async def agree_on_survivors(engine: Engine, view: CommView, timeout: float) -> list[int]:

@@ -11,7 +11,6 @@ launcher prints every rank's view.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from .algorithms.hierarchy import hosts_of, spans_hosts, uniform
 
@@ -51,22 +50,14 @@ def _ranks(ranks: tuple[int, ...]) -> str:
     return ",".join(out)
 
 
-def of(comm: Any) -> Topology:
-    """The topology of ``comm`` (a ``Communicator``) as this rank sees it."""
-    layout: tuple[int, ...] = comm._layout
-    names: list[str] = comm._hosts
+def of(rank: int, layout: tuple[int, ...], names: list[str], on_channel: bool, pairs: dict[int, str]) -> Topology:
+    """The topology a rank sees: ``layout`` (each rank's host index), the hosts' ``names``, whether its
+    collectives run ``on_channel`` (a shared-memory channel), and its transport to each peer."""
     hosts = tuple((names[g[0]], tuple(g)) for g in hosts_of(layout))
-    pairs = {p: _transport(comm, p) for p in range(comm.world_size) if p != comm.rank}
-    if comm._shm is not None:
+    if on_channel:
         how = "on the shared-memory channel"
     elif spans_hosts(layout):
         how = "hierarchical where the tuner finds it faster (" + ("rail, leader" if uniform(layout) else "leader") + ")"
     else:
         how = "flat over the pairs"
-    return Topology(comm.rank, hosts, pairs, how)
-
-
-def _transport(comm: Any, peer: int) -> str:
-    kind: str = comm.transport_to(peer)
-    stripes = getattr(comm._engine.conns.get(comm._view.ranks[peer]), "stripes", None)
-    return f"{kind}({stripes.parts} streams)" if kind == "tcp" and stripes is not None else kind
+    return Topology(rank, hosts, pairs, how)

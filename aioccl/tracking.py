@@ -1,10 +1,10 @@
 """Following every op from its call to its end: what ``pending()`` lists, the flight recorder, the
 watchdog's and the exit report's lists, and the warning a timeout logs.
 
-A mixin of ``Communicator``. An op issued on the engine's own thread starts
-inside the call, and one that finishes there (a small send, a message that
-had arrived) is only written to the flight recorder: tracking it as in
-flight first would cost more than the op itself.
+A part of each ``Communicator`` (``Tracker``), given its engine and state. An op issued on the
+engine's own thread starts inside the call, and one that finishes there (a small send, a message
+that had arrived) is only written to the flight recorder: tracking it as in flight first would
+cost more than the op itself.
 """
 
 from __future__ import annotations
@@ -18,25 +18,24 @@ from typing import TYPE_CHECKING, Any
 from . import log, watchdog
 from .errors import CollectiveTimeout
 from .group import current_group
-from .introspection import FlightRecorder, PendingOp, pending_op
+from .introspection import PendingOp, pending_op
 from .work import Work
 
 if TYPE_CHECKING:
     from .engine.engine import Engine
-    from .engine.view import CommView
+    from .state import CommState
 
 _log = log.get("COLL")
 
 
-class OpTracking:
-    if TYPE_CHECKING:
-        _engine: Engine
-        _view: CommView
-        _inflight: set[Work[Any]]
-        _recorder: FlightRecorder
-        _member_lost: BaseException | None
+class Tracker:
+    """Follows the ops of one communicator (``state``) on ``engine``."""
 
-    def _track(self, work: Work[Any], desc: Any, start: Callable[..., Any], *args: Any,
+    def __init__(self, engine: Engine, state: CommState) -> None:
+        self._engine = engine
+        self._state = state
+
+    def track(self, work: Work[Any], desc: Any, start: Callable[..., Any], *args: Any,
                borrow: bool = False) -> Work[Any]:
         """Start ``start(*args)`` for ``work`` (at once, or with its group) and follow it to its end.
 
@@ -47,11 +46,12 @@ class OpTracking:
         thread = eng.placement.thread_id
         work._t0 = time.monotonic()
         work._desc = desc
-        if self._member_lost is not None:  # a rank of it was lost: every op fails alike, until shrink()
+        state = self._state
+        if state.member_lost is not None:  # a rank of it was lost: every op fails alike, until shrink()
             # a collective's own failure, told by a peer first (a timeout), is what the others raise for it
-            doomed = eng.mailbox.doomed(self._view.ctx, work.seq) if "(" not in work.op else None
-            work._set_exception(doomed or self._member_lost)
-            self._record(work)
+            doomed = eng.mailbox.doomed(state.view.ctx, work.seq) if "(" not in work.op else None
+            work._set_exception(doomed or state.member_lost)
+            self.record(work)
             return work
         pending = current_group.get()
         if borrow and pending is None and thread != threading.get_ident() and eng.placement.borrow():
@@ -62,7 +62,7 @@ class OpTracking:
             return work
         if pending is None and thread == threading.get_ident():
             return self._start_here(work, start, *args)
-        self._inflight.add(work)
+        state.inflight.add(work)
         watchdog.pending.add(work)
         work._on_done(self._finished)
         begin = functools.partial(start, *args) if args else start
@@ -78,9 +78,9 @@ class OpTracking:
         memory) is recorded without being tracked first."""
         coro = start(*args)
         if work.done():
-            self._record(work)
+            self.record(work)
         else:
-            self._inflight.add(work)
+            self._state.inflight.add(work)
             watchdog.pending.add(work)
             work._on_done(self._finished)
         if coro is not None:
@@ -89,21 +89,22 @@ class OpTracking:
 
     def _finished(self, work: Work[Any]) -> None:
         """Done callback of every op (engine thread): record it; a timeout gets the recorder's story."""
-        self._inflight.discard(work)
+        self._state.inflight.discard(work)
         watchdog.pending.discard(work)
-        self._record(work)
+        self.record(work)
 
-    def _record(self, work: Work[Any]) -> None:
+    def record(self, work: Work[Any]) -> None:
         """Into the flight recorder with it (and a failure into the exit report)."""
         work._probe = None  # it may reference the op, which references the Work: no cycle for the GC
-        self._recorder.add(work)
+        state = self._state
+        state.recorder.add(work)
         exc = work._exc
         if exc is not None:
             watchdog.failed.append(work)  # reported at exit if nobody ever looked at its error
         if isinstance(exc, CollectiveTimeout):
-            exc.comm = exc.comm or f"{self._view.ctx:x}"
+            exc.comm = exc.comm or f"{state.view.ctx:x}"
             now = time.monotonic()
-            exc.recent = self._recorder.lines() + [f"in flight: {pending_op(w, now)}" for w in list(self._inflight)]
+            exc.recent = state.recorder.lines() + [f"in flight: {pending_op(w, now)}" for w in list(state.inflight)]
             # the error reaches whoever awaits the op (and the launcher's summary); one nobody awaits is
             # reported at exit (watchdog.failed), so a warning here would print the same text a third time
             _log.info("%s", exc)
@@ -112,8 +113,8 @@ class OpTracking:
         """The ops issued on this communicator and not finished yet, oldest first, with the ranks each
         is waiting for (communicator ranks; ``None`` while queued behind earlier ops)."""
         now = time.monotonic()
-        return sorted((pending_op(w, now) for w in list(self._inflight)), key=lambda p: -p.age_s)
+        return sorted((pending_op(w, now) for w in list(self._state.inflight)), key=lambda p: -p.age_s)
 
     def recent(self) -> list[str]:
         """The flight recorder: the last finished ops (``AIOCCL_FLIGHT_RECORDER`` of them), oldest first."""
-        return self._recorder.lines()
+        return self._state.recorder.lines()

@@ -31,11 +31,11 @@ from .work import Work
 
 
 class Watched(Protocol):
-    """What the watchdog reads of a communicator it watches (it never names ``Communicator``: the engine,
-    which keeps the watchdog, sits below the communicator)."""
+    """What the watchdog reads of a communicator it watches: its state (``state.CommState``; it never names
+    ``Communicator``: the engine, which keeps the watchdog, sits below the communicator)."""
 
-    _view: CommView
-    _inflight: set[Work[Any]]
+    view: CommView
+    inflight: set[Work[Any]]
 
     @property
     def rank(self) -> int: ...
@@ -74,7 +74,7 @@ class Watchdog:
     def _tick(self) -> None:
         now = time.monotonic()
         for comm in list(self.comms):
-            for w in list(comm._inflight):
+            for w in list(comm.inflight):
                 age = now - w._t0
                 if age < max(self.interval, w._next_warn):
                     continue
@@ -84,7 +84,7 @@ class Watchdog:
                 # who is waiting, in the line itself: without AIOCCL_DEBUG's prefix, under torchrun (whose
                 # output carries no rank), this is the only way to tell which rank's op it is
                 _log.warning("rank %d on %s: %s seq %d on comm %x (%s) has waited %.0f s, %s", comm.rank, _HOST,
-                             p.op, p.seq, comm._view.ctx, p.detail, age, state)
+                             p.op, p.seq, comm.view.ctx, p.detail, age, state)
                 self.reported += 1
         self._timer = self.loop.call_later(self.interval / 4, self._tick)
 

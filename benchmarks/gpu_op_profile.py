@@ -51,7 +51,7 @@ def main() -> None:
     prof.disable()
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(14)
-    path = comm._gpu.path
+    path = comm._launcher.gpu.path
     print(f"PROFILE rank={comm.rank} path={path} bytes={nbytes} enqueue={t_enq / n * 1e6:.1f}us/op "
           f"pipelined={t_all / n * 1e6:.1f}us/op synced_median={np.median(lat) * 1e6:.1f}us "
           f"p10={np.percentile(lat, 10) * 1e6:.1f}us", flush=True)

@@ -21,10 +21,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("handles", ("aioccl.placement", "aioccl.async_libs", "aioccl.work", "aioccl.group", "aioccl.buffers",
                  "aioccl.tensors", "aioccl.introspection", "aioccl.gpu.__init__", "aioccl.gpu.probe",
                  "aioccl.gpu.arrays")),
-    ("engine", ("aioccl.engine", "aioccl.watchdog")),
+    ("engine", ("aioccl.engine", "aioccl.watchdog", "aioccl.state")),
     ("gpu", ("aioccl.gpu",)),
-    ("communicator", ("aioccl.communicator", "aioccl.collectives", "aioccl.p2p", "aioccl.lanes", "aioccl.lifecycle",
-                      "aioccl.tracking", "aioccl.planning", "aioccl.recovery", "aioccl.knobs",
+    ("communicator", ("aioccl.communicator", "aioccl.collectives", "aioccl.p2p", "aioccl.lanes", "aioccl.launch",
+                      "aioccl.lifecycle", "aioccl.tracking", "aioccl.planning", "aioccl.recovery", "aioccl.knobs",
                       "aioccl.initialization", "aioccl.lowlevel")),
     ("top", ("aioccl", "aioccl.interop", "aioccl.ray", "aioccl.tools", "aioccl.run", "jax_ext")),
 )

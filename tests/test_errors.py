@@ -277,9 +277,9 @@ async def test_every_invalid_call_on_every_op_is_refused_before_anything_moves(t
         return await real_send(*a)
 
     c._engine.send = counting_send
-    if c._shm is not None:
-        real_submit = c._shm.submit
-        c._shm.submit = lambda op: (moved.append("shm op"), real_submit(op))[1]
+    if c._state.shm is not None:
+        real_submit = c._state.shm.submit
+        c._state.shm.submit = lambda op: (moved.append("shm op"), real_submit(op))[1]
     cases = _every_invalid_call()
     assert len(cases) > 100
     try:

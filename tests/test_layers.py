@@ -4,6 +4,7 @@ a file is one idea, split along its seams, never to meet a line count (docs/arch
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -118,7 +119,7 @@ def test_the_integrations_use_the_low_level_surface_not_privates():
             tree = ast.parse(inspect.getsource(cls))
             private |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                         and n.value.id == "self" and n.attr.startswith("_") and not n.attr.startswith("__")}
-    assert {"_engine", "_inflight", "_lane", "_start", "_set_result", "_retrieved"} <= private
+    assert {"_engine", "_state", "_cpu", "_door", "_start", "_set_result", "_retrieved"} <= private
     files = [p for d in ("jax_ext", "aioccl/interop", "aioccl/tools") for p in (ROOT / d).rglob("*.py")]
     reached = []
     for path in files:
@@ -127,3 +128,35 @@ def test_the_integrations_use_the_low_level_surface_not_privates():
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
                 reached.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
     assert reached == []
+
+
+def _type_checking_blocks(tree: ast.AST) -> list[ast.If]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+
+
+# a class typing a method of its own that its C base implements: not another class's member
+OWN_TYPING = {("aioccl/work.py", "__await__")}
+
+
+def test_no_type_checking_block_declares_members():
+    """An ``if TYPE_CHECKING:`` block imports types, nothing more: a part that needs another object's members
+    is given that object (composition), it does not re-declare them."""
+    found = []
+    for pkg in layers.PACKAGES:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            rel = str(p.relative_to(ROOT))
+            for block in _type_checking_blocks(ast.parse(p.read_text())):
+                for st in block.body:
+                    name = getattr(st, "name", None)
+                    if not isinstance(st, (ast.Import, ast.ImportFrom)) and (rel, name) not in OWN_TYPING:
+                        found.append(f"{rel}:{st.lineno} {ast.unparse(st).splitlines()[0]}")
+    assert found == []
+
+
+def test_the_communicator_and_the_mailbox_inherit_from_no_class_of_ours():
+    """Composition, not mixins: each holds its parts (docs/architecture.md)."""
+    from aioccl.communicator import Communicator
+    from aioccl.engine.mailbox import Mailbox
+
+    for cls in (Communicator, Mailbox):
+        assert cls.__bases__ == (object,), (cls, cls.__bases__)

@@ -131,8 +131,8 @@ def algorithms(transport: str, colls: set[str]) -> list[dict[str, str]]:
 
 def force(comms: list[aioccl.Communicator], algos: dict[str, str]) -> None:
     for c in comms:
-        c._tuning = Tuning(forced=tuple(algos.items()))
-        c._forget_plans()
+        c._planner.tuning = Tuning(forced=tuple(algos.items()))
+        c._planner.forget()
 
 
 def slow(comms: list[aioccl.Communicator], pattern: Pattern) -> list[SlowLink]:

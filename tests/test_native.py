@@ -209,16 +209,16 @@ async def test_ranks_on_the_native_and_the_python_path_meet(n):
     comms = await make_comms(n)
     try:
         slow = comms[0]
-        slow._native_max = -1  # nothing lowered: the Python executor runs its ops
-        slow._forget_plans()
+        slow._state.native_max = -1  # nothing lowered: the Python executor runs its ops
+        slow._planner.forget()
         for dt in (np.dtype(np.int32), np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
             await _every_collective(comms, dt)
-        assert slow._shm.native.stats["ops"] == 0
-        assert all(c._shm.native.stats["ops"] > 10 for c in comms[1:])
-        slow._native_max = 1 << 20
-        slow._forget_plans()
+        assert slow._state.shm.native.stats["ops"] == 0
+        assert all(c._state.shm.native.stats["ops"] > 10 for c in comms[1:])
+        slow._state.native_max = 1 << 20
+        slow._planner.forget()
         await _every_collective(comms, np.dtype(np.float64))
-        assert slow._shm.native.stats["ops"] > 0
+        assert slow._state.shm.native.stats["ops"] > 0
     finally:
         await close_all(comms)
 
@@ -233,20 +233,20 @@ async def test_buffers_read_in_place_on_either_path(n, monkeypatch):
     monkeypatch.setenv("AIOCCL_SHM_CMA_MIN_BYTES", "1")
     comms = await make_comms(n)
     try:
-        assert all(c._shm.readers is not None for c in comms)
+        assert all(c._state.shm.readers is not None for c in comms)
         slow = comms[0]
-        slow._native_max = -1  # nothing lowered: the Python executor runs its ops
-        slow._forget_plans()
+        slow._state.native_max = -1  # nothing lowered: the Python executor runs its ops
+        slow._planner.forget()
         for dt in (np.dtype(np.int32), np.dtype(np.float32)):
             await _every_collective(comms, dt)
-        assert slow._shm.native.stats["ops"] == 0 and slow._shm.stats["cma_reads"] > 0
-        assert n == 2 or all(c._shm.native.stats["cma_reads"] > 0 for c in comms[1:])  # (rank 0 offers nothing)
-        slow._native_max = 1 << 20
-        slow._forget_plans()
+        assert slow._state.shm.native.stats["ops"] == 0 and slow._state.shm.stats["cma_reads"] > 0
+        assert n == 2 or all(c._state.shm.native.stats["cma_reads"] > 0 for c in comms[1:])  # (rank 0 offers nothing)
+        slow._state.native_max = 1 << 20
+        slow._planner.forget()
         await _every_collective(comms, np.dtype(np.float64))
-        assert all(c._shm.native.stats["cma_reads"] > 0 for c in comms)
+        assert all(c._state.shm.native.stats["cma_reads"] > 0 for c in comms)
         # the broadcast's root (rank 1, in place) wrote the back of each chunk into its receivers' buffers
-        assert comms[1]._shm.native.stats["cma_writes"] > 0
+        assert comms[1]._state.shm.native.stats["cma_writes"] > 0
         big = [np.arange(300_000, dtype=np.float32) % 13 + c.rank for c in comms]  # pieces of a reduction
         await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, big, strict=True)))
         want = (np.arange(300_000, dtype=np.float32) % 13) * n + n * (n - 1) // 2
@@ -256,9 +256,9 @@ async def test_buffers_read_in_place_on_either_path(n, monkeypatch):
     monkeypatch.setenv("AIOCCL_SHM_CMA", "0")
     comms = await make_comms(n)
     try:
-        assert all(c._shm.readers is None for c in comms)
+        assert all(c._state.shm.readers is None for c in comms)
         await _every_collective(comms, np.dtype(np.int32))
-        assert all(c._shm.counts()["cma_reads"] == 0 for c in comms)
+        assert all(c._state.shm.counts()["cma_reads"] == 0 for c in comms)
     finally:
         await close_all(comms)
 
@@ -286,7 +286,7 @@ async def test_the_fast_lane_records_its_ops_and_keeps_the_order_of_a_group():
         for _ in range(3):
             await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs, strict=True)))
         assert all((x == 8).all() for x in xs)
-        assert all(c._shm.native.stats["ops"] >= 2 for c in comms)
+        assert all(c._state.shm.native.stats["ops"] >= 2 for c in comms)
         assert "all_reduce seq 2 (2 x int64, sum)" in comms[0].recent()[-1], comms[0].recent()
         assert comms[0].pending() == []
 

@@ -29,7 +29,7 @@ async def main():
     assert all(x.tolist() == [0, 3, 6, 9, 12] for x in xs), xs
     await asyncio.gather(*(c.close() for c in comms))
     assert aioccl.native.core is not None, aioccl.native.status()  # the native core was built and loads
-    assert all(c._shm.native.stats["ops"] > 0 or c._cpu.native is not None for c in comms)
+    assert all(c._state.shm.native.stats["ops"] > 0 or c._cpu.native is not None for c in comms)
     print("smoke ok", aioccl.__file__)
 
 asyncio.run(main())

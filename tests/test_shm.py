@@ -106,7 +106,7 @@ async def test_registered_buffers_are_read_in_place(monkeypatch):
     try:
         arrs = [c.alloc((4, 8), np.float32) for c in comms]
         assert all(a.shape == (4, 8) and a.dtype == np.float32 and not a.any() for a in arrs)
-        ch = comms[0]._shm
+        ch = comms[0]._state.shm
         assert ch is not None and ch.heap_offset(arrs[0]) >= 0 and ch.heap_offset(arrs[0][1:3]) >= 0
         assert ch.heap_offset(np.zeros(4)) == -1
         slots = ch.u8[0][4096:4096 + 2 * ch.cap_bytes]
@@ -130,7 +130,7 @@ async def test_alloc_frees_on_gc_and_reports_a_full_heap():
     comms = await make_comms(2)
     tcp = await make_comms(1, transport="tcp")
     try:
-        heap = comms[0]._shm.heap
+        heap = comms[0]._state.shm.heap
         a = comms[0].alloc(1000, np.int32)
         view = a[10:20]
         del a
@@ -166,7 +166,7 @@ async def test_timeout_names_the_silent_rank_and_the_channel_stays_in_step():
         xs = [np.full(4, c.rank + 1.0) for c in comms]
         await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs, strict=True)))
         assert all((x == 6).all() for x in xs)
-        assert all(c._shm.broken is None and c._shm.stats["resyncs"] == 1 for c in comms)
+        assert all(c._state.shm.broken is None and c._state.shm.stats["resyncs"] == 1 for c in comms)
     finally:
         for c in comms:
             c.abort()
@@ -194,7 +194,7 @@ async def test_parked_ranks_are_woken_by_the_doorbell(engine):
         xs = [np.ones(64, np.float32) for _ in comms]
         for _ in range(200):
             await asyncio.gather(*(c.all_reduce(x, op="max") for c, x in zip(comms, xs, strict=True)))
-        stats = [c._shm.counts() for c in comms]
+        stats = [c._state.shm.counts() for c in comms]
         assert all(s["ops"] >= 200 for s in stats), stats
         if engine == "inline":
             assert sum(s["parks"] for s in stats) > 0, stats

@@ -22,10 +22,12 @@ posted receive gets the payload read straight into its memory. Everything here r
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from .. import log
 from ..errors import AiocclError, PeerLost
@@ -45,21 +47,31 @@ from ..transport.frames import (
     SAID_ABORT,
     Header,
 )
+from ..work import Work
+from . import notice_handling
 from .blame import Reports
-from .notice_handling import NoticeHandling
 from .notices import Active, Fingerprint
-from .p2p.posting import PointToPointPosting
 from .p2p.probes import Probes
 from .p2p.rendezvous import Rendezvous
-from .p2p.wildcards import Wildcards
+from .p2p.wildcards import Wildcards, dead_source, earliest
 from .pool import BufferPool
 from .receives import Budget, Early, Posted, drop_unfinished
 
 _log = log.get("COLL")
+
+
+def p2p_key(peer: int, ctx: int, tag: int) -> tuple[int, int, int]:
+    """The key of a point-to-point queue (posted receives, early messages): the sender's world rank, the
+    communicator and the tag. The one definition: the pair lane (C, ``pair_held.c``) looks these queues up by
+    the same tuple and checks, when it is made, that this is still it."""
+    return (peer, ctx, tag)
+
 _net_log = log.get("NET")
 
 
-class Mailbox(NoticeHandling, PointToPointPosting):
+class Mailbox:
+    """The matching state of one engine: posted receives and early frames, collectives' and messages'."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop, pool: BufferPool, budget: int = 64 << 20) -> None:
         self.loop = loop
         self.pool = pool
@@ -79,12 +91,12 @@ class Mailbox(NoticeHandling, PointToPointPosting):
         self.closed_peers: set[int] = set()  # lost by a graceful close (after finishing their part of every op)
         self.lost_listeners: list[Callable[[int, PeerLost], None]] = []  # e.g. the shared-memory channel
         self._partial: dict[int, list[Posted]] = {}  # receives waiting on a frame still arriving
-        self._dead: set[tuple[int, int]] = set()
-        self._dead_order: deque[tuple[int, int]] = deque()
+        self.dead_ops: set[tuple[int, int]] = set()
+        self.dead_order: deque[tuple[int, int]] = deque()
         self.active: dict[tuple[int, int], Active] = {}  # (ctx, seq) -> the collective running here
         self._foreign: dict[tuple[int, int], dict[int, Fingerprint]] = {}  # fingerprints that came early
-        self._doomed: dict[tuple[int, int], AiocclError] = {}  # failed by a mismatch or a notice (bounded)
-        self._finished: dict[tuple[int, int], Active] = {}  # recently completed here (bounded)
+        self.doomed_ops: dict[tuple[int, int], AiocclError] = {}  # failed by a mismatch or a notice (bounded)
+        self.finished_ops: dict[tuple[int, int], Active] = {}  # recently completed here (bounded)
         # engine hook: tell the other ranks of (ctx, seq) that world rank `offender` issued `their_fp`
         self.notify: Callable[[int, int, Active, int, Fingerprint], None] | None = None
         # told of every failure notice, with (ctx, seq, error): the shared-memory channel's ops too
@@ -98,13 +110,13 @@ class Mailbox(NoticeHandling, PointToPointPosting):
     def unclaimed(self, peer: int, h: Header) -> bool:
         """Would a point-to-point message from ``peer`` arriving now be held for a receive not yet posted
         (no posted receive, wildcard or probe wants it)? Then it may wait in its FIFO instead."""
-        return not self.wild and not self.probes and (peer, h.ctx, h.seq) not in self.p2p_posted
+        return not self.wild and not self.probes and p2p_key(peer, h.ctx, h.seq) not in self.p2p_posted
 
     # -- from the connections' readers -----------------------------------
     def on_header(self, peer: int, h: Header) -> tuple[memoryview, Callable[[], None]]:
         kind = h.kind
         if kind in (P2P, RTS):  # first: the small message's hot path
-            key3 = (peer, h.ctx, h.seq)
+            key3 = p2p_key(peer, h.ctx, h.seq)
             p = None
             queue = self.p2p_posted.get(key3)
             if self.wild and h.ctx in self.wild.by_ctx:
@@ -143,7 +155,7 @@ class Mailbox(NoticeHandling, PointToPointPosting):
                 return e.view(), e.finish
         elif kind == MISMATCH:
             buf = self.pool.acquire(h.nbytes)
-            return buf.data[: h.nbytes], lambda: self._on_notice(peer, h, buf)
+            return buf.data[: h.nbytes], lambda: notice_handling.on_notice(self, peer, h, buf)
         elif kind == PROBE:  # a peer waiting on this rank shows its call: only the fingerprint counts
             self._screen(peer, h)
             return self._discard(h)
@@ -151,7 +163,7 @@ class Mailbox(NoticeHandling, PointToPointPosting):
             if h.nbytes > MAX_FAILURE_BYTES:
                 return self._discard(h)
             buf = self.pool.acquire(h.nbytes)
-            return buf.data[: h.nbytes], lambda: self._on_failure(peer, h, buf)
+            return buf.data[: h.nbytes], lambda: notice_handling.on_failure(self, peer, h, buf)
         elif kind == PAUSE:
             if self.on_pause is not None:
                 self.on_pause(peer, bool(h.seq))
@@ -176,13 +188,13 @@ class Mailbox(NoticeHandling, PointToPointPosting):
         """Compare a collective frame's (or probe's) fingerprint with this rank's call at the same seq;
         True when the frame is to be dropped (its op is dead here, or the calls differ)."""
         op_key = (h.ctx, h.seq)
-        if op_key in self._dead:
+        if op_key in self.dead_ops:
             return True
         active = self.active.get(op_key)
-        if active is None and op_key in self._finished:
+        if active is None and op_key in self.finished_ops:
             # this rank's part ended (a send-only role) before a peer's other call reached it:
             # it cannot take its result back, but the ranks still waiting must not time out
-            done = self._finished[op_key]
+            done = self.finished_ops[op_key]
             if h.fingerprint() != done.fp:
                 exc = done.mismatch(h.ctx, h.seq, peer, h.fingerprint(), done.ranks[done.rank], done.fp)
                 _log.error("%s (this rank's part had already finished; the ranks still in it fail)", exc)
@@ -249,7 +261,7 @@ class Mailbox(NoticeHandling, PointToPointPosting):
               ) -> AiocclError | None:
         """A collective starts here; returns its error if a peer's frame or notice already doomed it."""
         op_key = (ctx, seq)
-        doomed = self._doomed.get(op_key)
+        doomed = self.doomed_ops.get(op_key)
         if doomed is not None:
             return doomed
         for r in ranks:  # a crashed rank dooms it; one that closed had finished its part of every op first
@@ -268,30 +280,30 @@ class Mailbox(NoticeHandling, PointToPointPosting):
 
     def doomed(self, ctx: int, seq: int) -> AiocclError | None:
         """The error a peer's notice already gave collective ``seq`` (None: none came)."""
-        return self._doomed.get((ctx, seq))
+        return self.doomed_ops.get((ctx, seq))
 
     def end(self, ctx: int, seq: int) -> AiocclError | None:
         """The collective's schedule ran to its end here; returns its error if a peer's different
         call reached it meanwhile (a send-only part finishes without noticing otherwise)."""
-        doomed = self._doomed.get((ctx, seq)) if self._doomed else None
+        doomed = self.doomed_ops.get((ctx, seq)) if self.doomed_ops else None
         if doomed is not None:
             return doomed
         active = self.active.pop((ctx, seq), None)
         if active is not None:
-            self._finished[(ctx, seq)] = active
-            if len(self._finished) > 1024:
-                del self._finished[next(iter(self._finished))]
+            self.finished_ops[(ctx, seq)] = active
+            if len(self.finished_ops) > 1024:
+                del self.finished_ops[next(iter(self.finished_ops))]
         return None
 
     def fail_op(self, ctx: int, seq: int, exc: AiocclError) -> None:
         """Fail the collective (ctx, seq): its posted receives now, its later ones when posted.
         The first cause wins: a later one (say the EOF of a rank that gave up) never replaces it."""
         op_key = (ctx, seq)
-        if op_key in self._doomed:
+        if op_key in self.doomed_ops:
             return
-        self._doomed[op_key] = exc
-        if len(self._doomed) > 4096:
-            del self._doomed[next(iter(self._doomed))]
+        self.doomed_ops[op_key] = exc
+        if len(self.doomed_ops) > 4096:
+            del self.doomed_ops[next(iter(self.doomed_ops))]
         for key in [k for k in self.posted if k[1] == ctx and k[2] == seq]:
             self.posted.pop(key).fail(exc)
 
@@ -301,7 +313,7 @@ class Mailbox(NoticeHandling, PointToPointPosting):
         fut = self.loop.create_future()
         p = Posted(target, fut, op, dtype, what, None)
         key = (peer, ctx, seq, k)
-        doomed = self._doomed.get((ctx, seq)) if self._doomed else None
+        doomed = self.doomed_ops.get((ctx, seq)) if self.doomed_ops else None
         if doomed is not None:
             p.fail(doomed)
             return fut
@@ -335,10 +347,10 @@ class Mailbox(NoticeHandling, PointToPointPosting):
                 e.drop()
         self.active.pop((ctx, seq), None)
         self._foreign.pop((ctx, seq), None)
-        self._dead.add((ctx, seq))
-        self._dead_order.append((ctx, seq))
-        if len(self._dead_order) > 4096:
-            self._dead.discard(self._dead_order.popleft())
+        self.dead_ops.add((ctx, seq))
+        self.dead_order.append((ctx, seq))
+        if len(self.dead_order) > 4096:
+            self.dead_ops.discard(self.dead_order.popleft())
 
     def fail_all(self, exc: BaseException) -> None:
         for p in self.posted.values():
@@ -353,3 +365,84 @@ class Mailbox(NoticeHandling, PointToPointPosting):
         self.wild.clear()
         self.probes.fail_all(exc)
 
+    # -- point-to-point receives: posted into their (peer, ctx, tag) queue, or a wildcard into its list --------
+    def post_p2p(self, peer: int, ctx: int, tag: int, target: memoryview, dtype: int, what: str,
+                 work: Work[Any]) -> asyncio.Future[None] | None:
+        """Post a receive; None if ``work`` was cancelled before it could be posted."""
+        key = p2p_key(peer, ctx, tag)
+        early = self.p2p_early.get(key)
+        if early:
+            if not work._start():
+                return None
+            fut = self.loop.create_future()
+            p = Posted(target, fut, 0, dtype, what, work)
+            e = early.popleft()
+            if not early:
+                del self.p2p_early[key]
+            self._attach(e, p)
+            return fut
+        fut = self.loop.create_future()
+        p = Posted(target, fut, 0, dtype, what, work)
+        if peer in self.lost:
+            if work._start():
+                p.fail(self.lost[peer])
+            return fut
+        p.order = next(self._posts)
+        self.p2p_posted.setdefault(key, deque()).append(p)
+        work._on_cancel = functools.partial(self.loop.call_soon_threadsafe, self._unpost_p2p, key, p)
+        if self.on_post is not None:
+            self.on_post(peer)  # its message may wait in a FIFO
+        return fut
+
+    def post_any(self, src: int, ctx: int, tag: int, ranks: tuple[int, ...], target: memoryview, dtype: int,
+                 what: str, work: Work[Any]) -> asyncio.Future[None] | None:
+        """Post a receive from ``src`` (a world rank, or -1: any of ``ranks``, this rank's given as -1) with
+        ``tag`` (-1: any): it takes the earliest arrival that fits, else waits for one in posting order."""
+        fut = self.loop.create_future()
+        p = Posted(target, fut, 0, dtype, what, work)
+        p.src, p.tag, p.ranks = src, tag, ranks
+        key = earliest(self.p2p_early, ctx, src, tag)
+        if key is not None:
+            if not work._start():
+                return None
+            early = self.p2p_early[key]
+            e = early.popleft()
+            if not early:
+                del self.p2p_early[key]
+            p.matched(e.peer, e.header.seq)
+            self._attach(e, p)
+            return fut
+        gone = self.lost.get(src) if src >= 0 else dead_source(p, self.lost, self.closed_peers)
+        if gone is not None:
+            if work._start():
+                p.fail(gone)
+            return fut
+        p.order = next(self._posts)
+        self.wild.add(ctx, p)
+        work._on_cancel = functools.partial(self.loop.call_soon_threadsafe, self.wild.remove, ctx, p)
+        if self.on_post is not None:
+            self.on_post(src)
+        return fut
+
+    def _unpost_p2p(self, key: tuple[int, int, int], p: Posted) -> None:
+        queue = self.p2p_posted.get(key)
+        if queue and p in queue:
+            queue.remove(p)
+            if not queue:
+                del self.p2p_posted[key]
+
+    def withdraw(self, peer: int, ctx: int, tag: int, fut: asyncio.Future[None]) -> None:
+        """A timed-out p2p receive leaves the queue (its successor takes the next message); ``peer`` or
+        ``tag`` -1: a wildcard receive."""
+        self.rdv.withdraw(fut)
+        if peer < 0 or tag < 0:
+            self.wild.withdraw(ctx, fut)
+            return
+        key = p2p_key(peer, ctx, tag)
+        queue = self.p2p_posted.get(key)
+        if queue:
+            for p in list(queue):
+                if p.fut is fut:
+                    queue.remove(p)
+            if not queue:
+                del self.p2p_posted[key]

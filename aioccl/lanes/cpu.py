@@ -25,7 +25,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import ml_dtypes
 import numpy as np
@@ -42,36 +42,10 @@ from ..work import BORN_DONE_LOCK, Work
 from .call import HOST, NONE, TENSOR, Call
 
 if TYPE_CHECKING:
-    from ..algorithms.schedule import Schedule
     from ..engine.engine import Engine
-    from ..engine.shm.channel import ShmChannel
-    from ..engine.view import CommView
-    from ..introspection import FlightRecorder
-
-
-class Owner(Protocol):
-    """What the CPU lane uses of its communicator: its channel, counters and plans, and how it tracks an op."""
-
-    _shm: ShmChannel | None
-    _view: CommView
-    _engine: Engine
-    _counters: Any
-    _recorder: FlightRecorder
-    _native_max: int
-    _plans: dict[tuple[Any, ...], tuple[Schedule, Any]]
-
-    def _new_plan(self, name: str, count: int, dt: np.dtype[Any], root: int, in_place: bool,
-                  same: bool) -> tuple[Schedule, Any]: ...
-
-    @property
-    def _closed(self) -> BaseException | None: ...
-
-    @property
-    def _member_lost(self) -> BaseException | None: ...
-
-    def _op_timeout(self, timeout: float | None) -> float: ...
-
-    def _track(self, work: Work[Any], desc: Any, start: Any, *args: Any, borrow: bool = False) -> Work[Any]: ...
+    from ..planning import Planner
+    from ..state import CommState
+    from ..tracking import Tracker
 
 
 class _Capture(threading.local):
@@ -121,7 +95,8 @@ def _no_lane(code: int, x: Any, out: Any, op: Any, root: Any) -> Declined:
 
 
 class CpuLane:
-    """The CPU lane of one communicator (``comm``: whose counters, channel, plans and tracking it uses)."""
+    """The CPU lane of one communicator: ``state`` (its channel, counters, recorder), the ``engine`` it borrows
+    and the ``tracker`` that follows an op it hands over."""
 
     name = "cpu"
     RULES: tuple[tuple[str, str], ...] = (
@@ -137,31 +112,35 @@ class CpuLane:
         ("size", "larger than the native core's limit (its programs), or empty"),
     )
 
-    def __init__(self, comm: Owner) -> None:
-        self.comm = comm
+    def __init__(self, engine: Engine, state: CommState, tracker: Tracker) -> None:
+        self._engine = engine
+        self._state = state
+        self._tracker = tracker
+        self.planner: Planner | None = None  # (the communicator's, given once made: it asks this lane to learn)
         self.native: Any = None  # the native Lane, once open
         self.first: Any = _no_lane  # the door's first try: the native Lane's call(), once open
+        state.on_off(self.off)
 
     def open(self) -> None:
         """The native core's lane over the communicator's channel (which then owns the counters). The
-        communicator switches it off when it closes, shrinks or loses a rank (``off``), for callers that
-        hold only the lane (an XLA custom call, on XLA's thread, without the GIL)."""
-        comm = self.comm
-        core, shm = native.core, comm._shm
-        if core is None or (shm is None and comm._view.size != 1) or (shm is not None and shm.native is None):
+        communicator's state switches it off when it closes, shrinks or loses a rank (``off``), for callers
+        that hold only the lane (an XLA custom call, on XLA's thread, without the GIL)."""
+        state = self._state
+        core, shm = native.core, state.shm
+        if core is None or (shm is None and state.view.size != 1) or (shm is not None and shm.native is None):
             return
         if shm is not None:  # how large an op the core takes depends on whether the channel reads in place
-            comm._native_max = shm_native.max_bytes(in_place=shm.readers is not None)
-        placement = comm._engine.placement
-        counters = comm._counters
+            state.native_max = shm_native.max_bytes(in_place=shm.readers is not None)
+        placement = self._engine.placement
+        counters = state.counters
         ring_bells = functools.partial(shm_native.ring_bells, shm) if shm is not None else None
         lane = core.Lane(
             shm.native if shm is not None else None, Work, BORN_DONE_LOCK, placement, placement.thread_id,
-            placement.lock, current_group, comm._recorder.entries.append, ring_bells, tuple(ReduceOp),
-            np.dtype(ml_dtypes.bfloat16).num, comm._native_max, counters.seq, counters.order)
-        self.native = comm._counters = lane
+            placement.lock, current_group, state.recorder.entries.append, ring_bells, tuple(ReduceOp),
+            np.dtype(ml_dtypes.bfloat16).num, state.native_max, counters.seq, counters.order)
+        self.native = state.counters = lane
         self.first = lane.call
-        if comm._closed is not None or comm._member_lost is not None:
+        if state.closed is not None or state.member_lost is not None:
             lane.enabled = False  # (a member lost while the channel was set up)
 
     def off(self) -> None:
@@ -235,27 +214,25 @@ class CpuLane:
         return work
 
     def _hand_over(self, handed: Handover, timeout: float | None) -> Work[Any]:
-        comm = self.comm
-        shm = comm._shm
-        assert shm is not None
+        shm = self._state.shm
+        assert shm is not None and self.planner is not None
         if handed.template is None:  # the small in-place all_reduce: its op is built from the array
             x = handed.inp
             dt, count, rop = x.dtype, x.size, ReduceOp.parse(handed.op)
-            key = ("all_reduce", count, dt, 0, False, True)
-            sched = (comm._plans.get(key) or comm._new_plan(*key))[0]
+            sched = self.planner.get("all_reduce", count, dt, 0, False, True)[0]
             template = ("all_reduce", _ALL_REDUCE, dtype_code(dt), rop, count, 0, sched, (count, dt, rop, None))
         else:
             template = handed.template
-        op_ = Op.from_template(template, handed.seq, handed.order, handed.inp, handed.out, comm._op_timeout(timeout),
-                               handed.given)
+        op_ = Op.from_template(template, handed.seq, handed.order, handed.inp, handed.out,
+                               self._state.op_timeout(timeout), handed.given)
         shm_native.carry_on(shm, op_, handed.rc)
-        return comm._track(op_.work, op_.desc, shm.submit, op_)
+        return self._tracker.track(op_.work, op_.desc, shm.submit, op_)
 
     def adopt_orphan(self) -> None:
         """An op handed over to the engine whose caller was interrupted (a signal) before the engine had it:
         submit it now, ahead of the next op (peers count on it; nobody awaits it)."""
         handed = self.native.claim()
-        shm = self.comm._shm
+        shm = self._state.shm
         if handed is not None and shm is not None and shm.next_order <= handed.order:
             self._hand_over(handed, None)._retrieved = True  # its caller was told, by the interrupt
 
@@ -264,14 +241,14 @@ class CpuLane:
         """An op an XLA custom call started in the native core and could not finish there (``rc``: it waits, or
         failed; ``native.core.UNSUITABLE``: nothing was published). It took ``seq`` and ``order``; ``template``
         is the op the call learnt from. The channel carries it on (or runs it) as any of its ops."""
-        shm = self.comm._shm
+        shm = self._state.shm
         assert shm is not None and native.core is not None
         op_ = Op.from_template((template.name, template.code, template.dtype_code, template.op, template.count,
                                 template.root, template.sched, template.desc), seq, order, inp, out, template.timeout,
                                None)
         if rc != native.core.UNSUITABLE:
             shm_native.carry_on(shm, op_, rc)
-        return self.comm._track(op_.work, template.desc, shm.submit, op_)
+        return self._tracker.track(op_.work, template.desc, shm.submit, op_)
 
 
 _ALL_REDUCE = BY_NAME["all_reduce"].code

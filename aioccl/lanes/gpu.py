@@ -22,6 +22,7 @@ from .call import OTHER, Call
 from .cpu import CAPTURE
 
 if TYPE_CHECKING:
+    from ..state import CommState
     from .general import General
 
 _OFF, _TIMEOUT, _STREAM = Declined("off"), Declined("timeout"), Declined("stream")
@@ -47,16 +48,22 @@ class GpuLane:
         ("group", "inside comm.group()"),
     )
 
-    def __init__(self, general: General) -> None:
-        self.general = general
+    def __init__(self, state: CommState) -> None:
+        self.general: General | None = None  # (the communicator's, given once made: a new call runs there)
         self.runner: Any = None
         self.native: Any = None
+        self._off = False
+        state.on_off(self.off)
 
     def publish(self, runner: Any, lane: Any) -> None:
-        """The GPU path's native lane, now that the device path runs ops (``gpu/owner.py``)."""
+        """The GPU path's native lane, now that the device path runs ops (``gpu/owner.py``); off at once if the
+        communicator takes no more ops."""
         self.runner, self.native = runner, lane
+        if lane is not None and self._off:
+            lane.enabled = False
 
     def off(self) -> None:
+        self._off = True
         if self.native is not None:
             self.native.enabled = False
 
@@ -82,13 +89,17 @@ class GpuLane:
         code, x, out, op, root = call.code, call.x, call.out, call.op, call.root
         runner = self.runner
         if CAPTURE.ops is not None:  # jax_ext learning what a CUDA custom call launches (lanes/cpu.py's CAPTURE)
-            w: Work[Any] = runner.learning(code, x, out, op, root, lambda: self.general.run(call))
+            w: Work[Any] = runner.learning(code, x, out, op, root, lambda: self._general(call))
             CAPTURE.ops.append(("gpu", *runner.launched(w, code)))
             return w
         got = self.native.run(code, x, out, op, root)
         if got.__class__ is Declined and got.reason == "form":  # new: the general way, then the lane learns it
-            return runner.learning(code, x, out, op, root, lambda: self.general.run(call))  # type: ignore[no-any-return]
+            return runner.learning(code, x, out, op, root, lambda: self._general(call))  # type: ignore[no-any-return]
         return got  # type: ignore[no-any-return]
+
+    def _general(self, call: Call) -> Work[Any]:
+        assert self.general is not None
+        return self.general.run(call)
 
     def carry_on(self, handed: Handover, call: Call) -> Work[Any]:
         raise AssertionError("the GPU lane hands nothing over: a launched op completes on its stream")

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,6 +32,7 @@ import numpy as np
 from .. import native
 from ..buffers import byte_view
 from ..dtypes import dtype_code
+from ..engine.mailbox import p2p_key
 from ..engine.p2p.put_off import put_off as put_off_send
 from ..engine.p2p.starts import send_now
 from ..engine.receives import Status
@@ -46,6 +48,7 @@ from .call import HOST, SEND, TENSOR, Call
 if TYPE_CHECKING:
     from ..engine.engine import Engine
     from ..engine.view import CommView
+    from ..state import CommState
 
 
 _OFF, _STREAM, _TIMEOUT = Declined("off"), Declined("stream"), Declined("timeout")
@@ -79,11 +82,12 @@ class PairLane:
         ("spun", "a receive whose message did not come within the pair's spin"),
     )
 
-    def __init__(self, engine: Engine, view: CommView, record: Any, put_off: Any) -> None:
-        self.native: Any = open_pair_lane(engine, view, record)
+    def __init__(self, engine: Engine, state: CommState, put_off: Any) -> None:
+        self.native: Any = open_pair_lane(engine, state.view, state.recorder.entries.append)
         self.first_send: Any = self.native.send if self.native is not None else _no_lane
         self.first_recv: Any = self.native.recv if self.native is not None else _no_lane
-        self._put_off = put_off  # (x, peer, tag, timeout) -> the Work of a send put off (full)
+        self._put_off = put_off  # (x, peer, tag) -> the Work of a send put off (full)
+        state.on_off(self.off)
 
     def off(self) -> None:
         if self.native is not None:
@@ -132,13 +136,59 @@ def open_pair_lane(engine: Engine, view: CommView, record: Any) -> Any:
     bell = hub.bell.bell
     box = engine.mailbox
     placement = engine.placement
-    return core.PairLane(
-        engine, engine.conns, engine.queued_sends, box.p2p_posted, box.p2p_early, box.wild.by_ctx,
-        box.probes.waiting, box.lost, ShmPairConnection, view.ctx, tuple(view.ranks), view.rank, Work,
-        BORN_DONE_LOCK, placement, placement.thread_id, current_group, record, Status, dtype_code, engine.eager,
-        hub.spin_s, hub.yield_cpu, bell.sender(), tuple(bell.address(bell.comm_id, w) for w in view.ranks),
-        placement.lock, placement.wake, functools.partial(loop_waits, engine.loop), loop_slice_s(), stall_s(),
-        engine.put_off)
+    return core.PairLane(PairSetup(
+        engine=engine, conns=engine.conns, queued_sends=engine.queued_sends, posted=box.p2p_posted,
+        early=box.p2p_early, wild=box.wild.by_ctx, probes=box.probes.waiting, lost=box.lost, key=p2p_key,
+        pair_type=ShmPairConnection, ctx=view.ctx, ranks=tuple(view.ranks), rank=view.rank, work_type=Work,
+        done_lock=BORN_DONE_LOCK, home=placement, thread_id=placement.thread_id, group_var=current_group,
+        record=record, status_type=Status, dtype_code=dtype_code, eager=engine.eager, spin_s=float(hub.spin_s),
+        yield_cpu=hub.yield_cpu, bell_fd=bell.sender(),
+        bell_addresses=tuple(bell.address(bell.comm_id, w) for w in view.ranks), lock=placement.lock,
+        wake=placement.wake, wanted=functools.partial(loop_waits, engine.loop), slice_s=float(loop_slice_s()),
+        stall_s=float(stall_s()), put_off=engine.put_off))
+
+
+@dataclass(frozen=True, slots=True)
+class PairSetup:
+    """What the native ``PairLane`` is made from, by name (``pair_lane.c`` reads each field and checks its type):
+    the engine's connections and its queued sends; the mailbox's point-to-point queues, wildcards, probes and
+    lost peers (``posted``, ``early``, ``wild``, ``probes``, ``lost``: the same objects, read in C while nothing
+    in Python runs) and its key (``p2p_key``, the one definition, which the lane checks against its own); the
+    communicator's ``ctx``, world ``ranks`` and ``rank``; how a Work is made and recorded; the limits and
+    clocks (``eager`` bytes, the spin, the loop's slice, the stall before a send is put off); the bells."""
+
+    engine: Any
+    conns: dict[Any, Any]
+    queued_sends: dict[Any, Any]
+    posted: dict[Any, Any]
+    early: dict[Any, Any]
+    wild: dict[Any, Any]
+    probes: list[Any]
+    lost: dict[Any, Any]
+    key: Callable[[int, int, int], tuple[int, int, int]]
+    pair_type: type
+    ctx: int
+    ranks: tuple[int, ...]
+    rank: int
+    work_type: type
+    done_lock: Any
+    home: Any
+    thread_id: int | None  # (an int once the engine's loop runs: the lane is made after)
+    group_var: Any
+    record: Callable[..., Any]
+    status_type: type
+    dtype_code: Callable[..., int]
+    eager: int
+    spin_s: float
+    yield_cpu: bool
+    bell_fd: int
+    bell_addresses: tuple[bytes, ...]
+    lock: Any
+    wake: Any
+    wanted: Callable[[], bool]
+    slice_s: float
+    stall_s: float
+    put_off: dict[Any, Any]
 
 
 def stall_s(env: Mapping[str, str] = os.environ) -> float:

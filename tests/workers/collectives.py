@@ -188,7 +188,7 @@ async def main() -> None:
         ck.true("local rank", comm.local_rank == comm.rank and comm.local_world_size == comm.world_size)
     await matrix(comm, ck, DTYPES, SIZES)
     if hosts and comm.world_size > 2:  # the hierarchies ran (a host with several ranks: n > 2)
-        used = {s.algo for s, _native in comm._plans.values()}
+        used = {s.algo for s, _native in comm._planner.plans.values()}
         rail = "rail" in os.environ.get("AIOCCL_ALGO", "") and comm.world_size == 4  # needs equal hosts
         want = {"leader", "rail"} if rail else {"leader"}
         ck.true(f"hierarchical schedules ran: {sorted(used)}", want <= used)

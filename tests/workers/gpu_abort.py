@@ -33,7 +33,7 @@ def main() -> None:
         cp.cuda.Device().synchronize()
         took = time.monotonic() - t0
         assert took < 10, took
-        print(f"ABORT_OK rank=0 synchronised {took:.2f}s after abort() path={comm._gpu.path}", flush=True)
+        print(f"ABORT_OK rank=0 synchronised {took:.2f}s after abort() path={comm._launcher.gpu.path}", flush=True)
     else:
         time.sleep(3)
         print(f"ABORT_OK rank={r}", flush=True)

@@ -40,7 +40,7 @@ def main() -> None:
         comm.all_gather(small, out=z, stream=s)
     except aioccl.InvalidArgument as e:
         s.end_capture()
-        assert comm._gpu.path == "ipc/stream", comm._gpu.path
+        assert comm._launcher.gpu.path == "ipc/stream", comm._launcher.gpu.path
         assert "CUDA graph" in str(e), e
         print(f"GRAPH_REFUSED rank={r}: {e}", flush=True)
         comm.close().wait()
@@ -61,7 +61,7 @@ def main() -> None:
     got = w.wait()
     cp.cuda.get_current_stream().wait_event(w.event)
     np.testing.assert_array_equal(cp.asnumpy(got), np.full(5, n * (n + 1) // 2))
-    print(f"GRAPH_OK rank={r} replays=6 path={comm._gpu.path}", flush=True)
+    print(f"GRAPH_OK rank={r} replays=6 path={comm._launcher.gpu.path}", flush=True)
     comm.close().wait()
 
 

@@ -117,7 +117,7 @@ def host_time(comm: aioccl.Communicator) -> tuple[float, float, float]:
         comm.all_reduce(x, "max")
         single.append((time.perf_counter() - t0) * 1e6)
     s.synchronize()
-    inside = [took * 1e6 for op, _, _, exc, took in list(comm._recorder.entries)[-200:] if op == "all_reduce"]
+    inside = [took * 1e6 for op, _, _, exc, took in list(comm._state.recorder.entries)[-200:] if op == "all_reduce"]
     return float(np.median(sets)), float(np.median(single)), float(np.median(inside))
 
 
@@ -147,7 +147,7 @@ def main() -> None:
     if os.environ.get("GPU_LANE_EXPECT") == "1":  # scripts/gpu-check.sh: a real GPU, the native core built
         chk.true(f"the GPU lane ran ops (it ran {lane_ran(comm)} of {calls})", lane_ran(comm) >= calls // 2)
     chk.finish(f"rank {comm.rank} lane")
-    path = comm._gpu.path if comm._gpu is not None else "?"
+    path = comm._launcher.gpu.path if comm._launcher.gpu is not None else "?"
     print(f"LANE_OK rank={comm.rank} checks={chk.count} ran={lane_ran(comm)}/{calls} path={path}", flush=True)
     back_to_back, single, inside = host_time(comm)
     print(f"LANE_HOST rank={comm.rank} back to back {back_to_back:.1f} us/op, one call on an idle GPU {single:.1f} "

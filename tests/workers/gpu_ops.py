@@ -182,7 +182,7 @@ async def mismatch(comm: aioccl.Communicator, chk: Checker) -> None:
     done at enqueue and the communicator's next GPU op raises it (as will every later one: its GPU ops are
     failed, as NCCL's communicator is after an asynchronous error)."""
     r, n = comm.rank, comm.world_size
-    device = comm._gpu.path.startswith("ipc")
+    device = comm._launcher.gpu.path.startswith("ipc")
     try:
         await comm.all_reduce(cp.asarray(data(r, 10 + r, np.int32)))
         if device:
@@ -216,7 +216,7 @@ async def main() -> None:
         for dt in DTYPES:
             await run_dtype(comm, chk, dt, count, stream)
     await extras(comm, chk)
-    path = comm._gpu.path if comm._gpu is not None else "none"
+    path = comm._launcher.gpu.path if comm._launcher.gpu is not None else "none"
     await comm.close()
     chk.finish(f"rank {comm.rank} GPU ops")
     print(f"GPU_OK rank={comm.rank} checks={chk.count} path={path}", flush=True)

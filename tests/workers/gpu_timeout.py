@@ -49,10 +49,10 @@ def main() -> None:
             pass
         else:
             raise AssertionError("a failed device path accepted another op")
-        print(f"TIMEOUT_OK rank=0 after={time.monotonic() - t0:.1f}s path={comm._gpu.path}: {err}", flush=True)
+        print(f"TIMEOUT_OK rank=0 after={time.monotonic() - t0:.1f}s path={comm._launcher.gpu.path}: {err}", flush=True)
     else:
         time.sleep(4)
-        print(f"TIMEOUT_OK rank={r} path={comm._gpu.path}", flush=True)
+        print(f"TIMEOUT_OK rank={r} path={comm._launcher.gpu.path}", flush=True)
     comm.close().wait()
 
 

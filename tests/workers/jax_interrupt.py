@@ -146,7 +146,7 @@ for it in range(ITERS):
 # is entered, before it took the op on. It is carried on all the same (the handler calls again), and the
 # interrupt is the call's error once it has ended. Before: the op was left half done, and the next hung.
 carried = late = -1  # -1: not run here (no native core, or not over shared memory)
-if native_call.why_not() is None and comm._shm is not None:
+if native_call.why_not() is None and comm._state.shm is not None:
     small = jax.jit(lambda x: jax_ext.all_reduce(x * 1.0))
     for _ in range(2):
         assert (np.asarray(small(jnp.full(4, float(r + 1)))) == 3.0).all()

@@ -26,14 +26,14 @@ async def main() -> None:
         x = ((np.arange(count) % 5) + r).astype(np.float32)
         await comm.all_reduce(x)
         ck.same(f"all_reduce {count}", x, (n * (np.arange(count) % 5) + n * (n - 1) // 2).astype(np.float32))
-    used = sorted({s.algo for s, _native in comm._plans.values()})
+    used = sorted({s.algo for s, _native in comm._planner.plans.values()})
     ck.true(f"the hierarchy ran across hosts: {used}", "rail" in used)
     for algo in ("rail", "leader", "ring"):  # forced, so each runs across real hosts whatever the tuner says
         gathers = "leader" if algo == "leader" else "rail"
-        comm._tuning = Tuning(comm._tuning.buffsize, (("all_reduce", algo), ("reduce", "leader"),
+        comm._planner.tuning = Tuning(comm._planner.tuning.buffsize, (("all_reduce", algo), ("reduce", "leader"),
                                                       ("broadcast", "leader"), ("all_gather", gathers),
                                                       ("reduce_scatter", gathers)))
-        comm._forget_plans()
+        comm._planner.forget()
         x = ((np.arange(300_001) % 5) + r).astype(np.float32)
         await comm.all_reduce(x)
         ck.same(f"all_reduce {algo}", x, (n * (np.arange(300_001) % 5) + n * (n - 1) // 2).astype(np.float32))
@@ -49,8 +49,8 @@ async def main() -> None:
             z = np.arange(999, dtype=np.int32) if r == root else np.zeros(999, np.int32)
             await comm.broadcast(z, root=root)
             ck.same(f"broadcast leader root {root}", z, np.arange(999, dtype=np.int32))
-    comm._tuning = Tuning()
-    comm._forget_plans()
+    comm._planner.tuning = Tuning()
+    comm._planner.forget()
     g = await comm.all_gather(np.array([r, 10 * r], np.int64))
     ck.same("all_gather", g, np.stack([np.arange(n), 10 * np.arange(n)], 1).reshape(-1))
     b = np.arange(50_000, dtype=np.float64) if r == n - 1 else np.zeros(50_000)
@@ -68,8 +68,8 @@ async def main() -> None:
             and comm.transport_to(peer) == "tcp")
     mine = await comm.split(host)  # the ranks of this host: a shared-memory channel of their own
     rail = await comm.split(comm.local_rank)  # one rank per host: over the network
-    ck.true(f"per-host child over {mine.transport}", mine.transport == "shm" and mine._shm is not None)
-    ck.true(f"per-rail child over {rail.transport}", rail.transport == "tcp" and rail._shm is None)
+    ck.true(f"per-host child over {mine.transport}", mine.transport == "shm" and mine._state.shm is not None)
+    ck.true(f"per-rail child over {rail.transport}", rail.transport == "tcp" and rail._state.shm is None)
     for child in (mine, rail):
         y = np.full(200_000, r + 1, np.int64)
         await child.all_reduce(y)

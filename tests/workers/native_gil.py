@@ -49,7 +49,8 @@ for _ in range(ROUNDS):
 stop = True
 t.join()
 if comm.rank == 0:
-    native = comm._shm.native.stats["ops"] if comm._shm is not None and comm._shm.native is not None else 0
+    shm = comm._state.shm
+    native = shm.native.stats["ops"] if shm is not None and shm.native is not None else 0
     print(f"GIL idle {max(idle):.0f}/s busy {max(busy):.0f}/s ratio {max(busy) / max(idle):.2f} "
           f"native ops {native}", flush=True)
 comm.close().wait()

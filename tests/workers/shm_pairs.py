@@ -108,11 +108,11 @@ async def children(comm: aioccl.Communicator) -> None:
     sub = await comm.split(0, key=-r)
     half = await comm.split(r % 2)
     assert sub is not None and sub.rank == n - 1 - r and sub.transport == "shm", (sub, sub and sub.transport)
-    assert sub._shm is not None and sub._shm is not comm._shm, "the child has a channel of its own"
-    assert half is not None and (half.world_size == 1 or half._shm is not None)
+    assert sub._state.shm is not None and sub._state.shm is not comm._state.shm, "the child has a channel of its own"
+    assert half is not None and (half.world_size == 1 or half._state.shm is not None)
     await run_children_ops(sub, "split(0, key=-rank)")
     await run_children_ops(half, "split(rank % 2)")
-    assert sub._shm.counts()["ops"] >= 13, sub._shm.counts()
+    assert sub._state.shm.counts()["ops"] >= 13, sub._state.shm.counts()
     # the world and a child at once: one doorbell wakes both channels
     w, s = np.full(1 << 20, r + 1, np.int64), np.full(1 << 20, 2 * r, np.int64)
     ws, ss = comm.all_reduce(w), sub.all_reduce(s)
@@ -127,7 +127,7 @@ async def children(comm: aioccl.Communicator) -> None:
     assert (x == n * (n + 1) // 2).all(), "the child is usable after a mismatch"
     await half.close()
     await sub.close()
-    assert sub._shm.closed
+    assert sub._state.shm.closed
     print(f"OK {r} children", flush=True)
 
 
@@ -143,7 +143,7 @@ async def shrunk(comm: aioccl.Communicator) -> None:
     except aioccl.PeerLost:
         pass
     new = await comm.shrink(timeout=30)
-    assert new.transport == "shm" and new._shm is not None, new.transport
+    assert new.transport == "shm" and new._state.shm is not None, new.transport
     await run_children_ops(new, "shrunk")
     print(f"OK {new.rank} shrunk to {new.world_size} over {new.transport}", flush=True)
     await new.close()
@@ -242,7 +242,7 @@ async def mixed(comm: aioccl.Communicator) -> None:
     """The one executor runs a schedule mixing both kinds of step on the communicator's channel, in issue
     order with ordinary ops, bit-exact."""
     me, n = comm.rank, comm.world_size
-    assert comm._shm is not None, comm.transport
+    assert comm._state.shm is not None, comm.transport
 
     def mine(j: int, k: int) -> np.ndarray:
         return (np.arange(k, dtype=np.int64) * 5 + 100 * j + 1) % 9973
@@ -250,7 +250,7 @@ async def mixed(comm: aioccl.Communicator) -> None:
     for k in (1, 1000, 100_000):
         out = np.full(2 * k, -7, np.int64)  # poisoned
         ref = np.full(k, 3, np.int64)
-        works = [comm._launch("all_reduce", mixed_schedule(me, n, k), mine(me, k), out, aioccl.ReduceOp.SUM,
+        works = [comm._launcher.launch("all_reduce", mixed_schedule(me, n, k), mine(me, k), out, aioccl.ReduceOp.SUM,
                               2 * k, 0, 30.0, lambda: None),
                  comm.all_reduce(ref)]
         await asyncio.gather(*works)

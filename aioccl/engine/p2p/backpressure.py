@@ -18,12 +18,8 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from ...envvars import env_int
-
-if TYPE_CHECKING:
-    pass
 
 DEFAULT_SEND_QUEUE = 4 << 20
 

@@ -29,7 +29,6 @@ import asyncio
 import os
 import struct
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from ...envvars import env_int
 from ...errors import AiocclError, PeerLost
@@ -37,9 +36,6 @@ from ...transport.cma import PeerMemory
 from ...transport.frames import CTS, RDATA, RDONE, RTS, Header
 from ..receives import Posted
 from .offers import DECLINED, OFFER, READ, Taker
-
-if TYPE_CHECKING:
-    pass
 
 SEND_DATA, WAS_READ, WAS_DECLINED = 0, 1, 2  # a sender's answer: CTS, RDONE (read in place), RDONE (declined)
 DEFAULT_EAGER = 1 << 20

@@ -57,7 +57,7 @@ RECHECK_S = 0.005  # backup re-check while parked; wake-ups come from the doorbe
 RESYNC_JUMP = 1 << 32  # steps a timed-out op may span, at most: the next op starts past them on every rank
 
 
-class ShmChannel(IssueOrder, ChannelMemory):
+class ShmChannel(ChannelMemory):
     def __init__(self, loop: asyncio.AbstractEventLoop, rank: int, segments: Sequence[Segment], bell: LoopBell,
                  pool: BufferPool, spin_s: float, yield_cpu: bool, ctx: int = 0,
                  world: tuple[int, ...] | None = None, readers: list[Any] | None = None, cma_min: int = 0) -> None:
@@ -70,7 +70,6 @@ class ShmChannel(IssueOrder, ChannelMemory):
         self.yield_cpu = yield_cpu
         self.queue: deque[Op[np.ndarray]] = deque()
         self.held: dict[int, Op[np.ndarray]] = {}  # submitted ahead of an op with a lower number (see submit)
-        self._next_order = 0  # the issue number (Op.order) of the op that runs next (the core's gate, with one)
         self.broken: BaseException | None = None
         self.lost: dict[int, BaseException] = {}
         self.remote: dict[int, BaseException] = {}  # seq -> the error a peer gave that op up with
@@ -89,7 +88,13 @@ class ShmChannel(IssueOrder, ChannelMemory):
         # beside a busy process one sched_yield costs a scheduler slice (ms), not the microseconds a look does
         self.native = shm_native.channel([s.mm for s in segments], rank, spin_s, self.size > usable_cpus(),
                                          (bell.bell, self.world), cma_min if readers is not None else 0, self.slice_s)
+        self.issue_order = IssueOrder(self.native, self.held, self.queue)  # which op runs next (order.py)
         bell.listeners.append(self.on_bell)
+
+    @property
+    def next_order(self) -> int:
+        """The issue number of the op the channel runs next (``order.py``)."""
+        return self.issue_order.next_order
 
     # -- running ops ------------------------------------------------------------
     def submit(self, op: Op[np.ndarray]) -> None:
@@ -104,16 +109,16 @@ class ShmChannel(IssueOrder, ChannelMemory):
             shm_native.adopt(self)  # ahead of this op, in issue order
             if not self._pumping:
                 self._pump()
-        if not self._admit(op.order):  # an op ahead of it is still to come, or an XLA call holds the channel
+        if not self.issue_order.admit(op.order):  # an op ahead of it is still to come, or an XLA call holds the channel
             self.held[op.order] = op
             return
         idle = not self.queue and not self._pumping
         # the native core runs a small op here, in the call, when nothing is ahead of it (shm_native.py)
         if idle and op.native is not None and self.broken is None and shm_native.run(self, op):
-            self._finished()
+            self.issue_order.finished()
         else:
             self.queue.append(op)
-        self._admit_held()
+        self.issue_order.admit_held()
         if idle and self.queue:
             self._pump()
 
@@ -127,7 +132,7 @@ class ShmChannel(IssueOrder, ChannelMemory):
                 if not self._advance(self.queue[0]):
                     return
                 self.queue.popleft()
-                self._finished()
+                self.issue_order.finished()
         finally:
             self._pumping = False
 
@@ -313,7 +318,7 @@ class ShmChannel(IssueOrder, ChannelMemory):
     def on_bell(self) -> None:
         if self.held and not self._pumping:  # an XLA call that held the channel has finished (the gate)
             idle = not self.queue
-            self._admit_held()
+            self.issue_order.admit_held()
             if idle and self.queue:
                 self._pump()
         if self._parked:

@@ -1,6 +1,8 @@
 /* The point-to-point lane's receive against the engine's mailbox (pair_lane_object.h): whether anything
  * posted or held there comes before it, and taking a message the engine held for it, as Mailbox.post_p2p
- * would (receives.py's Early: fully arrived, not a rendezvous, what the receive expects). */
+ * would (receives.py's Early: fully arrived, not a rendezvous, what the receive expects). Its queues are
+ * looked up by the mailbox's own key (engine/mailbox.py's p2p_key: (world rank, ctx, tag)), built here as
+ * pair_key() does; the lane checks that definition when it is made (pair_lane.c's same_key). */
 #include <string.h>
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
@@ -12,12 +14,14 @@ static PyObject *s_done_flag, *s_rts, *s_header, *s_view, *s_popleft, *s_free;
 /* What in the mailbox comes before this receive: 1 nothing (its message is the first from that peer in the
  * FIFO), 2 a message held for it (*held: the first of (peer, communicator, tag), borrowed), 0 something the
  * general way must sort out (a receive posted before it, a wildcard, a probe, a lost peer), -1 an error */
+static PyObject *pair_key(PairLane *self, call *c) { return Py_BuildValue("(OKL)", c->world, self->ctx, c->tag); }
+
 int acpy_pair_ahead(PairLane *self, call *c, PyObject **held) {
     if (PyDict_GET_SIZE(self->wild) || PyList_GET_SIZE(self->probes))
         return 0;
     if (!PyDict_GET_SIZE(self->posted) && !PyDict_GET_SIZE(self->early))
         return PyDict_GET_SIZE(self->lost) ? 0 : 1;
-    PyObject *key = Py_BuildValue("(OKL)", c->world, self->ctx, c->tag);
+    PyObject *key = pair_key(self, c);
     if (key == NULL)
         return -1;
     int in = PyDict_Contains(self->posted, key);
@@ -74,7 +78,7 @@ int acpy_pair_take_held(PairLane *self, call *c, PyObject *e) {
     }
     PyBuffer_Release(&b);
     /* as Mailbox.post_p2p: off its queue (no empty queue kept), then its buffer back (Early.free) */
-    PyObject *key = Py_BuildValue("(OKL)", c->world, self->ctx, c->tag);
+    PyObject *key = pair_key(self, c);
     PyObject *queue = key ? PyDict_GetItemWithError(self->early, key) : NULL;
     PyObject *first = queue ? PyObject_CallMethodNoArgs(queue, s_popleft) : NULL;
     int rc = first == e ? 0 : -1;
