@@ -1,6 +1,6 @@
 /* The point-to-point lane: comm.isend(x, peer, tag) and comm.irecv(buf, peer, tag) of a contiguous numpy
  * array to or from a same-host peer, over the pair's byte FIFOs (core/fifo.h), from the call to the done
- * Work in C. Its owner is aioccl/p2p_lane.py.
+ * Work in C. Its owner is aioccl/lanes/pair.py.
  *
  * Why: through the engine a small message costs ~20 Python calls a side (the Work, its tracking, the
  * posting, the header, the FIFO's memoryviews, the reader's state machine, a future and its callback),
@@ -383,7 +383,7 @@ static PyObject *done_work(PairLane *self, PyObject *name, call *c, PyObject *re
 }
 
 int acpy_pair_put(PairLane *self, call *c) {
-    /* sends to that peer put off (p2p_lane.put_off): this one after them, from the loop */
+    /* sends to that peer put off (lanes/pair.py's put_off): this one after them, from the loop */
     PyObject *later = PyDict_GetItemWithError(self->put_off, c->world);
     int waits = later != NULL ? PyObject_IsTrue(later) : PyErr_Occurred() ? -1 : 0;
     if (waits)
@@ -452,12 +452,12 @@ static int held_call(PairLane *self, PyObject *const *args, Py_ssize_t nargs, in
 
 /* send(x, peer, tag[, again]): the done Work (with `again`, a put-off send tried again: True), or a Declined
  * (answers.h): Declined('full') on the engine's thread when the FIFO stayed full and its loop is wanted (the send
- * waits for room from the loop, p2p_lane.put_off); any other reason: the general way */
+ * waits for room from the loop, lanes/pair.py's put_off); any other reason: the general way */
 static PyObject *PairLane_send(PairLane *self, PyObject *const *args, Py_ssize_t nargs) {
     double t0 = acpy_work_monotonic();
     call c;
     int took = held_call(self, args, nargs, 0, &c, acpy_pair_put);
-    if (took == 2) /* (p2p_lane.put_off) */
+    if (took == 2) /* (lanes/pair.py's put_off) */
         return acpy_declined(ACPY_NO_FULL);
     if (took <= 0)
         return took < 0 ? NULL : acpy_declined((acpy_no)c.why);
@@ -631,7 +631,7 @@ static PyMethodDef PairLane_methods[] = {
     {"send", (PyCFunction)(void (*)(void))PairLane_send, METH_FASTCALL,
      "send(x, peer, tag[, again]): the done Work of an eager send over the pair's FIFO (True with `again`: a "
      "put-off send tried again), None (the general way), or False (the FIFO stayed full and the loop is wanted: "
-     "p2p_lane.put_off)"},
+     "lanes/pair.py's put_off)"},
     {"recv", (PyCFunction)(void (*)(void))PairLane_recv, METH_FASTCALL,
      "recv(buf, peer, tag[, given]): the done Work (giving back `given`, by default buf) of a receive whose message is (or comes within the spin) first in the "
      "FIFO, None (the general way), or False (the general way, without spinning again)"},

@@ -38,7 +38,7 @@ double acpy_work_monotonic(void);
 
 /* 1: no group is open in the context variable `group_var` (the call runs now, not at the group's exit); 0: one
  * is, the general way queues the op; -1: an error is set. A closed, aborted or shrunk communicator, or one
- * that lost a rank, is not asked here: its owner switches its lanes off (FastLane._lane_off) when that
+ * that lost a rank, is not asked here: its owner switches its lanes off (aioccl/state.py's CommState, lanes_off) when that
  * happens. */
 int acpy_work_no_group(PyObject *group_var);
 #endif
