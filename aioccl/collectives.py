@@ -12,6 +12,7 @@ launcher (``launch.py``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from .algorithms.table import BY_NAME
 from .buffers import Buf, adapt, fresh, need_writable, no_foreign_overlap, output_like, overlaps, same_or_disjoint
 from .dtypes import ReduceOp, check_op_dtype, dtype_code
 from .errors import InvalidArgument
+from .lanes.cpu import TEACHING
 from .work import Work
 
 if TYPE_CHECKING:
@@ -40,6 +42,18 @@ class GeneralCollectives:
     def __init__(self, view: CommView, launcher: Launcher) -> None:
         self._view = view
         self._collective = launcher.collective
+        self._by_code: dict[int, Callable[[Call], Work[Any]]] = {  # each collective's general way, by its code
+            _ALL_REDUCE: functools.partial(self._elementwise, "all_reduce"),
+            _CODES["scan"]: functools.partial(self._elementwise, "scan"),
+            _CODES["broadcast"]: self._broadcast,
+            _CODES["reduce"]: self._reduce,
+            _CODES["all_gather"]: self._all_gather,
+            _CODES["reduce_scatter"]: self._reduce_scatter,
+            _CODES["gather"]: self._gather,
+            _CODES["scatter"]: self._scatter,
+            _CODES["all_to_all"]: self._all_to_all,
+            _BARRIER: self._barrier,
+        }
 
     def _root(self, root: int) -> int:
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self._view.size:
@@ -64,9 +78,9 @@ class GeneralCollectives:
                                   f"got shape {shape}")
         return (shape[0] // self._view.size, *shape[1:])
 
-    def _elementwise(self, name: str, x: Any, op: ReduceOp | str, out: Any, timeout: float | None,
-                     stream: Any) -> Work[Any]:
+    def _elementwise(self, name: str, k: Call) -> Work[Any]:
         """all_reduce and scan: a reduction whose result has x's shape, in place unless ``out`` is given."""
+        x, op, out, timeout, stream = k.x, k.op, k.out, k.timeout, k.stream
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
         check_op_dtype(rop, xb.array.dtype)
@@ -75,8 +89,9 @@ class GeneralCollectives:
         return self._collective(name, xb.array.size, 0, inp, ob, rop, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
 
-    def _broadcast(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
-        root = self._root(root)
+    def _broadcast(self, k: Call) -> Work[Any]:
+        x, out, timeout, stream = k.x, k.out, k.timeout, k.stream
+        root = self._root(k.root)
         xb = adapt(x, "x")
         if out is not None:
             ob = same_or_disjoint("broadcast", xb, out)
@@ -88,9 +103,9 @@ class GeneralCollectives:
         return self._collective("broadcast", xb.array.size, root, inp, ob, None, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
 
-    def _reduce(self, x: Any, root: int, op: ReduceOp | str, out: Any, timeout: float | None,
-                stream: Any) -> Work[Any]:
-        root = self._root(root)
+    def _reduce(self, k: Call) -> Work[Any]:
+        x, op, out, timeout, stream = k.x, k.op, k.out, k.timeout, k.stream
+        root = self._root(k.root)
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
         check_op_dtype(rop, xb.array.dtype)
@@ -107,7 +122,8 @@ class GeneralCollectives:
         return self._collective("reduce", xb.array.size, root, inp, ob, rop,
                                 lambda: ob.wrap(ob.array) if is_root else None, timeout, stream=stream)
 
-    def _all_gather(self, x: Any, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
+    def _all_gather(self, k: Call) -> Work[Any]:
+        x, out, timeout, stream = k.x, k.out, k.timeout, k.stream
         xb = adapt(x, "x")
         shape = xb.array.shape
         oshape = (self._view.size * shape[0], *shape[1:]) if shape else (self._view.size,)
@@ -116,7 +132,8 @@ class GeneralCollectives:
         return self._collective("all_gather", xb.array.size, 0, xb, ob, None, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
 
-    def _reduce_scatter(self, x: Any, op: ReduceOp | str, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
+    def _reduce_scatter(self, k: Call) -> Work[Any]:
+        x, op, out, timeout, stream = k.x, k.op, k.out, k.timeout, k.stream
         xb = adapt(x, "x")
         rop = ReduceOp.parse(op)
         check_op_dtype(rop, xb.array.dtype)
@@ -133,8 +150,9 @@ class GeneralCollectives:
         return self._collective("reduce_scatter", count, 0, xb, ob, rop, lambda: ob.wrap(ob.array), timeout,
                                 stream=stream)
 
-    def _gather(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
-        root = self._root(root)
+    def _gather(self, k: Call) -> Work[Any]:
+        x, out, timeout, stream = k.x, k.out, k.timeout, k.stream
+        root = self._root(k.root)
         xb = adapt(x, "x")
         shape = xb.array.shape
         oshape = (self._view.size * shape[0], *shape[1:]) if shape else (self._view.size,)
@@ -147,8 +165,9 @@ class GeneralCollectives:
         return self._collective("gather", xb.array.size, root, xb, ob, None,
                                 lambda: ob.wrap(ob.array) if is_root else None, timeout, stream=stream)
 
-    def _scatter(self, x: Any, root: int, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
-        root = self._root(root)
+    def _scatter(self, k: Call) -> Work[Any]:
+        x, out, timeout, stream = k.x, k.out, k.timeout, k.stream
+        root = self._root(k.root)
         if self._view.rank == root:
             xb = adapt(x, "x")
             bshape = self._blocks(xb)
@@ -173,7 +192,8 @@ class GeneralCollectives:
         count = ob.array.size
         return self._collective("scatter", count, root, xb, ob, None, lambda: ob.wrap(ob.array), timeout, stream=stream)
 
-    def _all_to_all(self, x: Any, out: Any, timeout: float | None, stream: Any) -> Work[Any]:
+    def _all_to_all(self, k: Call) -> Work[Any]:
+        x, out, timeout, stream = k.x, k.out, k.timeout, k.stream
         xb = adapt(x, "x")
         bshape = self._blocks(xb)
         if out is None:
@@ -190,25 +210,20 @@ class GeneralCollectives:
         return self._collective("all_to_all", count, 0, inp, ob, None, lambda: ob.wrap(ob.array), timeout,
                                 in_place=in_place, stream=stream)
 
-    def _barrier(self, timeout: float | None) -> Work[None]:
+    def _barrier(self, k: Call) -> Work[None]:
+        timeout = k.timeout
         empty = Buf(np.zeros(0, dtype=np.uint8), True, lambda a: None)
         return self._collective("barrier", 0, 0, empty, empty, None, lambda: None, timeout)
 
     # -- the general way (lanes/general.py): every call the faster lanes declined ------------------------
     def run(self, call: Call) -> Work[Any]:
-        """The general way of one call: its collective's argument handling above, then ``_collective``."""
-        return _GENERAL[call.code](self, call)
-
-
-_GENERAL: dict[int, Callable[[Any, Call], Work[Any]]] = {
-    _ALL_REDUCE: lambda c, k: c._elementwise("all_reduce", k.x, k.op, k.out, k.timeout, k.stream),
-    _CODES["scan"]: lambda c, k: c._elementwise("scan", k.x, k.op, k.out, k.timeout, k.stream),
-    _CODES["broadcast"]: lambda c, k: c._broadcast(k.x, k.root, k.out, k.timeout, k.stream),
-    _CODES["reduce"]: lambda c, k: c._reduce(k.x, k.root, k.op, k.out, k.timeout, k.stream),
-    _CODES["all_gather"]: lambda c, k: c._all_gather(k.x, k.out, k.timeout, k.stream),
-    _CODES["reduce_scatter"]: lambda c, k: c._reduce_scatter(k.x, k.op, k.out, k.timeout, k.stream),
-    _CODES["gather"]: lambda c, k: c._gather(k.x, k.root, k.out, k.timeout, k.stream),
-    _CODES["scatter"]: lambda c, k: c._scatter(k.x, k.root, k.out, k.timeout, k.stream),
-    _CODES["all_to_all"]: lambda c, k: c._all_to_all(k.x, k.out, k.timeout, k.stream),
-    _BARRIER: lambda c, k: c._barrier(k.timeout),
-}
+        """The general way of one call: its collective's argument handling above, then ``_collective``. A call
+        the CPU lane declined as a form it has not learnt teaches it (``call.teach``: lanes/cpu.py's ``teach``
+        reads it as the op is built, on this thread)."""
+        if call.teach is None:
+            return self._by_code[call.code](call)
+        TEACHING.call = call.teach
+        try:
+            return self._by_code[call.code](call)
+        finally:
+            TEACHING.call = None

@@ -22,6 +22,7 @@ from .algorithms.table import BY_NAME
 from .buffers import Buf, same_device
 from .dtypes import ReduceOp, dtype_code
 from .engine.op import Op
+from .envvars import check_timeout
 from .errors import InvalidArgument
 from .lanes.cpu import CAPTURE, TEACHING
 from .work import Work
@@ -59,7 +60,7 @@ class Launcher:
                    stream: Any = None) -> Work[Any]:
         """A collective whose buffers the general way has checked and viewed: on the GPU path, or planned."""
         state = self._state
-        t = state.op_timeout(timeout)
+        t = state.timeout if timeout is None else check_timeout(timeout)
         if not (isinstance(inp.array, np.ndarray) and isinstance(out.array, np.ndarray)):  # GPU, or mixed
             same_device(name, inp, out)  # raises for mixed devices
             state.usable()
@@ -75,7 +76,9 @@ class Launcher:
             raise InvalidArgument(f"{name}: stream= orders ops on GPU buffers; these buffers are in host memory")
         dt = out.array.dtype
         same = in_place or inp.array is out.array  # peers must not read a buffer this rank overwrites
-        plan = self._planner.get(name, count, dt, root, in_place, same)
+        planner = self._planner
+        plan = planner.plans.get((name, count, dt, root, in_place, same)) or planner.new(name, count, dt, root,
+                                                                                         in_place, same)
         fo = out.array.reshape(-1)
         return self.launch(name, plan[0], fo if inp is out else inp.array.reshape(-1), fo, op, count, root, t, result,
                            plan[1])
@@ -95,10 +98,11 @@ class Launcher:
         if lane is not None and lane.pending:
             self._cpu.adopt_orphan()
         with state.lock:
-            state.usable()
+            if state.closed is not None or state.parent is not None:
+                state.usable()
             seq, order = state.counters.take(shm is not None)  # the channel runs its ops in issue order
-        op_: Op[np.ndarray] = Op.new(name, coll.code, seq, inp, out, dtype_code(dt) if name != "barrier" else 0, op,
-                                     count, root, timeout, result, sched, order, desc, native)
+        op_: Op[np.ndarray] = Op(name, coll.code, seq, inp, out, dtype_code(dt) if name != "barrier" else 0, op,
+                                 count, root, timeout, None, result, sched, order, desc, native)
         if CAPTURE.ops is not None:  # jax_ext learning what a custom call runs (lanes/cpu.py)
             CAPTURE.ops.append((op_, native))  # (the op lets go of its program once it has to wait)
         elif TEACHING.call is not None and native is not None and shm is not None:

@@ -96,8 +96,13 @@ class Op(Generic[A]):
                  "scratch_raw", "chan", "_shift", "base", "native")
 
     def __init__(self, name: str, code: int, seq: int, inp: A, out: A, dtype_code: int, op: ReduceOp | None,
-                 count: int, root: int, timeout: float, work: Work[Any], result: Callable[[], Any],
+                 count: int, root: int, timeout: float, work: Work[Any] | None, result: Callable[[], Any],
                  sched: Schedule = NO_SCHEDULE, order: int = 0, desc: Any = None, native: Any = None) -> None:
+        """The one way an op is made: with its ``Work`` (``Work(name, seq)`` when ``work`` is None), which asks
+        the op whom it waits for (``Communicator.pending()``)."""
+        if work is None:
+            work = Work(name, seq)
+        work._probe = self.blocked_on
         self.name, self.code, self.seq, self.sched = name, code, seq, sched
         self.inp, self.out, self.dtype_code, self.op = inp, out, dtype_code, op
         self.count, self.root, self.timeout, self.work, self.result = count, root, timeout, work, result
@@ -116,19 +121,6 @@ class Op(Generic[A]):
         self.native = native  # a channel's op: its schedule lowered for the native core (shm_native.py), or None
 
     @classmethod
-    def new(cls, name: str, code: int, seq: int, inp: A, out: A, dtype_code: int, op: ReduceOp | None, count: int,
-            root: int, timeout: float, result: Callable[[], Any], sched: Schedule = NO_SCHEDULE, order: int = 0,
-            desc: Any = None, native: Any = None, work: Work[Any] | None = None) -> Op[A]:
-        """The one way an op is made: with its ``Work`` (``Work(name, seq)`` unless given), which asks the op
-        whom it waits for (``Communicator.pending()``)."""
-        if work is None:
-            work = Work(name, seq)
-        op_ = cls(name, code, seq, inp, out, dtype_code, op, count, root, timeout, work, result, sched, order, desc,
-                  native)
-        work._probe = op_.blocked_on
-        return op_
-
-    @classmethod
     def from_template(cls, template: tuple[Any, ...], seq: int, order: int, inp: Any, out: Any, timeout: float,
                       given: Any) -> Op[Any]:
         """An op a native caller started from a form it learnt: ``template`` is ``(name, code, dtype_code, op,
@@ -136,8 +128,8 @@ class Op(Generic[A]):
         name, code, dtype_code, rop, count, root, sched, desc = template
         flat_in: Any = _EMPTY if inp is None else inp.reshape(-1)
         flat_out: Any = _EMPTY if out is None else out.reshape(-1)
-        return cls.new(name, code, seq, flat_in, flat_out, dtype_code, rop, count, root, timeout, lambda: given,
-                       sched, order, desc)
+        return cls(name, code, seq, flat_in, flat_out, dtype_code, rop, count, root, timeout, None, lambda: given,
+                   sched, order, desc)
 
     def what(self, ctx: int) -> str:
         return f"{self.name} (seq {self.seq}, comm {ctx:x})"

@@ -56,16 +56,22 @@ class Call:
                  first: Declined | None = None, tag: Any = 0) -> None:
         if timeout is not None:
             check_timeout(timeout)  # a bad one raises here, before any lane or byte
-        self.code, self.x, self.out, self.op, self.root, self.tag = code, x, out, op, root, tag
-        self.timeout, self.stream, self.first = timeout, stream, first
+        self.code = code
+        self.x = x
+        self.out = out
+        self.op = op
+        self.root = root
+        self.tag = tag
+        self.timeout = timeout
+        self.stream = stream
+        self.first = first
         self.teach: tuple[Any, ...] | None = None  # set by the CPU lane for a form it learns from the general way
-        self.xa, self.oa = host_view(x), host_view(out)
-        if self.xa is NOT_HOST or self.oa is NOT_HOST:
+        self.xa = xa = x if x is None or x.__class__ is np.ndarray else host_view(x)
+        self.oa = oa = out if out is None or out.__class__ is np.ndarray else host_view(out)
+        if xa is x and oa is out:
+            self.kind = HOST if x is not None or out is not None else NONE
+        elif xa is NOT_HOST or oa is NOT_HOST:
             self.kind = OTHER
-        elif x is None and out is None:
-            self.kind = NONE
-        elif self.xa is x and self.oa is out:
-            self.kind = HOST
         else:
             self.kind = TENSOR
 

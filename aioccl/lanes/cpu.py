@@ -118,6 +118,7 @@ class CpuLane:
         self._tracker = tracker
         self.planner: Planner | None = None  # (the communicator's, given once made: it asks this lane to learn)
         self.native: Any = None  # the native Lane, once open
+        self.on = False  # (the door's: a native lane, not switched off)
         self.first: Any = _no_lane  # the door's first try: the native Lane's call(), once open
         state.on_off(self.off)
 
@@ -140,16 +141,22 @@ class CpuLane:
             np.dtype(ml_dtypes.bfloat16).num, state.native_max, counters.seq, counters.order)
         self.native = state.counters = lane
         self.first = lane.call
+        self.on = True
         if state.closed is not None or state.member_lost is not None:
-            lane.enabled = False  # (a member lost while the channel was set up)
+            self.off()  # (a member lost while the channel was set up)
 
     def off(self) -> None:
+        self.on = False
         if self.native is not None:
             self.native.enabled = False
 
     def check(self, call: Call) -> Declined | None:
-        if self.native is None or not self.native.enabled:
+        if not self.on:
             return _OFF
+        first = call.first
+        if first is not None and first.reason != "form" and (
+                call.kind == HOST or (call.code == _ALL_REDUCE and call.out is None)):
+            return first  # (what its native entry said of these very arguments: a CPU tensor viewed included)
         if call.stream is not None:
             return _STREAM
         if call.kind not in (HOST, TENSOR, NONE):
@@ -161,13 +168,10 @@ class CpuLane:
     def try_call(self, call: Call) -> Work[Any] | Declined | Handover:
         """The call through the native lane with the record's host views. A form it has not learnt is declined
         with ``call.teach`` set: the general way runs it and, on this thread, teaches the lane (``teach``)."""
-        no = self.check(call)
-        if no is not None:
-            return no
         lane = self.native
         if call.code == _ALL_REDUCE and call.out is None:  # in place: the small all_reduce (planning teaches it)
-            if call.kind == HOST and call.timeout is None and call.first is not None:
-                return call.first  # (what it answered on these very arguments)
+            if call.first is not None:
+                return call.first  # (what it answered on these very arguments, a CPU tensor's view included)
             return lane.all_reduce(call.xa, call.op, call.x)  # type: ignore[no-any-return]
         if call.kind == HOST and call.timeout is None and call.first is not None:
             got = call.first  # (the same arguments: asking again would give the same answer)

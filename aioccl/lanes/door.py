@@ -11,9 +11,10 @@ costs one C call. Only when it declines is the ``Call`` record made, its buffers
 lanes asked in order, the first again with the record (it may take what it can view: a CPU tensor).
 
 Why a call took the road it took: ``AIOCCL_DEBUG=INFO AIOCCL_DEBUG_SUBSYS=LANES`` logs, once per call form,
-which lane took it and why each earlier lane declined; ``comm.explain(...)`` (``explain`` here) answers the
-same for one call without running it. docs/architecture.md's table of lanes is checked against each lane's
-``RULES`` (tests/test_lanes.py).
+which lane took it and why each earlier lane declined (the door looks the log's level up on the first call
+through the record and every 64th after: each look-up costs more than the door itself); ``comm.explain(...)``
+(``explain`` here) answers the same for one call without running it. docs/architecture.md's table of lanes is
+checked against each lane's ``RULES`` (tests/test_lanes.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ ORDER: dict[str, tuple[str, ...]] = {
     "message": ("pair", "general"),
 }
 
+GENERAL = "general"  # the last lane of each order
+LOG_LOOKED_UP_EVERY = 64  # calls through the record between two look-ups of whether the LANES log is on
 _log = log.get("LANES")
 _LOGGED_MAX = 1024  # call forms logged at most (then the log says it stops: nothing grows without bound)
 
@@ -41,12 +44,14 @@ class Lane(Protocol):
 
     name: str
     RULES: tuple[tuple[str, str], ...]  # (reason, when it declines for it): the docs' table, the tests' rows
+    on: bool  # False: it takes nothing now (no native part, or switched off); the door passes it by as "off"
 
     def check(self, call: Call) -> Declined | None:
         """Why this lane would decline ``call`` without trying it, or None (it would try it)."""
 
     def try_call(self, call: Call) -> Work[Any] | Declined | Handover:
-        """Take ``call``: its Work, a Declined, or a Handover (an op started that the engine must carry on)."""
+        """Take ``call``, which ``check`` let through: its Work, a Declined, or a Handover (an op started that
+        the engine must carry on)."""
 
     def carry_on(self, handed: Handover, call: Call) -> Work[Any]:
         """The engine carries on with an op this lane's native entry started (only a lane with one)."""
@@ -63,7 +68,14 @@ class Door:
         self.lanes = lanes
         self.collective_lanes = tuple(lanes[name] for name in ORDER["collective"])
         self.message_lanes = tuple(lanes[name] for name in ORDER["message"])
+        self._asked = (self.collective_lanes[:-1], self.message_lanes[:-1])  # the lanes before the general way
+        general = lanes[GENERAL]
+        assert ORDER["collective"][-1] == ORDER["message"][-1] == GENERAL, "the general way comes last"
+        # (the last lane's own entries: it takes every call)
+        self._general = (general.collective, general.message)  # type: ignore[attr-defined]
         self._logged: set[tuple[Any, ...]] = set()
+        self._telling = False  # whether the LANES log is on, as last looked up
+        self._ask_log_in = 0  # calls through the record before it is looked up again
 
     def collective(self, code: int, x: Any, out: Any, op: Any, root: Any, timeout: float | None,
                    stream: Any) -> Work[Any]:
@@ -73,40 +85,52 @@ class Door:
                 return got
             if got.__class__ is Handover:
                 return self.collective_lanes[0].carry_on(got, Call(code, x, out, op, root, None, None))
-            return self._issue(self.collective_lanes, Call(code, x, out, op, root, None, None, got))
-        return self._issue(self.collective_lanes, Call(code, x, out, op, root, timeout, stream))
+            return self._issue(Call(code, x, out, op, root, None, None, got), 0)
+        return self._issue(Call(code, x, out, op, root, timeout, stream), 0)
 
     def send(self, x: Any, peer: Any, tag: Any, timeout: float | None, stream: Any) -> Work[Any]:
         if timeout is None and stream is None:
             got = self.message_lanes[0].first_send(x, peer, tag)  # type: ignore[attr-defined]
             if got.__class__ is Work:
                 return got
-            return self._issue(self.message_lanes, Call(SEND, x, None, None, peer, None, None, got, tag))
-        return self._issue(self.message_lanes, Call(SEND, x, None, None, peer, timeout, stream, None, tag))
+            return self._issue(Call(SEND, x, None, None, peer, None, None, got, tag), 1)
+        return self._issue(Call(SEND, x, None, None, peer, timeout, stream, None, tag), 1)
 
     def recv(self, buf: Any, peer: Any, tag: Any, timeout: float | None, stream: Any) -> Work[Any]:
         if timeout is None and stream is None:
             got = self.message_lanes[0].first_recv(buf, peer, tag)  # type: ignore[attr-defined]
             if got.__class__ is Work:
                 return got
-            return self._issue(self.message_lanes, Call(RECV, buf, None, None, peer, None, None, got, tag))
-        return self._issue(self.message_lanes, Call(RECV, buf, None, None, peer, timeout, stream, None, tag))
+            return self._issue(Call(RECV, buf, None, None, peer, None, None, got, tag), 1)
+        return self._issue(Call(RECV, buf, None, None, peer, timeout, stream, None, tag), 1)
 
-    def _issue(self, lanes: tuple[Lane, ...], call: Call) -> Work[Any]:
-        """The record's way: each lane in order until one gives a Work (the last, the general way, always
-        does, or raises ``InvalidArgument``)."""
-        declined: list[tuple[str, str]] = []
-        for lane in lanes:
-            got = lane.try_call(call)
+    def _issue(self, call: Call, kind: int) -> Work[Any]:
+        """The record's way: each lane in order until one gives a Work; the last, the general way, takes every
+        call (or raises ``InvalidArgument``), so it is not asked to check it. ``kind``: 0 a collective, 1 a
+        message. Why each lane declined is kept only while the LANES log is on."""
+        self._ask_log_in -= 1
+        if self._ask_log_in <= 0:  # (asking logging each time would cost more than the door itself)
+            self._ask_log_in = LOG_LOOKED_UP_EVERY
+            self._telling = _log.isEnabledFor(logging.INFO)
+        declined: list[tuple[str, str]] | None = [] if self._telling else None
+        for lane in self._asked[kind]:
+            if not lane.on:
+                if declined is not None:
+                    declined.append((lane.name, "off"))
+                continue
+            got = lane.check(call) or lane.try_call(call)
             if got.__class__ is Declined:
-                declined.append((lane.name, got.reason))
+                if declined is not None:
+                    declined.append((lane.name, got.reason))
                 continue
             if got.__class__ is Handover:
                 got = lane.carry_on(got, call)
-            if _log.isEnabledFor(logging.INFO):
+            if declined is not None:
                 self._tell(call, lane.name, declined)
             return got  # type: ignore[return-value]
-        raise AssertionError(f"no lane took {call.describe()}: the general way must take every call")
+        if declined is not None:
+            self._tell(call, GENERAL, declined)
+        return self._general[kind](call)  # type: ignore[no-any-return]
 
     def _tell(self, call: Call, took: str, declined: list[tuple[str, str]]) -> None:
         """The LANES log: once per call form, who took it and why the lanes before it declined."""

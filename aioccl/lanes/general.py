@@ -15,35 +15,26 @@ from typing import Any
 from ..native.answers import Declined, Handover
 from ..work import Work
 from .call import RECV, SEND, Call
-from .cpu import TEACHING
 
 
 class General:
     """``collective(call)`` and ``message(call)``: the communicator's general way for each kind of call."""
 
     name = "general"
+    on = True
     RULES: tuple[tuple[str, str], ...] = ()  # it declines nothing
 
     def __init__(self, collective: Callable[[Call], Work[Any]], message: Callable[[Call], Work[Any]]) -> None:
-        self._collective = collective
-        self._message = message
+        self.collective = collective  # (the door calls these two itself: the general way takes every call)
+        self.message = message
 
     def check(self, call: Call) -> Declined | None:
         return None
 
     def run(self, call: Call) -> Work[Any]:
-        if call.code in (SEND, RECV):
-            return self._message(call)
-        if call.teach is None:
-            return self._collective(call)
-        TEACHING.call = call.teach  # the CPU lane learns this form from the op built now (lanes/cpu.py)
-        try:
-            return self._collective(call)
-        finally:
-            TEACHING.call = None
+        return self.message(call) if call.code in (SEND, RECV) else self.collective(call)
 
-    def try_call(self, call: Call) -> Work[Any]:
-        return self.run(call)
+    try_call = run
 
     def carry_on(self, handed: Handover, call: Call) -> Work[Any]:
         raise AssertionError("the general way hands nothing over")

@@ -52,6 +52,7 @@ class GpuLane:
         self.general: General | None = None  # (the communicator's, given once made: a new call runs there)
         self.runner: Any = None
         self.native: Any = None
+        self.on = False  # (the door's: a native lane, not switched off)
         self._off = False
         state.on_off(self.off)
 
@@ -59,16 +60,18 @@ class GpuLane:
         """The GPU path's native lane, now that the device path runs ops (``gpu/owner.py``); off at once if the
         communicator takes no more ops."""
         self.runner, self.native = runner, lane
+        self.on = lane is not None and not self._off
         if lane is not None and self._off:
             lane.enabled = False
 
     def off(self) -> None:
         self._off = True
+        self.on = False
         if self.native is not None:
             self.native.enabled = False
 
     def check(self, call: Call) -> Declined | None:
-        if self.native is None or not self.native.enabled:
+        if not self.on or not self.native.enabled:  # (the GPU path switches its lane off while it sets up)
             return _OFF
         if call.code == _BARRIER:
             return _KIND
@@ -83,9 +86,6 @@ class GpuLane:
         return None
 
     def try_call(self, call: Call) -> Work[Any] | Declined:
-        no = self.check(call)
-        if no is not None:
-            return no
         code, x, out, op, root = call.code, call.x, call.out, call.op, call.root
         runner = self.runner
         if CAPTURE.ops is not None:  # jax_ext learning what a CUDA custom call launches (lanes/cpu.py's CAPTURE)

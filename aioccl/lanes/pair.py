@@ -86,15 +86,17 @@ class PairLane:
         self.native: Any = open_pair_lane(engine, state.view, state.recorder.entries.append)
         self.first_send: Any = self.native.send if self.native is not None else _no_lane
         self.first_recv: Any = self.native.recv if self.native is not None else _no_lane
+        self.on = self.native is not None  # (the door's: a native lane, not switched off)
         self._put_off = put_off  # (x, peer, tag) -> the Work of a send put off (full)
         state.on_off(self.off)
 
     def off(self) -> None:
+        self.on = False
         if self.native is not None:
             self.native.enabled = False
 
     def check(self, call: Call) -> Declined | None:
-        if self.native is None or not self.native.enabled:
+        if not self.on:
             return _OFF
         if call.timeout is not None:
             return _TIMEOUT
@@ -109,9 +111,6 @@ class PairLane:
     def try_call(self, call: Call) -> Work[Any] | Declined:
         """Through the native lane with the record's host view (a CPU tensor's); a send declined as ``full``
         is put off, sent from the loop through this lane."""
-        no = self.check(call)
-        if no is not None:
-            return no
         got = call.first
         if got is None or call.kind != HOST:  # (a host array was tried on these very arguments)
             got = call.first = (self.native.send(call.xa, call.root, call.tag) if call.code == SEND

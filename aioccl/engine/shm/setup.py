@@ -99,8 +99,8 @@ async def _agree(engine: EngineServices, view: CommView, step: int, ok: int, pro
     flag = np.array([int(ok)], dtype=np.int32)
     sched = plan("all_reduce", 1, rank, n, 0, 1024, "rd")
     scratch = np.zeros(sched.scratch, dtype=np.int32)
-    op = Op.new(f"shared-memory setup step {step}", BY_NAME["all_reduce"].code, step, flag, flag,
-                dtype_code(flag.dtype), ReduceOp.MIN, 1, 0, 0.0, lambda: None, sched, work=Work("setup", step))
+    op = Op(f"shared-memory setup step {step}", BY_NAME["all_reduce"].code, step, flag, flag,
+            dtype_code(flag.dtype), ReduceOp.MIN, 1, 0, 0.0, Work("setup", step), lambda: None, sched)
     op.progress = progress
     await drive(execute(engine, setup_view, op, scratch))
     return int(flag[0])

@@ -21,7 +21,8 @@
 #include "lane.h"
 #include "core/reduce.h"
 
-static PyObject *s_acquire, *s_release, *s_sum, *s_prod, *s_min, *s_max, *s_avg;
+static PyObject *s_acquire, *s_release, *s_sum, *s_prod, *s_min, *s_max, *s_avg, *s_torch, *s_Tensor, *s_is_cuda,
+    *s_numpy;
 
 static void Lane_clear_cache(Lane *self) {
     for (int k = 0; k < CACHE; k++) {
@@ -256,8 +257,39 @@ static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
     return record_done(self, x, give, seq, count, redop, t0);
 }
 
+static PyObject *tensor_type; /* torch.Tensor, once torch is imported */
+
+/* A dense CPU torch tensor's numpy view (a new reference), as aioccl/lanes/call.py's host_view gives it; NULL,
+ * with no error set, for anything else (torch not imported, a CUDA tensor, one numpy() refuses: bfloat16,
+ * grad, sparse). A CUDA tensor is asked is_cuda first: its numpy() refuses only after ~10 us. */
+static PyObject *tensor_view(PyObject *x) {
+    if (tensor_type == NULL) {
+        PyObject *torch = PyImport_GetModule(s_torch);
+        PyObject *t = torch != NULL ? PyObject_GetAttr(torch, s_Tensor) : NULL;
+        Py_XDECREF(torch);
+        if (t == NULL || !PyType_Check(t)) {
+            Py_XDECREF(t);
+            PyErr_Clear();
+            return NULL;
+        }
+        tensor_type = t;
+    }
+    if (!PyObject_TypeCheck(x, (PyTypeObject *)tensor_type))
+        return NULL;
+    PyObject *cuda = PyObject_GetAttr(x, s_is_cuda);
+    int on_gpu = cuda != NULL ? PyObject_IsTrue(cuda) : -1;
+    Py_XDECREF(cuda);
+    PyObject *view = on_gpu == 0 ? PyObject_CallMethodNoArgs(x, s_numpy) : NULL;
+    if (view != NULL && !PyArray_CheckExact(view))
+        Py_CLEAR(view);
+    if (view == NULL)
+        PyErr_Clear();
+    return view;
+}
+
 /* call(code, x, out, op, root): the door's first try, on the caller's own arguments before any record is made
- * (aioccl/lanes/door.py): an in-place all_reduce takes all_reduce's path, any other call run()'s */
+ * (aioccl/lanes/door.py): an in-place all_reduce takes all_reduce's path (a CPU tensor through its numpy view:
+ * torch.distributed's own call), any other call run()'s */
 static PyObject *Lane_call(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "call(code, x, out, op, root)");
@@ -267,8 +299,17 @@ static PyObject *Lane_call(Lane *self, PyObject *const *args, Py_ssize_t nargs) 
     if (code == -1 && PyErr_Occurred())
         PyErr_Clear(); /* (run() declines it) */
     if (args[2] == Py_None && code == ACPY_CODE_ALL_REDUCE) {
-        PyObject *xo[2] = {args[1], args[3]};
-        return Lane_all_reduce(self, xo, 2, NULL);
+        if (PyArray_CheckExact(args[1]) || !__atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE)) {
+            PyObject *xo[2] = {args[1], args[3]};
+            return Lane_all_reduce(self, xo, 2, NULL);
+        }
+        PyObject *view = tensor_view(args[1]);
+        if (view == NULL)
+            return acpy_declined(ACPY_NO_BUFFERS);
+        PyObject *xo[3] = {view, args[3], args[1]}; /* (the Work gives back the tensor) */
+        PyObject *got = Lane_all_reduce(self, xo, 3, NULL);
+        Py_DECREF(view);
+        return got;
     }
     return acpy_lane_run(self, args, 5);
 }
@@ -483,7 +524,7 @@ int acpy_fast_lane_ready(PyObject *m) {
     struct { PyObject **at; const char *s; } names[] = {
         {&s_acquire, "acquire"},
         {&s_release, "release"}, {&s_sum, "sum"}, {&s_prod, "prod"}, {&s_min, "min"}, {&s_max, "max"},
-        {&s_avg, "avg"},
+        {&s_avg, "avg"}, {&s_torch, "torch"}, {&s_Tensor, "Tensor"}, {&s_is_cuda, "is_cuda"}, {&s_numpy, "numpy"},
     };
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if ((*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
