@@ -224,3 +224,24 @@ async def test_explain_answers_without_running_the_call():
             c.explain("allreduce", x)
     finally:
         await close_all(comms)
+
+
+@needs_native
+async def test_the_pair_lane_is_made_from_one_typed_setup_and_checks_the_mailboxs_key():
+    """``PairSetup`` by name: a field of the wrong type is named; a mailbox whose point-to-point key is no longer
+    (peer, ctx, tag), which the lane builds in C, is refused when the lane is made."""
+    import dataclasses
+
+    from aioccl.lanes.pair import pair_setup
+
+    comms = await make_comms(2)
+    try:
+        c = comms[0]
+        setup = pair_setup(c._engine, c._view, lambda *a: None)
+        assert native.core.PairLane(setup).enabled
+        with pytest.raises(TypeError, match="setup.ctx"):
+            native.core.PairLane(dataclasses.replace(setup, ctx="not a number"))
+        with pytest.raises(ValueError, match="p2p_key"):
+            native.core.PairLane(dataclasses.replace(setup, key=lambda peer, ctx, tag: (ctx, peer, tag)))
+    finally:
+        await close_all(comms)

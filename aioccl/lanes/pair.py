@@ -132,10 +132,17 @@ def open_pair_lane(engine: Engine, view: CommView, record: Any) -> Any:
     if core is None or hub is None:
         return None
     hub.unclaimed = engine.mailbox.unclaimed  # a pump leaves the last message in the FIFO for the lane to take
+    return core.PairLane(pair_setup(engine, view, record))
+
+
+def pair_setup(engine: Engine, view: CommView, record: Any) -> PairSetup:
+    """What a communicator's native PairLane is made from (an engine with shared-memory pairs)."""
+    hub = engine.pair_hub
+    assert hub is not None
     bell = hub.bell.bell
     box = engine.mailbox
     placement = engine.placement
-    return core.PairLane(PairSetup(
+    return PairSetup(
         engine=engine, conns=engine.conns, queued_sends=engine.queued_sends, posted=box.p2p_posted,
         early=box.p2p_early, wild=box.wild.by_ctx, probes=box.probes.waiting, lost=box.lost, key=p2p_key,
         pair_type=ShmPairConnection, ctx=view.ctx, ranks=tuple(view.ranks), rank=view.rank, work_type=Work,
@@ -144,7 +151,7 @@ def open_pair_lane(engine: Engine, view: CommView, record: Any) -> Any:
         yield_cpu=hub.yield_cpu, bell_fd=bell.sender(),
         bell_addresses=tuple(bell.address(bell.comm_id, w) for w in view.ranks), lock=placement.lock,
         wake=placement.wake, wanted=functools.partial(loop_waits, engine.loop), slice_s=float(loop_slice_s()),
-        stall_s=float(stall_s()), put_off=engine.put_off))
+        stall_s=float(stall_s()), put_off=engine.put_off)
 
 
 @dataclass(frozen=True, slots=True)

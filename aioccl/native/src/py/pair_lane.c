@@ -101,14 +101,6 @@ static void PairLane_dealloc(PairLane *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int init_from(PairLane *self, PyObject *engine, PyObject *conns, PyObject *queued, PyObject *posted,
-                     PyObject *early, PyObject *wild, PyObject *probes, PyObject *lost, PyObject *pair_type,
-                     PyObject *ranks, PyObject *work_type, PyObject *done_lock, PyObject *home, PyObject *group_var,
-                     PyObject *record, PyObject *status_type, PyObject *dtype_code, PyObject *addrs, PyObject *lock,
-                     PyObject *wake, PyObject *wanted, PyObject *put_off, unsigned long long ctx,
-                     unsigned long thread_id, int rank, int yield_cpu, int fd, Py_ssize_t eager, double spin_s,
-                     double slice_s, double stall_s);
-
 /* setup's field `name`, of `type` when given (a new reference; NULL and an error naming the field else) */
 static PyObject *field(PyObject *setup, const char *name, PyTypeObject *type) {
     PyObject *v = PyObject_GetAttrString(setup, name);
@@ -135,66 +127,30 @@ static int same_key(PyObject *key) {
     return ok ? 0 : -1;
 }
 
-/* PairLane(setup): one typed set-up (aioccl/lanes/pair.py's PairSetup), read by name */
-static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
-    PyObject *setup;
-    if ((kwds != NULL && PyDict_GET_SIZE(kwds)) || !PyArg_ParseTuple(args, "O", &setup))
-        return PyErr_Clear(), PyErr_SetString(PyExc_TypeError, "PairLane(setup): one PairSetup"), -1;
-    enum { ENGINE, CONNS, QUEUED, POSTED, EARLY, WILD, PROBES, LOST, PAIR_TYPE, RANKS, WORK_TYPE, DONE_LOCK, HOME,
-           GROUP_VAR, RECORD, STATUS_TYPE, DTYPE_CODE, ADDRS, LOCK, WAKE, WANTED, PUT_OFF, KEY, CTX, RANK, THREAD_ID,
-           EAGER, SPIN_S, YIELD_CPU, BELL_FD, SLICE_S, STALL_S, NFIELDS };
-    static const struct { const char *name; PyTypeObject *type; } spec[NFIELDS] = {
-        {"engine", NULL}, {"conns", &PyDict_Type}, {"queued_sends", &PyDict_Type}, {"posted", &PyDict_Type},
-        {"early", &PyDict_Type}, {"wild", &PyDict_Type}, {"probes", &PyList_Type}, {"lost", &PyDict_Type},
-        {"pair_type", &PyType_Type}, {"ranks", &PyTuple_Type}, {"work_type", &PyType_Type}, {"done_lock", NULL},
-        {"home", NULL}, {"group_var", NULL}, {"record", NULL}, {"status_type", NULL}, {"dtype_code", NULL},
-        {"bell_addresses", &PyTuple_Type}, {"lock", NULL}, {"wake", NULL}, {"wanted", NULL},
-        {"put_off", &PyDict_Type}, {"key", NULL}, {"ctx", &PyLong_Type}, {"rank", &PyLong_Type},
-        {"thread_id", &PyLong_Type}, {"eager", &PyLong_Type}, {"spin_s", &PyFloat_Type}, {"yield_cpu", NULL},
-        {"bell_fd", &PyLong_Type}, {"slice_s", &PyFloat_Type}, {"stall_s", &PyFloat_Type},
-    };
-    PyObject *f[NFIELDS] = {NULL};
-    int bad = 0;
-    for (int k = 0; k < NFIELDS && !bad; k++)
-        bad = (f[k] = field(setup, spec[k].name, spec[k].type)) == NULL;
-    unsigned long long ctx = bad ? 0 : PyLong_AsUnsignedLongLong(f[CTX]);
-    unsigned long thread_id = bad ? 0 : PyLong_AsUnsignedLong(f[THREAD_ID]);
-    long rank_l = bad ? 0 : PyLong_AsLong(f[RANK]), fd_l = bad ? 0 : PyLong_AsLong(f[BELL_FD]);
-    Py_ssize_t eager = bad ? 0 : PyLong_AsSsize_t(f[EAGER]);
-    double spin_s = bad ? 0 : PyFloat_AsDouble(f[SPIN_S]), slice_s = bad ? 0 : PyFloat_AsDouble(f[SLICE_S]);
-    double stall_s = bad ? 0 : PyFloat_AsDouble(f[STALL_S]);
-    int yield_cpu = bad ? 0 : PyObject_IsTrue(f[YIELD_CPU]);
-    if (!bad && !PyErr_Occurred() && (rank_l < INT_MIN || rank_l > INT_MAX || fd_l < INT_MIN || fd_l > INT_MAX))
-        PyErr_SetString(PyExc_OverflowError, "PairLane: setup.rank or setup.bell_fd out of range");
-    if (!bad && !PyErr_Occurred())
-        same_key(f[KEY]);
-    if (bad || PyErr_Occurred()) {
-        for (int k = 0; k < NFIELDS; k++)
-            Py_XDECREF(f[k]);
-        return -1;
-    }
-    int rank = (int)rank_l, fd = (int)fd_l;
+/* a PairSetup's fields, in the order PairLane_init reads them */
+enum { ENGINE, CONNS, QUEUED, POSTED, EARLY, WILD, PROBES, LOST, PAIR_TYPE, RANKS, WORK_TYPE, DONE_LOCK, HOME,
+       GROUP_VAR, RECORD, STATUS_TYPE, DTYPE_CODE, ADDRS, LOCK, WAKE, WANTED, PUT_OFF, KEY, CTX, RANK, THREAD_ID,
+       EAGER, SPIN_S, YIELD_CPU, BELL_FD, SLICE_S, STALL_S, NFIELDS };
+/* each field's name, and its type when one is required */
+static const struct { const char *name; PyTypeObject *type; } spec[NFIELDS] = {
+    {"engine", NULL}, {"conns", &PyDict_Type}, {"queued_sends", &PyDict_Type}, {"posted", &PyDict_Type},
+    {"early", &PyDict_Type}, {"wild", &PyDict_Type}, {"probes", &PyList_Type}, {"lost", &PyDict_Type},
+    {"pair_type", &PyType_Type}, {"ranks", &PyTuple_Type}, {"work_type", &PyType_Type}, {"done_lock", NULL},
+    {"home", NULL}, {"group_var", NULL}, {"record", NULL}, {"status_type", NULL}, {"dtype_code", NULL},
+    {"bell_addresses", &PyTuple_Type}, {"lock", NULL}, {"wake", NULL}, {"wanted", NULL},
+    {"put_off", &PyDict_Type}, {"key", NULL}, {"ctx", &PyLong_Type}, {"rank", &PyLong_Type},
+    {"thread_id", &PyLong_Type}, {"eager", &PyLong_Type}, {"spin_s", &PyFloat_Type}, {"yield_cpu", NULL},
+    {"bell_fd", &PyLong_Type}, {"slice_s", &PyFloat_Type}, {"stall_s", &PyFloat_Type},
+};
+
+/* the set-up's values (f: its fields by the enum above, the numbers read), checked against each other and kept */
+static int keep(PairLane *self, PyObject *const *f, unsigned long long ctx, unsigned long thread_id, int rank,
+                int yield_cpu, int fd, Py_ssize_t eager, double spin_s, double slice_s, double stall_s) {
     PyObject *engine = f[ENGINE], *conns = f[CONNS], *queued = f[QUEUED], *posted = f[POSTED], *early = f[EARLY],
              *wild = f[WILD], *probes = f[PROBES], *lost = f[LOST], *pair_type = f[PAIR_TYPE], *ranks = f[RANKS],
              *work_type = f[WORK_TYPE], *done_lock = f[DONE_LOCK], *home = f[HOME], *group_var = f[GROUP_VAR],
              *record = f[RECORD], *status_type = f[STATUS_TYPE], *dtype_code = f[DTYPE_CODE], *addrs = f[ADDRS],
              *lock = f[LOCK], *wake = f[WAKE], *wanted = f[WANTED], *put_off = f[PUT_OFF];
-    int r = init_from(self, engine, conns, queued, posted, early, wild, probes, lost, pair_type, ranks, work_type,
-                      done_lock, home, group_var, record, status_type, dtype_code, addrs, lock, wake, wanted, put_off,
-                      ctx, thread_id, rank, yield_cpu, fd, eager, spin_s, slice_s, stall_s);
-    for (int k = 0; k < NFIELDS; k++)
-        Py_DECREF(f[k]);
-    return r;
-}
-
-/* the set-up's values, checked against each other and kept */
-static int init_from(PairLane *self, PyObject *engine, PyObject *conns, PyObject *queued, PyObject *posted,
-                     PyObject *early, PyObject *wild, PyObject *probes, PyObject *lost, PyObject *pair_type,
-                     PyObject *ranks, PyObject *work_type, PyObject *done_lock, PyObject *home, PyObject *group_var,
-                     PyObject *record, PyObject *status_type, PyObject *dtype_code, PyObject *addrs, PyObject *lock,
-                     PyObject *wake, PyObject *wanted, PyObject *put_off, unsigned long long ctx,
-                     unsigned long thread_id, int rank, int yield_cpu, int fd, Py_ssize_t eager, double spin_s,
-                     double slice_s, double stall_s) {
     Py_ssize_t n = PyTuple_GET_SIZE(ranks);
     if (n < 1 || rank < 0 || rank >= n || PyTuple_GET_SIZE(addrs) != n || !PyType_Check(pair_type) ||
         !PyContextVar_CheckExact(group_var) || eager < 0 || spin_s < 0 || slice_s <= 0 || stall_s <= 0 ||
@@ -234,6 +190,38 @@ static int init_from(PairLane *self, PyObject *engine, PyObject *conns, PyObject
     self->spin_ns = (long long)(spin_s * 1e9), self->slice_ns = (long long)(slice_s * 1e9);
     self->stall_ns = (long long)(stall_s * 1e9);
     return 0;
+}
+
+/* PairLane(setup): one typed set-up (aioccl/lanes/pair.py's PairSetup), read by name */
+static int PairLane_init(PairLane *self, PyObject *args, PyObject *kwds) {
+    PyObject *setup;
+    if ((kwds != NULL && PyDict_GET_SIZE(kwds)) || !PyArg_ParseTuple(args, "O", &setup))
+        return PyErr_Clear(), PyErr_SetString(PyExc_TypeError, "PairLane(setup): one PairSetup"), -1;
+    PyObject *f[NFIELDS] = {NULL};
+    int bad = 0;
+    for (int k = 0; k < NFIELDS && !bad; k++)
+        bad = (f[k] = field(setup, spec[k].name, spec[k].type)) == NULL;
+    unsigned long long ctx = bad ? 0 : PyLong_AsUnsignedLongLong(f[CTX]);
+    unsigned long thread_id = bad ? 0 : PyLong_AsUnsignedLong(f[THREAD_ID]);
+    long rank_l = bad ? 0 : PyLong_AsLong(f[RANK]), fd_l = bad ? 0 : PyLong_AsLong(f[BELL_FD]);
+    Py_ssize_t eager = bad ? 0 : PyLong_AsSsize_t(f[EAGER]);
+    double spin_s = bad ? 0 : PyFloat_AsDouble(f[SPIN_S]), slice_s = bad ? 0 : PyFloat_AsDouble(f[SLICE_S]);
+    double stall_s = bad ? 0 : PyFloat_AsDouble(f[STALL_S]);
+    int yield_cpu = bad ? 0 : PyObject_IsTrue(f[YIELD_CPU]);
+    if (!bad && !PyErr_Occurred() && (rank_l < INT_MIN || rank_l > INT_MAX || fd_l < INT_MIN || fd_l > INT_MAX))
+        PyErr_SetString(PyExc_OverflowError, "PairLane: setup.rank or setup.bell_fd out of range");
+    if (!bad && !PyErr_Occurred())
+        same_key(f[KEY]);
+    if (bad || PyErr_Occurred()) {
+        for (int k = 0; k < NFIELDS; k++)
+            Py_XDECREF(f[k]);
+        return -1;
+    }
+    int rank = (int)rank_l, fd = (int)fd_l;
+    int r = keep(self, f, ctx, thread_id, rank, yield_cpu, fd, eager, spin_s, slice_s, stall_s);
+    for (int k = 0; k < NFIELDS; k++)
+        Py_DECREF(f[k]);
+    return r;
 }
 
 /* frames' dtype code of a descriptor (dtypes.dtype_code), cached by descriptor: 0 for none */
