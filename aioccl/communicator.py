@@ -38,7 +38,7 @@ from .envvars import check_timeout, env_int, env_timeout
 from .errors import InvalidArgument, PeerLost
 from .group import Group
 from .introspection import PendingOp
-from .lanes.call import call_of
+from .lanes.call import RECV, SEND, call_of
 from .lanes.cpu import CpuLane
 from .lanes.door import Door
 from .lanes.general import General
@@ -357,7 +357,7 @@ class Communicator:
         same-host peer whose FIFO is full, the call waits for room while that peer keeps taking messages
         and the event loop has nothing else to run (its sends would otherwise queue in the engine).
         """
-        return self._door.send(x, peer, tag, timeout, stream)
+        return self._door.message(SEND, x, peer, tag, timeout, stream)
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, timeout: float | None = None,
               stream: Any = None) -> Work[Any]:
@@ -367,7 +367,7 @@ class Communicator:
         message that fits and that no receive posted before it takes; ``work.status`` (a ``Status``) then
         names its source and tag. From any source, a crashed rank of the communicator fails it.
         """
-        return self._door.recv(buf, peer, tag, timeout, stream)
+        return self._door.message(RECV, buf, peer, tag, timeout, stream)
 
     send = isend
     recv = irecv

@@ -17,6 +17,7 @@ from ..envvars import check_timeout
 from ..errors import InvalidArgument
 from ..native.answers import Declined
 
+_NDARRAY = np.ndarray  # (one global look-up, not two, per buffer: the record is made on every declined call)
 NOT_HOST = object()  # a buffer that is not in host memory as the host lanes take it: the general way's
 
 # what a call's buffers are, as the lanes ask (the first that fits both x and out)
@@ -66,10 +67,10 @@ class Call:
         self.stream = stream
         self.first = first
         self.teach: tuple[Any, ...] | None = None  # set by the CPU lane for a form it learns from the general way
-        self.xa = xa = x if x is None or x.__class__ is np.ndarray else host_view(x)
-        self.oa = oa = out if out is None or out.__class__ is np.ndarray else host_view(out)
+        self.xa = xa = x if x is None or x.__class__ is _NDARRAY else host_view(x)
+        self.oa = oa = out if out is None or out.__class__ is _NDARRAY else host_view(out)
         if xa is x and oa is out:
-            self.kind = HOST if x is not None or out is not None else NONE
+            self.kind = NONE if x is None and out is None else HOST
         elif xa is NOT_HOST or oa is NOT_HOST:
             self.kind = OTHER
         else:

@@ -40,6 +40,7 @@ from ..group import current_group
 from ..native.answers import Declined, Handover
 from ..work import BORN_DONE_LOCK, Work
 from .call import HOST, NONE, TENSOR, Call
+from .door import switch_off
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
@@ -146,9 +147,7 @@ class CpuLane:
             self.off()  # (a member lost while the channel was set up)
 
     def off(self) -> None:
-        self.on = False
-        if self.native is not None:
-            self.native.enabled = False
+        switch_off(self)
 
     def check(self, call: Call) -> Declined | None:
         if not self.on:

@@ -1,7 +1,7 @@
 """The one door every op goes through: the lanes tried in one order, each answering with a typed answer.
 
 Every public collective is one line: ``door.collective(code, x, out, op, root, timeout, stream)``; every
-message ``door.message(...)``. The door offers the call to the lanes in ``ORDER`` and returns the first
+message ``door.message(SEND or RECV, ...)``. The door offers the call to the lanes in ``ORDER`` and returns the first
 ``Work`` one gives. A lane answers ``Work`` (it took the call), ``Declined`` (and why) or ``Handover`` (an
 op its native entry started and could not finish in the call: the same lane has the engine carry it on).
 
@@ -57,6 +57,15 @@ class Lane(Protocol):
         """The engine carries on with an op this lane's native entry started (only a lane with one)."""
 
 
+def switch_off(lane: Any) -> None:
+    """Switch a native lane off: the door passes it by (``on``), and its native part declines too (for callers
+    that hold only the native lane: an XLA custom call, on XLA's thread). The communicator's state calls it as
+    it closes, shrinks or loses a rank."""
+    lane.on = False
+    if lane.native is not None:
+        lane.native.enabled = False
+
+
 class Door:
     """A communicator's door: its lanes by name, tried in ``ORDER``.
 
@@ -88,21 +97,15 @@ class Door:
             return self._issue(Call(code, x, out, op, root, None, None, got), 0)
         return self._issue(Call(code, x, out, op, root, timeout, stream), 0)
 
-    def send(self, x: Any, peer: Any, tag: Any, timeout: float | None, stream: Any) -> Work[Any]:
+    def message(self, code: int, x: Any, peer: Any, tag: Any, timeout: float | None, stream: Any) -> Work[Any]:
+        """``isend`` (``code`` SEND, ``x`` the array sent) or ``irecv`` (RECV, ``x`` the array received into)."""
         if timeout is None and stream is None:
-            got = self.message_lanes[0].first_send(x, peer, tag)  # type: ignore[attr-defined]
+            first = self.message_lanes[0]
+            got = (first.first_send if code == SEND else first.first_recv)(x, peer, tag)  # type: ignore[attr-defined]
             if got.__class__ is Work:
                 return got
-            return self._issue(Call(SEND, x, None, None, peer, None, None, got, tag), 1)
-        return self._issue(Call(SEND, x, None, None, peer, timeout, stream, None, tag), 1)
-
-    def recv(self, buf: Any, peer: Any, tag: Any, timeout: float | None, stream: Any) -> Work[Any]:
-        if timeout is None and stream is None:
-            got = self.message_lanes[0].first_recv(buf, peer, tag)  # type: ignore[attr-defined]
-            if got.__class__ is Work:
-                return got
-            return self._issue(Call(RECV, buf, None, None, peer, None, None, got, tag), 1)
-        return self._issue(Call(RECV, buf, None, None, peer, timeout, stream, None, tag), 1)
+            return self._issue(Call(code, x, None, None, peer, None, None, got, tag), 1)
+        return self._issue(Call(code, x, None, None, peer, timeout, stream, None, tag), 1)
 
     def _issue(self, call: Call, kind: int) -> Work[Any]:
         """The record's way: each lane in order until one gives a Work; the last, the general way, takes every

@@ -20,6 +20,7 @@ from ..native.answers import Declined, Handover
 from ..work import Work
 from .call import OTHER, Call
 from .cpu import CAPTURE
+from .door import switch_off
 
 if TYPE_CHECKING:
     from ..state import CommState
@@ -66,9 +67,7 @@ class GpuLane:
 
     def off(self) -> None:
         self._off = True
-        self.on = False
-        if self.native is not None:
-            self.native.enabled = False
+        switch_off(self)
 
     def check(self, call: Call) -> Declined | None:
         if not self.on or not self.native.enabled:  # (the GPU path switches its lane off while it sets up)

@@ -44,6 +44,7 @@ from ..native.answers import Declined
 from ..transport.shm.pair import ShmPairConnection
 from ..work import BORN_DONE_LOCK, Work
 from .call import HOST, SEND, TENSOR, Call
+from .door import switch_off
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
@@ -91,9 +92,7 @@ class PairLane:
         state.on_off(self.off)
 
     def off(self) -> None:
-        self.on = False
-        if self.native is not None:
-            self.native.enabled = False
+        switch_off(self)
 
     def check(self, call: Call) -> Declined | None:
         if not self.on:
