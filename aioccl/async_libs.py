@@ -44,10 +44,14 @@ def current() -> str:
 
 async def trio_wait(work: Work[Any]) -> Any:
     """Park the current trio task until ``work`` is done; cancelling the task withdraws the op where
-    ``Work._abandoned`` can (an unmatched receive), else leaves it running."""
+    ``Work._abandoned`` can (an unmatched receive), is refused for a receive that has its message, and else
+    leaves the op running."""
     trio = sys.modules["trio"]
     if work.done():
-        await trio.lowlevel.checkpoint()
+        if work._keeps_its_message():  # (a cancel here would lose the message: a schedule point, no cancel)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        else:
+            await trio.lowlevel.checkpoint()
         return work.result()
     task = trio.lowlevel.current_task()
     token = trio.lowlevel.current_trio_token()
@@ -65,8 +69,9 @@ async def trio_wait(work: Work[Any]) -> Any:
             pass
 
     def abort(_raise_cancel: Any) -> Any:
+        if not work._abandoned():  # a receive that has its message: refused, as Trio's own ops past their
+            return trio.lowlevel.Abort.FAILED  # point of no return do (the task is woken when it is done)
         parked[0] = False
-        work._abandoned()
         return trio.lowlevel.Abort.SUCCEEDED
 
     work._on_done(wake)

@@ -8,17 +8,22 @@ blockable with ``wait()`` from plain threads. Under trio, awaiting parks
 the task through ``aioccl.async_libs.trio_wait()``.
 
 Cancelling the task that awaits a Work withdraws the op when no peer can
-have seen it yet (an unmatched receive, a send not yet started), as
-cancelling an asyncio stream read gives the bytes to the next reader; any
-other op runs on, because peers are already counting on it (a collective is
-a promise to the other ranks: use ``comm.abort()``). ``work.shield()`` opts
-a Work out. A withdrawn op raises ``OpCancelled``, never the caller's own
-``CancelledError``.
+have seen it yet (an unmatched receive, a send not yet started). A receive
+that has taken its message (matched, or done) refuses the cancel: the
+awaiting task waits on and gets the message, so a timed-out receive never
+loses one (asyncio's ``Queue.get`` never takes an item for a getter whose
+await raised; Trio's operations past their point of no return refuse the
+abort). Any other op runs on and the cancel stands, because peers are
+already counting on it (a collective is a promise to the other ranks: use
+``comm.abort()``). ``work.shield()`` opts a Work out: the cancel stands and
+the op stays posted for a later await. A withdrawn op raises
+``OpCancelled``, never the caller's own ``CancelledError``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -222,10 +227,22 @@ class Work(_Awaiting, Generic[T]):
         self._withdraw = False
         return self
 
-    def _abandoned(self) -> None:
-        """The task awaiting this Work was cancelled: withdraw the op if that is still possible."""
+    def _abandoned(self) -> bool:
+        """The task awaiting this Work was cancelled: withdraw the op if that is still possible. Returns whether
+        the cancel stands; False: refused (``_keeps_its_message``), the awaiting task waits on for the result."""
         if self._withdraw and self._state == _PENDING:
             self.cancel("when the task awaiting it was cancelled")
+        return not self._keeps_its_message()
+
+    def _keeps_its_message(self) -> bool:
+        """A receive (not shielded) that has taken a message: matched and running, or done with it. Giving up
+        its await would lose the message (nobody keeps the Work of a receive they gave up on, and the next
+        receive gets the next message), so a cancel of the await is refused. A shielded one stays posted for
+        a later await instead; a failed one has no message to lose."""
+        state = self._state
+        shielded = self._cancellable and not self._withdraw  # (a Work born done in C is neither)
+        return not shielded and (state == _RUNNING or (state == _DONE and self._exc is None)) \
+            and self.op.startswith("recv(")
 
     def result(self) -> T:
         """The result if done (raising the op's error); InvalidStateError if not."""
@@ -321,25 +338,23 @@ class Work(_Awaiting, Generic[T]):
             # give the loop a turn at least every FAIRNESS_S so other tasks are not starved
             if _clock() - _last_turn() > FAIRNESS_S:
                 _turned()
-                yield from asyncio.sleep(0).__await__()
+                try:
+                    yield from asyncio.sleep(0).__await__()
+                except asyncio.CancelledError:
+                    if self._abandoned():
+                        raise  # (refused: a receive's message is the caller's, given below)
         else:
             _turned()
-            fut: asyncio.Future[None] = loop.create_future()
             me = threading.get_ident()
-
-            def wake(_w: Work[T]) -> None:
-                if threading.get_ident() == me:
-                    if not fut.done():
-                        fut.set_result(None)
-                elif not loop.is_closed():
-                    loop.call_soon_threadsafe(_set_if_pending, fut)
-
-            self._on_done(wake)
-            try:
-                yield from fut.__await__()
-            except asyncio.CancelledError:
-                self._abandoned()
-                raise
+            while True:  # again only after a refused cancel: a receive that has its message, or will
+                fut: asyncio.Future[None] = loop.create_future()
+                self._on_done(functools.partial(_wake, fut, me, loop))
+                try:
+                    yield from fut.__await__()
+                    break
+                except asyncio.CancelledError:
+                    if self._abandoned():
+                        raise
         return self.result()
 
 
@@ -352,6 +367,15 @@ def _run_callback(fn: Callable[[Work[Any]], None], w: Work[Any]) -> None:
         fn(w)
     except Exception:  # a caller's callback must not break the engine that runs it
         _log.exception("a done callback of %r raised", w)
+
+
+def _wake(fut: asyncio.Future[None], me: int, loop: asyncio.AbstractEventLoop, _w: Work[Any]) -> None:
+    """A Work is done: wake the task awaiting it on ``loop`` (whose thread is ``me``)."""
+    if threading.get_ident() == me:
+        if not fut.done():
+            fut.set_result(None)
+    elif not loop.is_closed():
+        loop.call_soon_threadsafe(_set_if_pending, fut)
 
 
 def _set_if_pending(fut: asyncio.Future[None]) -> None:

@@ -12,7 +12,7 @@ import pytest
 import aioccl
 from aioccl import InvalidArgument
 
-from conftest import close_all, launch, make_comms
+from conftest import ROOT, close_all, launch, make_comms
 
 BAD_CALLS = {
     "unsupported dtype": lambda c: c.all_reduce(np.zeros(4, np.complex64)),
@@ -293,5 +293,28 @@ async def test_every_invalid_call_on_every_op_is_refused_before_anything_moves(t
         xs = [np.full(6, r, np.int64) for r in range(3)]
         await asyncio.wait_for(asyncio.gather(*(k.all_reduce(x) for k, x in zip(comms, xs, strict=True))), 10)
         assert all((x == 3).all() for x in xs) and moved
+    finally:
+        await close_all(comms)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+async def test_a_receive_of_the_wrong_size_reads_as_docs_api_says(transport):
+    """The receiver's mismatch names what came and what it posted; docs/api.md's example is the real text."""
+    doc = " ".join((ROOT / "docs" / "api.md").read_text().split())
+    example = re.search(r"\(`(recv\(peer=0, tag=1\): rank 0 sent [^`]*)`\)", doc)
+    assert example is not None, "docs/api.md: the example of a receive of the wrong size"
+    a, b = comms = await make_comms(2, transport=transport)
+    try:
+        buf = np.full(4, -1.0)
+        sent = a.isend(np.arange(8, dtype=np.float64), 1, tag=1)
+        with pytest.raises(aioccl.CollectiveMismatch) as caught:
+            await b.irecv(buf, 0, tag=1)
+        assert str(caught.value) == example.group(1)
+        assert (buf == -1.0).all()  # nothing written
+        await sent
+        x = np.arange(4, dtype=np.float64)  # and the pair goes on
+        await asyncio.gather(a.isend(x, 1, tag=2), b.irecv(buf, 0, tag=2))
+        assert (buf == x).all()
     finally:
         await close_all(comms)

@@ -239,3 +239,34 @@ def test_a_reservation_keeps_plain_binds_out_and_lets_the_intended_listener_in()
             root.listen()
             with pytest.raises(PortTaken, match=f"--master-port: port {r.port} on 127.0.0.1 is taken"):
                 reserve("127.0.0.1", r.port, what="--master-port")
+
+
+def test_several_ranks_get_one_intra_op_thread_each_unless_omp_num_threads_is_set(tmp_path):
+    """As torchrun: with more than one rank per node and OMP_NUM_THREADS unset, each rank gets
+    OMP_NUM_THREADS=1 (torch sees one intra-op thread) and the launcher says so once; a value the user set,
+    or a single rank, is left alone and nothing is said."""
+    pytest.importorskip("torch")
+    script = tmp_path / "threads.py"
+    script.write_text("import os\nimport sys\n"
+                      "if sys.argv[1:] == ['torch']:\n    import torch\n    n = torch.get_num_threads()\n"
+                      "else:\n    n = None\n"
+                      "print('threads', os.environ.get('OMP_NUM_THREADS'), n)\n")
+    base = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+
+    def run(nproc: int, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", str(nproc), str(script),
+                               *args], env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                              timeout=120)
+
+    four = run(4, base, "torch")
+    assert four.returncode == 0, four.stderr
+    assert sorted(four.stdout.split("\n"))[1:] == [f"[rank {r}] threads 1 1" for r in range(4)], four.stdout
+    assert four.stderr.count("setting OMP_NUM_THREADS=1 for each of the 4 ranks") == 1, four.stderr
+    mine = run(2, {**base, "OMP_NUM_THREADS": "3"})
+    assert sorted(mine.stdout.split("\n"))[1:] == [f"[rank {r}] threads 3 None" for r in range(2)], mine.stdout
+    assert "OMP_NUM_THREADS" not in mine.stderr, mine.stderr
+    one = run(1, base)
+    assert one.stdout.strip() == "[rank 0] threads None None" and "OMP_NUM_THREADS" not in one.stderr, one
+    helped = subprocess.run([sys.executable, "-m", "aioccl.run", "--help"], capture_output=True, text=True,
+                            env={**base, "PYTHONPATH": str(ROOT)})
+    assert "OMP_NUM_THREADS=1" in " ".join(helped.stdout.split()), helped.stdout

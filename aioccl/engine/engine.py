@@ -204,7 +204,16 @@ class Engine:
         try:
             await self.conns[peer].send(header, payload)
         except (OSError, Closed) as e:
-            raise self.mailbox.lost.get(peer) or PeerLost(peer, f"send failed: {e}") from None
+            raise await self._why_lost(peer) or self.mailbox.peer_lost(peer, f"send failed: {e}") from None
+
+    async def _why_lost(self, peer: int, within: float = 0.1) -> PeerLost | None:
+        """A send found its connection ended before the connection's reader did: a moment later the reader has
+        the peer's last words (an abort names the rank it had lost first) or the end of the stream, so the
+        error says why, as every other op's on this connection does. At most ``within`` seconds."""
+        deadline = self.loop.time() + within
+        while peer not in self.mailbox.lost and self.loop.time() < deadline and self.aborted is None:
+            await asyncio.sleep(0.002)
+        return self.mailbox.lost.get(peer)
 
     async def run_collective(self, comm: CommView, op: Op[np.ndarray]) -> None:
         """Drive ``op``'s executor on a communicator without a shared-memory channel: await what it
@@ -387,8 +396,8 @@ class Engine:
             self.detach_channel(chan, exc)
         if self.bell is not None:
             self.bell.close()
-        for c in self.conns.values():
-            c.abort()
+        for c in self.conns.values():  # (last words naming the rank lost first: the peers blame it, not us)
+            c.abort(self.mailbox.lost_first)
         if self.ib_port is not None:
             self.ib_port.close()
         if self.pair_hub is not None:

@@ -44,8 +44,8 @@ from ..transport.frames import (
     RDATA,
     RDONE,
     RTS,
-    SAID_ABORT,
     Header,
+    SaidAbort,
 )
 from ..work import Work
 from . import notice_handling
@@ -86,8 +86,12 @@ class Mailbox:
         self._posts = itertools.count(1)  # point-to-point receives' posting numbers
         self._arrivals = itertools.count(1)  # point-to-point messages' arrival numbers
         self.lost: dict[int, PeerLost] = {}
+        # the world rank lost first by a crash, as this rank knows it (its own connection ended, or a peer's abort
+        # named it): an abort from here names it in its last words, so that every rank's error blames it
+        self.lost_first = -1
         self.reports = Reports()  # per failed collective, whom each reporting rank waited for
         self.rdv = Rendezvous(loop)  # large p2p messages: their ready-to-send, clear-to-send and data
+        self.rdv.peer_lost = self.peer_lost
         self.closed_peers: set[int] = set()  # lost by a graceful close (after finishing their part of every op)
         self.lost_listeners: list[Callable[[int, PeerLost], None]] = []  # e.g. the shared-memory channel
         self._partial: dict[int, list[Posted]] = {}  # receives waiting on a frame still arriving
@@ -222,9 +226,25 @@ class Mailbox:
         buf = self.pool.acquire(h.nbytes)
         return buf.data[: h.nbytes], lambda: self.pool.release(buf)
 
+    def peer_lost(self, peer: int, detail: str) -> PeerLost:
+        """The error of a connection to ``peer`` that ended without a graceful close, naming the rank this rank
+        lost first when that is another: a peer that aborted in the middle of a frame leaves no last words
+        (``abort_words``), so its end looks like a crash, and the rank that did crash is the likelier cause."""
+        first = self.lost_first
+        if 0 <= first != peer:
+            detail += f"; rank {first} was lost before it, the first failure this rank saw"
+        return PeerLost(peer, detail)
+
     def on_lost(self, peer: int, exc: BaseException, graceful: bool) -> None:
-        said = SAID_ABORT if str(exc) == SAID_ABORT else f"{type(exc).__name__}: {exc}"
-        lost = PeerLost(peer, "it closed its communicator" if graceful else said)
+        aborted = isinstance(exc, SaidAbort)
+        named = exc.lost_first if isinstance(exc, SaidAbort) else -1  # (whom its abort said it had lost)
+        said = str(exc) if aborted else f"{type(exc).__name__}: {exc}"
+        if graceful:
+            lost = PeerLost(peer, "it closed its communicator")
+        else:
+            lost = PeerLost(peer, said) if named >= 0 else self.peer_lost(peer, said)
+            if self.lost_first < 0:
+                self.lost_first = named if aborted else peer
         if peer not in self.lost:  # once per peer, though a same-host peer's socket and ring both end
             _net_log.log(logging.INFO if graceful else logging.WARNING, "%s", lost)
         self.lost[peer] = lost
@@ -249,7 +269,7 @@ class Mailbox:
         # A peer that closed its communicator finished its part of every op first: only its receives fail.
         # So did one that aborted, for the ops it had finished; those it gave up it reported (FAIL notices
         # sent ahead of its last words), so an op here that has all it needs of it can still complete.
-        told = graceful or str(exc) == SAID_ABORT
+        told = graceful or aborted
         for (ctx, seq), active in list(self.active.items()) if not told else ():
             if peer in active.ranks:
                 self.fail_op(ctx, seq, PeerLost(peer, f"{lost.detail} (during seq {seq} on comm {ctx:x})"))

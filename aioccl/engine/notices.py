@@ -23,11 +23,16 @@ ROOTED = {c.code for c in TABLE if c.rooted}
 
 
 def describe(op: int, dtype: int, nbytes: int) -> str:
+    """``all_reduce of 10 x float32 (40 bytes)``: a collective's frame or receive as a mismatch names it."""
+    return f"{name_of(op, 'send') if op else 'send'} of {amount(dtype, nbytes)}"
+
+
+def amount(dtype: int, nbytes: int) -> str:
+    """``10 x float32 (40 bytes)``, or ``40 bytes`` for a dtype this rank does not know."""
     dt = dtype_from_code(dtype)
-    name = name_of(op, "send") if op else "send"
     if dt is None:
-        return f"{name} of {nbytes} bytes"
-    return f"{name} of {nbytes // max(1, dt.itemsize)} x {dt.name} ({nbytes} bytes)"
+        return f"{nbytes} bytes"
+    return f"{nbytes // max(1, dt.itemsize)} x {dt.name} ({nbytes} bytes)"
 
 
 def describe_call(fp: Fingerprint) -> str:

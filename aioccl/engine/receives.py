@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from ..errors import CollectiveMismatch
 from ..transport.frames import Header
 from ..work import Work
-from .notices import describe
+from .notices import amount, describe
 from .pool import BufferPool
 
 
@@ -52,8 +52,11 @@ class Posted:
     def mismatch(self, peer: int, h: Header) -> CollectiveMismatch | None:
         if h.nbytes == len(self.target) and h.op == self.op and (h.dtype == self.dtype or not h.nbytes):
             return None
+        if not h.op and not self.op:  # a message: what came, and the receive this rank posted
+            return CollectiveMismatch(f"{self.what}: rank {peer} sent {amount(h.dtype, h.nbytes)}, this rank "
+                                      f"expected recv of {amount(self.dtype, len(self.target))}")
         return CollectiveMismatch(f"{self.what}: rank {peer} sent {describe(h.op, h.dtype, h.nbytes)}, "
-                          f"this rank expected {describe(self.op, self.dtype, len(self.target))}")
+                                  f"this rank expected {describe(self.op, self.dtype, len(self.target))}")
 
     def complete(self) -> None:
         if not self.fut.done():

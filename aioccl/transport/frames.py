@@ -12,6 +12,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+from ..bootstrap.sockio import Closed
+
 # kind, op, dtype, k, ctx, seq_or_tag, nbytes, count, root, redop: the fields of Header, in its order
 HEADER = struct.Struct("<BBBIQqQqiB4x")
 HEADER_SIZE = HEADER.size  # 48
@@ -101,6 +103,24 @@ _new_tuple = tuple.__new__  # a Header from the unpacked fields without the name
 
 
 
-def abort_words() -> bytes:
-    """The frame ``abort()`` leaves as its last words, so the peer can tell an abort from a crash."""
-    return Header(BYE, BYE_ABORT, 0, 0, 0, 0, 0).pack()
+def abort_words(lost: int = -1) -> bytes:
+    """The frame ``abort()`` leaves as its last words, so the peer can tell an abort from a crash; ``lost`` (its
+    ``root``): the world rank whose loss the aborting rank knew of first (-1: none), so that a rank that learns
+    of a failure through a third rank names the rank that died, not the one that reported it."""
+    return Header(BYE, BYE_ABORT, 0, 0, 0, 0, 0, 0, lost).pack()
+
+
+def said_abort(lost: int) -> str:
+    """PeerLost's detail for a peer whose last words were an abort (``abort_words``)."""
+    if lost < 0:
+        return SAID_ABORT
+    return f"it called abort() after it lost rank {lost} (rank {lost} was lost first; this rank reported it)"
+
+
+class SaidAbort(Closed):
+    """A connection ended by the peer's abort (its last words, ``abort_words``), not by a crash; ``lost_first``:
+    the world rank whose loss it knew of first (-1: none)."""
+
+    def __init__(self, lost_first: int) -> None:
+        super().__init__(said_abort(lost_first))
+        self.lost_first = lost_first

@@ -37,13 +37,14 @@ class Striper(Protocol):
 
 
 class FrameReader:
-    __slots__ = ("peer", "sink", "bye_received", "aborted", "stripe", "lingered", "_scanned", "_hbuf", "_hview",
-                 "_view", "_got", "_done")
+    __slots__ = ("peer", "sink", "bye_received", "aborted", "lost_first", "stripe", "lingered", "_scanned", "_hbuf",
+                 "_hview", "_view", "_got", "_done")
 
     def __init__(self, peer: int, sink: Sink) -> None:
         self.peer, self.sink = peer, sink
         self.bye_received = False
         self.aborted = False  # the peer's last words said it called abort(): no crash
+        self.lost_first = -1  # ... and the world rank whose loss it knew of first (-1: none)
         self.stripe: Striper | None = None  # a connection's stripes, when it has some
         self.lingered = False  # feed_fifo left messages in the FIFO for the native lane's receives to take
         self._scanned = (0, 0)  # feed_fifo's look ahead: (where the run of those begins, how far it looked)
@@ -150,6 +151,7 @@ class FrameReader:
     def _bye(self, h: Header) -> None:
         if h.op == BYE_ABORT:
             self.aborted = True
+            self.lost_first = h.root
         else:
             self.bye_received = True
 

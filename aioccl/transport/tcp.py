@@ -24,7 +24,7 @@ import time
 from .. import log
 from ..bootstrap.sockio import Closed
 from ..envvars import env_float
-from .frames import BYE, SAID_ABORT, Header, abort_words, unpack
+from .frames import BYE, Header, SaidAbort, abort_words, unpack
 from .reader import FrameReader, Sink
 from .shm.segment import stop_reader
 from .stripes import Stripes
@@ -252,7 +252,7 @@ class TcpConnection:
             self.closed = True
             graceful = self.bye_received and isinstance(e, Closed)
             if self.reader.aborted and not graceful:
-                e = Closed(SAID_ABORT)
+                e = SaidAbort(self.reader.lost_first)
             _log.info("connection to rank %d ended: %s", self.peer, e)  # the engine warns, once per peer
             self.sink.on_lost(self.peer, e, graceful)
 
@@ -296,10 +296,12 @@ class TcpConnection:
                 pass
         self.abort()
 
-    def abort(self) -> None:
+    def abort(self, lost_first: int = -1) -> None:
+        """Drop the connection, leaving the abort's last words (``abort_words``: with ``lost_first``, the world
+        rank whose loss this rank knew of first) if they can go without waiting."""
         if not self._lock.locked() and not self.closed:  # last words: one try, no waiting
             try:
-                self.sock.send(bytes(self._control) + (b"" if self._said_bye else abort_words()))
+                self.sock.send(bytes(self._control) + (b"" if self._said_bye else abort_words(lost_first)))
             except OSError:
                 pass
         self.closed = True
@@ -333,5 +335,5 @@ class SelfConnection:
     async def close(self, graceful: bool) -> None:
         self.closed = True
 
-    def abort(self) -> None:
+    def abort(self, lost_first: int = -1) -> None:
         self.closed = True

@@ -77,6 +77,8 @@ class Rendezvous:
         # engine hooks: send a CTS frame to a world rank; the reader of a world rank's memory (or None)
         self.send_control: Callable[[int, bytes], None] | None = None
         self.memory_of: Callable[[int], PeerMemory | None] = lambda peer: None
+        # the mailbox's: how a peer's failure reads, naming the rank this rank lost first (Mailbox.peer_lost)
+        self.peer_lost: Callable[[int, str], PeerLost] = PeerLost
         self._taker = Taker()
         self.read_in_place = 0  # messages this rank received by reading the sender's memory
 
@@ -119,8 +121,9 @@ class Rendezvous:
             self.read_in_place += 1
             p.complete()
         elif outcome == DECLINED:
-            p.fail(AiocclError(f"rank {peer} withdrew its message (tag {h.seq}, {h.count} bytes) before it was "
-                               "read: its send passed its deadline"))
+            why = self.peer_lost(peer, f"it withdrew its message (tag {h.seq}, {h.count} bytes) before it was "
+                                 "read: its send passed its deadline, or it aborted")
+            p.fail(AiocclError(f"rank {peer} {why.detail}"))
         else:
             return False
         if self.send_control is not None:

@@ -231,8 +231,8 @@ class IbConnection:
         await self.side.close(graceful)
         self._shut("connection closed")
 
-    def abort(self) -> None:
+    def abort(self, lost_first: int = -1) -> None:
         if self.closed:
             return
-        self.side.abort()
+        self.side.abort(lost_first)
         self._shut("connection aborted")

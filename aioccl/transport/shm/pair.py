@@ -30,7 +30,7 @@ from collections.abc import Callable
 from ... import log
 from ...bootstrap.sockio import Closed
 from ..cma import PeerMemory
-from ..frames import BYE, SAID_ABORT, Header, abort_words
+from ..frames import BYE, Header, SaidAbort, abort_words
 from ..reader import FrameReader, SideChannel, Sink, Unclaimed
 from ..tcp import TcpConnection
 from .fifo import BLOCKED, HEAD, QUIET, TAIL, ByteFifo, fence
@@ -271,7 +271,7 @@ class ShmPairConnection:
         if self.closed:
             return
         if not graceful and (self.reader.aborted or self.side.reader.aborted):
-            exc = Closed(SAID_ABORT)
+            exc = SaidAbort(max(self.reader.lost_first, self.side.reader.lost_first))
         self._shut()
         self.side.abort()
         _log.info("connection to rank %d ended: %s", self.peer, exc)  # the engine warns, once per peer
@@ -304,14 +304,14 @@ class ShmPairConnection:
             await self.side.close(graceful=True)
         self.abort()
 
-    def abort(self) -> None:
+    def abort(self, lost_first: int = -1) -> None:
         if not self._lock.locked() and not self.closed:  # last words: one try, no waiting
-            data = self._take_control() + (b"" if self._said_bye else abort_words())
+            data = self._take_control() + (b"" if self._said_bye else abort_words(lost_first))
             if self.tx.free() >= len(data):
                 self.tx.write(memoryview(data))
                 self.hub.ring(self.peer)
         self._shut()
-        self.side.abort()
+        self.side.abort(lost_first)
 
 
 def _bytes(payload: memoryview) -> memoryview:
