@@ -20,7 +20,7 @@ import numpy as np
 from . import log
 from .errors import AiocclError, CollectiveTimeout, CommAborted, InvalidArgument
 from .introspection import pending_op
-from .work import Work, completed
+from .work import Work, completed, mark_told
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -232,6 +232,7 @@ class Lifecycle:
         exc = CommAborted(f"{self!r} was aborted")
         if not self._state.close_with(exc, abort=True):
             return
+        mark_told(exc)  # (the app called abort(): the ops it fails are not reported again at exit)
         for w in list(self._state.inflight):
             w._set_exception(exc)
         if self._launcher.gpu is not None:

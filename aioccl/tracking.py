@@ -64,6 +64,7 @@ class Tracker:
             return self._start_here(work, start, *args)
         state.inflight.add(work)
         watchdog.pending.add(work)
+        watchdog.origin[work] = watchdog.issued_from()
         work._on_done(self._finished)
         begin = functools.partial(start, *args) if args else start
         if pending is not None:
@@ -82,6 +83,7 @@ class Tracker:
         else:
             self._state.inflight.add(work)
             watchdog.pending.add(work)
+            watchdog.origin[work] = watchdog.issued_from()
             work._on_done(self._finished)
         if coro is not None:
             self._engine.spawn(coro)
@@ -91,16 +93,17 @@ class Tracker:
         """Done callback of every op (engine thread): record it; a timeout gets the recorder's story."""
         self._state.inflight.discard(work)
         watchdog.pending.discard(work)
-        self.record(work)
+        self.record(work, watchdog.origin.pop(work, None))
 
-    def record(self, work: Work[Any]) -> None:
-        """Into the flight recorder with it (and a failure into the exit report)."""
+    def record(self, work: Work[Any], where: tuple[str, int] | None = None) -> None:
+        """Into the flight recorder with it (and a failure into the exit report, with the app's line ``where``
+        it was issued from, when it was followed in flight)."""
         work._probe = None  # it may reference the op, which references the Work: no cycle for the GC
         state = self._state
         state.recorder.add(work)
         exc = work._exc
         if exc is not None:
-            watchdog.failed.append(work)  # reported at exit if nobody ever looked at its error
+            watchdog.failed.append((work, where))  # reported at exit if nobody ever looked at its error
         if isinstance(exc, CollectiveTimeout):
             exc.comm = exc.comm or f"{state.view.ctx:x}"
             now = time.monotonic()

@@ -26,6 +26,7 @@ import asyncio
 import functools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -250,6 +251,7 @@ class Work(_Awaiting, Generic[T]):
             raise asyncio.InvalidStateError(f"{self!r} is not done; await it or call wait()")
         self._retrieved = True
         if self._exc is not None:
+            mark_told(self._exc)
             raise self._exc
         result: T = self._result
         return result
@@ -259,6 +261,8 @@ class Work(_Awaiting, Generic[T]):
         if not self.done():
             raise asyncio.InvalidStateError(f"{self!r} is not done; await it or call wait()")
         self._retrieved = True
+        if self._exc is not None:
+            mark_told(self._exc)
         return self._exc
 
     def add_done_callback(self, fn: Callable[[Work[T]], None]) -> None:
@@ -360,6 +364,17 @@ class Work(_Awaiting, Generic[T]):
 
 if native.core is not None:
     native.core.awaiting_setup(Work, FAIRNESS_S, _running_loop)
+
+
+# the last errors the app was given (raised by result(), await or wait(), or returned by exception()): an op
+# that failed with one of them and that nobody awaited is not reported again at exit (watchdog.py)
+TOLD: deque[BaseException] = deque(maxlen=16)
+
+
+def mark_told(exc: BaseException) -> None:
+    """The app has this error (it was given it, or it caused it: its own ``abort()``)."""
+    if not any(t is exc for t in TOLD):
+        TOLD.append(exc)
 
 
 def _run_callback(fn: Callable[[Work[Any]], None], w: Work[Any]) -> None:

@@ -66,6 +66,22 @@ def test_every_survivor_blames_the_killed_rank_not_one_that_aborted_because_of_i
         assert re.search(r"lost (connection to )?rank 2\b|rank 2 was lost before it", err), f"rank {r}: {err}"
 
 
+def test_one_error_per_failure_and_a_warning_at_the_line_that_posted_the_op():
+    """tests/workers/exit_report.py: receives posted ahead fail with the PeerLost the app already got: not
+    reported again at exit; a receive that timed out unawaited is, once, at the app's line that posted it."""
+    proc = subprocess.run([sys.executable, "-m", "aioccl.run", "--keep-going", "--nproc-per-node", "2",
+                           str(WORKERS / "exit_report.py")], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert "[rank 1] GOT PeerLost: lost connection to rank 0" in proc.stdout, out[-3000:]
+    line = re.search(r"RECV-LINE (\d+)", proc.stdout)
+    assert line is not None, out[-3000:]
+    reports = [ln for ln in out.splitlines() if "nobody awaited it" in ln]
+    assert len(reports) == 1, out[-3000:]
+    assert re.search(rf"exit_report\.py:{line.group(1)}: RuntimeWarning: recv\(peer=0, tag=7\)", reports[0]), reports
+    assert "watchdog.py" not in out, out[-3000:]
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("transport", ["tcp", "shm", "ib"])
 async def test_probe_tells_a_message_size_before_it_is_received(transport):

@@ -118,3 +118,22 @@ def test_every_example_is_run_by_this_file_and_listed_in_the_docs():
     for path in sorted((ROOT / "examples").glob("*.py")):
         assert f'"{path.name}"' in mine, f"examples/{path.name} is not run by the tests"
         assert f"examples/{path.name}" in gallery, f"examples/{path.name} is not in docs/examples.md"
+
+
+def test_pipeline_1f1b_is_exact_and_stops_every_stage_when_one_fails():
+    """examples/pipeline_1f1b.py: 4 stages, gradients equal to one process's; with stage 2 failing on purpose,
+    every stage stops (exit 1) naming it, none waits for a deadline, and nothing is reported at exit."""
+    ok = run_example(4, "pipeline_1f1b.py", "--steps", "2", "--micro-batches", "6")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert sorted(ln for ln in ok.stdout.splitlines() if "gradients equal" in ln) == [
+        f"[rank {r}] stage {r}/4: 2 steps of 6 microbatches, gradients equal to one process's" for r in range(4)]
+    broken = subprocess.run([sys.executable, "-m", "aioccl.run", "--keep-going", "--nproc-per-node", "4",
+                             str(ROOT / "examples" / "pipeline_1f1b.py"), "--fail-rank", "2"],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    err = broken.stderr
+    assert broken.returncode == 1, broken.stdout + err
+    assert "[rank 2] stage 2: stopping: RuntimeError: stage 2 failed" in err, err
+    for r in (0, 1, 3):  # each names rank 2: directly, or through the neighbour that aborted because of it
+        line = next((ln for ln in err.splitlines() if ln.startswith(f"[rank {r}] stage {r}: stopping:")), "")
+        assert "PeerLost" in line and "rank 2" in line, err
+    assert "nobody awaited" not in err and "never finished" not in err, err
