@@ -8,7 +8,9 @@ of the slowest rank, next to the same step without DDP (what communication adds 
 ``dist.all_reduce`` of 8 bytes through each backend and, for aioccl, the same through its own API on the
 group's communicator. The backends run alternately in each repeat; each figure is the median over
 repeats. ``--handoff`` adds aioccl with ``AIOCCL_BORROW_BYTES=0``: every op handed to the engine's thread
-(no op run inside torch's call), for comparison. Writes torch_ddp.md and torch_ddp.json.
+(no op run inside torch's call), for comparison. ``--load hog2`` runs every run beside a background load
+(``_load.py``: one or two CPU-bound processes, or a mixed load), started afresh for each. Writes torch_ddp.md
+and torch_ddp.json.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _load import LOADS, load  # noqa: E402
 
 SIZES = (2048, 4096, 4096, 16)
 RESULT = re.compile(r"^RESULT (\{.*\})$", re.M)
@@ -93,8 +98,9 @@ def run(label: str, n: int, args: argparse.Namespace) -> dict:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
                str(ports.port), __file__, "--worker", backend, "--steps", str(args.steps),
                "--calls", str(args.calls), "--batch", str(args.batch)]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
-                           env={**os.environ, **extra, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))})
+        with load(args.load):
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
+                               env={**os.environ, **extra, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))})
     found = RESULT.search(p.stdout)
     if p.returncode or found is None:
         raise SystemExit(f"{label} x{n} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
@@ -110,6 +116,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="samples per rank and step")
     ap.add_argument("--out", default=None)
     ap.add_argument("--handoff", action="store_true", help="also aioccl with every op on the engine's thread")
+    ap.add_argument("--load", default="none", choices=LOADS, help="a background load beside every run")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -127,7 +134,7 @@ def main() -> None:
     med = {k: {f: statistics.median(r[f] for r in v) for f in ("step_s", "allreduce_8B_us", "compute_s")}
            for k, v in runs.items()}
     lines = [f"Command: `benchmarks/torch_ddp.py --ranks {args.ranks} --repeats {args.repeats} --steps {args.steps} "
-             f"--batch {args.batch}`",
+             f"--batch {args.batch} --load {args.load}`",
              f"torch {torch.__version__}, {next(iter(runs.values()))[0]['params'] / 1e6:.1f}M parameters, "
              f"medians of {args.repeats} runs", "",
              "| ranks | aioccl step | gloo step | gloo / aioccl | step without DDP | added by aioccl | added by gloo "
