@@ -270,3 +270,16 @@ def test_several_ranks_get_one_intra_op_thread_each_unless_omp_num_threads_is_se
     helped = subprocess.run([sys.executable, "-m", "aioccl.run", "--help"], capture_output=True, text=True,
                             env={**base, "PYTHONPATH": str(ROOT)})
     assert "OMP_NUM_THREADS=1" in " ".join(helped.stdout.split()), helped.stdout
+
+
+def test_each_rank_runs_in_a_session_of_its_own(tmp_path):
+    """As torchrun: under the kernel's autogroup scheduling, CPU time is shared between sessions, so ranks in
+    the launcher's session would share one session's part beside other jobs. Signals are forwarded anyway."""
+    script = tmp_path / "session.py"
+    script.write_text("import os\nprint('session', os.getsid(0), os.getpid())\n")
+    proc = subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", "3", str(script)],
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    sessions = [ln.split()[-2:] for ln in proc.stdout.splitlines() if " session " in ln]
+    assert len(sessions) == 3 and all(sid == pid for sid, pid in sessions), proc.stdout
+    assert str(os.getsid(0)) not in {sid for sid, _ in sessions}
