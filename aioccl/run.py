@@ -12,7 +12,9 @@ same everywhere: set ``AIOCCL_COMM_SECRET`` or ``--secret``), and torchrun's
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
 ``MASTER_ADDR`` and ``MASTER_PORT`` (for torch's own store; aioccl's root
 listens on ``MASTER_PORT + 1``, as under torchrun's agent). Every output line
-is prefixed with ``[rank r]``. SIGINT/SIGTERM are forwarded.
+is prefixed with ``[rank r]``. Each rank runs in a session of its own (as
+under torchrun: the kernel's autogroup scheduling shares CPU time between
+sessions); SIGINT/SIGTERM are forwarded.
 
 With more than one rank per node and ``OMP_NUM_THREADS`` unset, each rank
 gets ``OMP_NUM_THREADS=1`` and the launcher says so once, as torchrun does:
