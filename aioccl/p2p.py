@@ -69,7 +69,7 @@ class Messages:
         work._probe = _probe(peer)
         assert self.pair is not None
         return self._tracker.track(work, (x.size, x.dtype, None, None), put_off, self._engine, self._view,
-                                   self.pair.native, x, peer, tag, self._state.op_timeout(None), work)
+                                   self.pair.native, x, peer, tag, self._state.op_timeout(None), work, origin=True)
 
     def _peer_tag(self, peer: int, tag: int) -> tuple[int, int]:
         if type(peer) is int and type(tag) is int and 0 <= peer < self._view.size and 0 <= tag <= MAX_TAG:
@@ -102,7 +102,7 @@ class Messages:
         work: Work[None] = Work(f"send(peer={peer}, tag={tag})", tag, cancellable=True)
         work._probe = _probe(peer)
         return self._tracker.track(work, (arr.size, arr.dtype, None, None), start_send, self._engine, self._view, peer,
-                                   tag, byte_view(arr), dtype_code(arr.dtype), t, work, None)
+                                   tag, byte_view(arr), dtype_code(arr.dtype), t, work, None, origin=True)
 
     def _recv(self, call: Call) -> Work[Any]:
         """The general way of a receive (without spinning again where the pair lane spun for it)."""
@@ -129,7 +129,7 @@ class Messages:
             work.status = Status(peer, tag)
         return self._tracker.track(work, (arr.size, arr.dtype, None, None), start_recv_any if wild else start_recv,
                                    self._engine, self._view, peer, tag, byte_view(arr), dtype_code(arr.dtype), t,
-                                   work, bb.wrap(arr), spin)
+                                   work, bb.wrap(arr), spin, origin=True)
 
     def run(self, call: Call) -> Work[Any]:
         """The general way of a message (lanes/general.py)."""
@@ -154,7 +154,7 @@ class Messages:
         me, n = self._view.rank, self._view.size
         work._probe = _probe(peer) if peer >= 0 else lambda: [r for r in range(n) if r != me]
         return self._tracker.track(work, (0, np.dtype(np.uint8), None, None), start_probe, self._engine, self._view,
-                                   peer, tag, t, work)
+                                   peer, tag, t, work, origin=True)
 
 
 _PROBES: dict[int, Callable[[], list[int]]] = {}  # one per peer number: bounded by the largest communicator

@@ -36,11 +36,14 @@ class Tracker:
         self._state = state
 
     def track(self, work: Work[Any], desc: Any, start: Callable[..., Any], *args: Any,
-               borrow: bool = False) -> Work[Any]:
+               borrow: bool = False, origin: bool = False) -> Work[Any]:
         """Start ``start(*args)`` for ``work`` (at once, or with its group) and follow it to its end.
 
         ``borrow``: from another thread, start it here when the engine is idle (``Placement.borrow``);
-        for starts that keep issue order themselves (a shared-memory channel's ops) and small ops only."""
+        for starts that keep issue order themselves (a shared-memory channel's ops) and small ops only.
+        ``origin``: note where in the app the op was issued, for the exit report's warning should it fail
+        unawaited (a message's: a pipeline's receives posted ahead). It walks the stack up to the app's frame:
+        about 3,000 instructions a frame, so not for collectives, whose general way is measured per call."""
         eng = self._engine
         work._bind(eng.placement)
         thread = eng.placement.thread_id
@@ -56,16 +59,19 @@ class Tracker:
         pending = current_group.get()
         if borrow and pending is None and thread != threading.get_ident() and eng.placement.borrow():
             try:
-                self._start_here(work, start, *args)
+                self._start_here(work, start, origin, *args)
             finally:
                 eng.placement.give_back(busy=not work.done())
             return work
         if pending is None and thread == threading.get_ident():
-            return self._start_here(work, start, *args)
+            return self._start_here(work, start, origin, *args)
         state.inflight.add(work)
         watchdog.pending.add(work)
-        watchdog.origin[work] = watchdog.issued_from()
-        work._on_done(self._finished)
+        if origin:
+            watchdog.origin[work] = watchdog.issued_from()
+            work._on_done(self._finished_noted)
+        else:
+            work._on_done(self._finished)
         begin = functools.partial(start, *args) if args else start
         if pending is not None:
             pending.append((eng.launch, begin, work))
@@ -73,7 +79,7 @@ class Tracker:
             eng.launch(begin)
         return work
 
-    def _start_here(self, work: Work[Any], start: Callable[..., Any], *args: Any) -> Work[Any]:
+    def _start_here(self, work: Work[Any], start: Callable[..., Any], origin: bool, *args: Any) -> Work[Any]:
         """Start the op in this call, on the engine's thread (or with the engine borrowed): only completions
         there can race with it, so an op that finishes inside (a small send, an arrived message over shared
         memory) is recorded without being tracked first."""
@@ -83,8 +89,11 @@ class Tracker:
         else:
             self._state.inflight.add(work)
             watchdog.pending.add(work)
-            watchdog.origin[work] = watchdog.issued_from()
-            work._on_done(self._finished)
+            if origin:
+                watchdog.origin[work] = watchdog.issued_from()
+                work._on_done(self._finished_noted)
+            else:
+                work._on_done(self._finished)
         if coro is not None:
             self._engine.spawn(coro)
         return work
@@ -93,11 +102,17 @@ class Tracker:
         """Done callback of every op (engine thread): record it; a timeout gets the recorder's story."""
         self._state.inflight.discard(work)
         watchdog.pending.discard(work)
+        self.record(work)
+
+    def _finished_noted(self, work: Work[Any]) -> None:
+        """``_finished`` for an op whose origin in the app was noted (``track(origin=True)``)."""
+        self._state.inflight.discard(work)
+        watchdog.pending.discard(work)
         self.record(work, watchdog.origin.pop(work, None))
 
-    def record(self, work: Work[Any], where: tuple[str, int] | None = None) -> None:
-        """Into the flight recorder with it (and a failure into the exit report, with the app's line ``where``
-        it was issued from, when it was followed in flight)."""
+    def record(self, work: Work[Any], where: tuple[Any, int] | None = None) -> None:
+        """Into the flight recorder with it (and a failure into the exit report, with where in the app it was
+        issued from (``watchdog.issued_from``), when it was followed in flight)."""
         work._probe = None  # it may reference the op, which references the Work: no cycle for the GC
         state = self._state
         state.recorder.add(work)

@@ -96,19 +96,28 @@ class Watchdog:
 # the line it was issued from: strong references, so a communicator that nothing else keeps alive is still
 # reported at exit
 pending: set[Any] = set()
-failed: deque[tuple[Any, tuple[str, int] | None]] = deque(maxlen=64)
+failed: deque[tuple[Any, tuple[Any, int] | None]] = deque(maxlen=64)
 # where each op in flight was issued from (the first frame outside aioccl): the exit report points there
-origin: dict[Any, tuple[str, int] | None] = {}
+origin: dict[Any, tuple[Any, int] | None] = {}
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def issued_from() -> tuple[str, int] | None:
-    """The app's line that issued the op being tracked now: the first frame outside the aioccl package (about
-    six frames up: a fraction of a microsecond, paid only by ops that go on in flight)."""
+def issued_from() -> tuple[Any, int] | None:
+    """Where the app issued the op being tracked now: the first frame outside the aioccl package, as its code
+    and last instruction (its line is worked out only when a warning needs it: ``line_of``; asking a frame
+    its line number costs more than an op). Paid only by ops that go on in flight."""
     f: Any = sys._getframe(2)
     while f is not None and f.f_code.co_filename.startswith(_PACKAGE):
         f = f.f_back
-    return (f.f_code.co_filename, f.f_lineno) if f is not None else None
+    return (f.f_code, f.f_lasti) if f is not None else None
+
+
+def line_of(where: tuple[Any, int]) -> tuple[str, int]:
+    """The file and line of ``issued_from``'s answer."""
+    code, lasti = where
+    line = next((ln for start, end, ln in code.co_lines() if start <= lasti < end and ln is not None),
+                code.co_firstlineno)
+    return code.co_filename, line
 
 
 def already_told(exc: BaseException | None) -> bool:
@@ -128,7 +137,7 @@ def report_unfinished(w: Any, why: str, now: float | None = None) -> None:
            "its output is partial. Await every op (or `await comm.close()`) before the end")
     where = origin.get(w)
     if where is not None:  # the app's line that issued it
-        warnings.warn_explicit(msg, RuntimeWarning, where[0], where[1])
+        warnings.warn_explicit(msg, RuntimeWarning, *line_of(where))
     else:
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
 
@@ -140,15 +149,16 @@ def _at_exit() -> None:
         if not w.done():
             report_unfinished(w, "the process exited", now)
     said: set[tuple[str, tuple[str, int] | None]] = set()
-    for w, where in list(failed):
+    for w, issued in list(failed):
         if w._retrieved or already_told(w._exc):
             continue
         p = pending_op(w, now)
         text = f"{p.op} seq {p.seq} ({p.detail}) failed and nobody awaited it: {w._exc}"
+        where = line_of(issued) if issued is not None else None
         if (text, where) in said:  # (once, though it was recorded twice)
             continue
         said.add((text, where))
         if where is not None:  # the app's line that issued it, not this file's
-            warnings.warn_explicit(text, RuntimeWarning, where[0], where[1])
+            warnings.warn_explicit(text, RuntimeWarning, *where)
         else:
             warnings.warn(text, RuntimeWarning, stacklevel=1)

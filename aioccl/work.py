@@ -23,7 +23,6 @@ the op stays posted for a later await. A withdrawn op raises
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 import time
 from collections import deque
@@ -349,16 +348,30 @@ class Work(_Awaiting, Generic[T]):
                         raise  # (refused: a receive's message is the caller's, given below)
         else:
             _turned()
+            fut: asyncio.Future[None] = loop.create_future()
             me = threading.get_ident()
-            while True:  # again only after a refused cancel: a receive that has its message, or will
-                fut: asyncio.Future[None] = loop.create_future()
-                self._on_done(functools.partial(_wake, fut, me, loop))
+
+            def wake(_w: Work[T]) -> None:
+                f = fut  # (the future awaited now: a refused cancel awaits a new one)
+                if threading.get_ident() == me:
+                    if not f.done():
+                        f.set_result(None)
+                elif not loop.is_closed():
+                    loop.call_soon_threadsafe(_set_if_pending, f)
+
+            self._on_done(wake)
+            while True:
                 try:
                     yield from fut.__await__()
                     break
                 except asyncio.CancelledError:
                     if self._abandoned():
                         raise
+                    # refused (a receive that has its message, or will): wait on, on a new future, which
+                    # the same wake sets; the op may have finished meanwhile (``_finish`` marks it done first)
+                    fut = loop.create_future()
+                    if self._state >= _DONE:
+                        break
         return self.result()
 
 
@@ -382,15 +395,6 @@ def _run_callback(fn: Callable[[Work[Any]], None], w: Work[Any]) -> None:
         fn(w)
     except Exception:  # a caller's callback must not break the engine that runs it
         _log.exception("a done callback of %r raised", w)
-
-
-def _wake(fut: asyncio.Future[None], me: int, loop: asyncio.AbstractEventLoop, _w: Work[Any]) -> None:
-    """A Work is done: wake the task awaiting it on ``loop`` (whose thread is ``me``)."""
-    if threading.get_ident() == me:
-        if not fut.done():
-            fut.set_result(None)
-    elif not loop.is_closed():
-        loop.call_soon_threadsafe(_set_if_pending, fut)
 
 
 def _set_if_pending(fut: asyncio.Future[None]) -> None:

@@ -241,8 +241,11 @@ class Mailbox:
         said = str(exc) if aborted else f"{type(exc).__name__}: {exc}"
         if graceful:
             lost = PeerLost(peer, "it closed its communicator")
+        elif 0 <= named != peer:  # it aborted because it had lost ``named``: that is the rank this error names
+            lost = PeerLost(named, f"rank {peer} called abort() after it lost rank {named} (reported by rank {peer}, "
+                                   "no crash of its own)")
         else:
-            lost = PeerLost(peer, said) if named >= 0 else self.peer_lost(peer, said)
+            lost = self.peer_lost(peer, said)
             if self.lost_first < 0:  # (a peer that aborted naming nobody is where the failure began)
                 self.lost_first = named if named >= 0 else peer
         if peer not in self.lost:  # once per peer, though a same-host peer's socket and ring both end

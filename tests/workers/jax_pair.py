@@ -38,21 +38,27 @@ def stats() -> tuple[int, int]:
     return s["native"], s["carried"]
 
 
+def on_lane() -> int:
+    """Calls the native lane took: done in C, or started in C and carried on by the engine (a late peer, which
+    a busy machine makes common: which of the two is timing, not a promise)."""
+    return sum(stats())
+
+
 # a ring exchange, each dtype and size (the last past the eager limit: the engine's way, still exact)
 for dt in (np.float32, np.int32, np.uint8, np.int8, np.float16, ml_dtypes.bfloat16):
     for count in (1, 3, 16384, (1 << 20) // np.dtype(dt).itemsize + 8):
         f = jax.jit(lambda v: jax_ext.sendrecv(v, source=prv, dest=nxt))
-        before = stats()[0]
+        before = on_lane()
         for k in range(6):
             same(f(jnp.asarray(block(r + k, count, dt))), block(prv + k, count, dt), f"sendrecv {dt} {count} {k}")
         if count * np.dtype(dt).itemsize <= 1 << 20:
-            assert stats()[0] >= before + 4, (dt, count, native_call.stats())
+            assert on_lane() >= before + 4, (dt, count, native_call.stats())
 
 # send to the next rank, receive from the previous (even ranks send first: no cycle of receives)
 send = jax.jit(lambda v: jax_ext.send(v, nxt, tag=5))
 recv = jax.jit(lambda v: jax_ext.recv(v, prv, tag=5))
 like = jnp.zeros(5, jnp.int32)
-before = stats()[0]
+before = on_lane()
 for k in range(6):
     if r % 2 == 0:
         send(jnp.asarray(block(r + k, 5, np.int32)))
@@ -61,18 +67,18 @@ for k in range(6):
         got = recv(like)
         send(jnp.asarray(block(r + k, 5, np.int32)))
     same(got, block(prv + k, 5, np.int32), f"send/recv {k}")
-assert stats()[0] >= before + 8, native_call.stats()
+assert on_lane() >= before + 8, native_call.stats()
 
 # a ppermute past the gather's size (AIOCCL_NATIVE_MAX_BYTES, set small by the test: point-to-point), rank 0
 # receives nothing: zeros
 big = 1 << 17
 perm = [(k, k + 1) for k in range(n - 1)]
 pp = jax.jit(lambda v: jax_ext.ppermute(v, perm=perm))
-before, sent = stats()[0], comm._pair.native.stats()["sent"]
+before, sent = on_lane(), comm._pair.native.stats()["sent"]
 for k in range(4):
     same(pp(jnp.asarray(block(r + k, big, np.float32))),
          block(r - 1 + k, big, np.float32) if r else np.zeros(big, np.float32), f"ppermute {k}")
-assert stats()[0] >= before + 2, native_call.stats()
+assert on_lane() >= before + 2, native_call.stats()
 assert r == n - 1 or comm._pair.native.stats()["sent"] >= sent + 2, comm._pair.native.stats()  # (not a gather)
 
 # 50 in a jitted loop, every one native (or carried: a peer past the wait)
