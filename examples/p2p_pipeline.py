@@ -164,4 +164,5 @@ async def main() -> None:
     await comm.close()
 
 
-asyncio.run(main())
+if __name__ == "__main__":  # (examples/pipeline_1f1b.py imports the network and its check)
+    asyncio.run(main())

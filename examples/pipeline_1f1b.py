@@ -7,8 +7,8 @@ posted ahead in each direction, into buffers it reuses once it has copied their 
 for its own sends until the step ends (``isend`` returns at once). The last stage's loss is
 0.5 * ||y||^2, so its gradient is y itself.
 
-Weights and inputs are small integers: every rank recomputes the whole network alone and checks its layer's
-gradient bit for bit, step by step.
+Weights and inputs are small integers (the network of examples/p2p_pipeline.py, imported from it): every rank
+recomputes the whole network alone and checks its layer's gradient bit for bit, step by step.
 
 If any stage fails (``--fail-rank R`` raises in stage R's compute at step 1, as a bug would), it aborts its
 communicator; every other stage's next op then raises ``PeerLost`` naming it, and each stops cleanly,
@@ -23,34 +23,11 @@ import asyncio
 import sys
 
 import numpy as np
+from p2p_pipeline import microbatch, reference_grad, weights  # the same network, the same single-process check
 
 import aioccl
 
 FORWARD, BACKWARD = 0, 1  # tags: activations flow up, gradients down
-
-
-def weights(layer: int, width: int) -> np.ndarray:
-    return np.random.default_rng(layer).integers(-1, 2, (width, width)).astype(np.float64)
-
-
-def microbatch(step: int, i: int, rows: int, width: int) -> np.ndarray:
-    return np.random.default_rng(1000 * step + i).integers(-2, 3, (rows, width)).astype(np.float64)
-
-
-def reference_grad(layer: int, n: int, step: int, m: int, rows: int, width: int) -> np.ndarray:
-    """The gradient of ``layer``'s weights over one step, computed by one process alone."""
-    ws = [weights(j, width) for j in range(n)]
-    grad = np.zeros((width, width))
-    for i in range(m):
-        acts = [microbatch(step, i, rows, width)]
-        for w in ws:
-            acts.append(acts[-1] @ w.T)
-        g = acts[-1]
-        for j in reversed(range(n)):
-            if j == layer:
-                grad += g.T @ acts[j]
-            g = g @ ws[j]
-    return grad
 
 
 class Inbox:
