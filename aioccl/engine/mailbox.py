@@ -246,8 +246,8 @@ class Mailbox:
                                    "no crash of its own)")
         else:
             lost = self.peer_lost(peer, said)
-            if self.lost_first < 0:  # (a peer that aborted naming nobody is where the failure began)
-                self.lost_first = named if named >= 0 else peer
+        if not graceful and self.lost_first < 0:  # (a peer that aborted naming nobody is where it began)
+            self.lost_first = named if named >= 0 else peer
         if peer not in self.lost:  # once per peer, though a same-host peer's socket and ring both end
             _net_log.log(logging.INFO if graceful else logging.WARNING, "%s", lost)
         self.lost[peer] = lost
