@@ -8,7 +8,7 @@ JAX_NEWEST := jax>=0.12,<0.13
 JAX_TESTS := $(wildcard tests/test_jax_*.py)
 NATIVE_SRC := CMakeLists.txt $(wildcard aioccl/native/src/*/*.c aioccl/native/src/*/*.h)  # a change rebuilds the core
 
-.PHONY: demo test test-jax-newest lint types docs clean bench bench-jax
+.PHONY: demo test test-jax-newest lint types docs clean bench bench-jax stress
 
 $(STAMP): pyproject.toml $(NATIVE_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,14 @@ $(JAX_VENV)/.installed: pyproject.toml $(NATIVE_SRC)
 test-jax-newest: $(JAX_VENV)/.installed
 	$(JAX_VENV)/bin/python -c 'import jax, sys; print("jax_ext tests on jax", jax.__version__, "Python", sys.version.split()[0])'
 	$(JAX_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal $(JAX_TESTS)
+
+# the hang hunter (not CI): the multi-process tests most likely to hang, looped for STRESS_MINUTES under random
+# CPU pressure and the native core's schedule noise; each hang's stacks, dumps and seed under stress-out/
+# (tests/README.md, "The hang hunter"). py-spy reads the ranks' Python and native stacks.
+STRESS_MINUTES ?= 60
+stress: $(STAMP)
+	$(PY) -m pip install --quiet py-spy
+	$(PY) scripts/stress.py --minutes $(STRESS_MINUTES)
 
 # Side-by-side benchmarks (by hand, not CI): aioccl vs torch.distributed/Gloo vs Open MPI.
 # Needs root for Open MPI from Debian; uses a local CPU torch wheel when there is one.

@@ -84,6 +84,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("AIOCCL_GPU_SMALL_BYTES", "0", "gpu", "all_reduces up to this many bytes (<= 4088) run one LL block"),
     Knob("AIOCCL_DEBUG", "unset", "debug", "WARN, INFO or TRACE: log to stderr"),
     Knob("AIOCCL_DEBUG_SUBSYS", "all", "debug", "subsystems to log, or ^NET to exclude"),
+    Knob("AIOCCL_JITTER", "unset", "debug", "a seed: the native core's hand-offs yield or sleep at random"),
+    Knob("AIOCCL_JITTER_RATE", "10", "debug", "with AIOCCL_JITTER: percent of the hand-offs that yield or sleep"),
+    Knob("AIOCCL_HANG_DUMP", "unset", "debug", "a folder: the watchdog writes each rank's pending ops and flight "
+         "recorder there when an op waits AIOCCL_WATCHDOG_S"),
     Knob("AIOCCL_JAX_DEBUG", "0", "jax", "1: jax_ext prints a line when each op starts and one when it is done"),
     Knob("AIOCCL_JAX_MESH", "auto", "jax", "who runs a mesh-level op among one process's devices: auto, xla or aioccl"),
     Knob("AIOCCL_JAX_MESH_BYTES", "131072", "jax", "AIOCCL_JAX_MESH=auto: bytes per device from which XLA runs it"),
@@ -120,6 +124,7 @@ def check(env: Mapping[str, str]) -> list[str]:
     from .errors import AiocclError
     from .gpu import runner as gpu_runner
     from .introspection import recorder_size
+    from .native import jitter_settings
     from .transport import tcp
     from .transport.ib import setup as ib_setup
     from .transport.shm import pair_setup as shm_pair_setup
@@ -132,7 +137,7 @@ def check(env: Mapping[str, str]) -> list[str]:
         lambda: Tuning.from_env(env), lambda: shm_setup.settings(env), lambda: ib_setup.settings(env),
         lambda: gpu_runner.settings(env), lambda: watchdog_seconds(env), lambda: shm_pair_setup.ring_capacity(env),
         lambda: shm.wait_policy(env, 1),
-        lambda: rendezvous.eager_limit(env), lambda: rendezvous.unexpected_budget(env)]
+        lambda: rendezvous.eager_limit(env), lambda: rendezvous.unexpected_budget(env), lambda: jitter_settings(env)]
     problems = []
     for parse in checks:
         try:

@@ -6,6 +6,10 @@ sequence number, its communicator and the ranks it waits for, and again every in
 still waits. A deadlock (two ranks that both receive first) is then visible at once, not only at the
 deadline. ``AIOCCL_WATCHDOG_S=0`` turns it off.
 
+*Hang dump* (``AIOCCL_HANG_DUMP``, a folder; the hang hunter sets it): when an op is first logged, its rank
+also writes what a hang's post-mortem needs and a log line cannot hold: every pending op, the flight recorder
+and each thread's Python stack, to ``rank<r>-pid<p>.txt`` there.
+
 *Exit report*: an op still pending when its event loop shuts down, or when the process exits, was
 never awaited to its end (a forgotten ``await``): its output is partial. Like a never-awaited
 coroutine, it is reported with a ``RuntimeWarning`` naming the op, never dropped in silence.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import faulthandler
 import os
 import socket
 import sys
@@ -29,7 +34,7 @@ from . import log
 from .engine.view import CommView
 from .envvars import env_float
 from .errors import PeerLost
-from .introspection import pending_op
+from .introspection import FlightRecorder, pending_op
 from .work import TOLD, Work
 
 
@@ -39,6 +44,7 @@ class Watched(Protocol):
 
     view: CommView
     inflight: set[Work[Any]]
+    recorder: FlightRecorder
 
     @property
     def rank(self) -> int: ...
@@ -54,12 +60,18 @@ def watchdog_seconds(env: Mapping[str, str]) -> float:
     return env_float(env, "AIOCCL_WATCHDOG_S", DEFAULT_WATCHDOG_S, low=0, unit="seconds")
 
 
+def hang_dump_folder(env: Mapping[str, str]) -> str | None:
+    """``AIOCCL_HANG_DUMP``: the folder a rank writes its hang dump into (None: no dump)."""
+    return env.get("AIOCCL_HANG_DUMP", "").strip() or None
+
+
 class Watchdog:
     """One per engine, on its loop: a timer that looks at the in-flight ops of the engine's communicators."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float, dump: str | None = None) -> None:
         self.loop = loop
         self.interval = interval
+        self.dump = dump
         self.comms: weakref.WeakSet[Watched] = weakref.WeakSet()
         self._timer: asyncio.TimerHandle | None = None
         self.reported = 0  # log lines written (tests read it)
@@ -81,6 +93,7 @@ class Watchdog:
                 age = now - w._t0
                 if age < max(self.interval, w._next_warn):
                     continue
+                first = w._next_warn == 0
                 w._next_warn = age + self.interval
                 p = pending_op(w, now)
                 state = "queued behind earlier ops" if p.waiting_for is None else f"waiting for ranks {p.waiting_for}"
@@ -89,7 +102,26 @@ class Watchdog:
                 _log.warning("rank %d on %s: %s seq %d on comm %x (%s) has waited %.0f s, %s", comm.rank, _HOST,
                              p.op, p.seq, comm.view.ctx, p.detail, age, state)
                 self.reported += 1
+                if first and self.dump is not None:
+                    self._write_dump(comm, now)
         self._timer = self.loop.call_later(self.interval / 4, self._tick)
+
+    def _write_dump(self, comm: Watched, now: float) -> None:
+        """The hang dump of one communicator (module docstring); appended, so a later op's dump adds to it."""
+        path = os.path.join(self.dump or ".", f"rank{comm.rank}-pid{os.getpid()}.txt")
+        try:
+            os.makedirs(self.dump or ".", exist_ok=True)
+            with open(path, "a") as f:
+                f.write(f"== rank {comm.rank} on {_HOST}, pid {os.getpid()}, comm {comm.view.ctx:x}, "
+                        f"{time.strftime('%H:%M:%S')}\npending:\n")
+                f.writelines(f"  {pending_op(w, now)}\n" for w in sorted(comm.inflight, key=lambda w: w._t0))
+                f.write("flight recorder (oldest first):\n")
+                f.writelines(f"  {line}\n" for line in comm.recorder.lines())
+                f.write("threads:\n")
+                f.flush()
+                faulthandler.dump_traceback(f, all_threads=True)
+        except OSError as e:
+            _log.warning("could not write the hang dump %s: %s", path, e)
 
 
 # ops issued and not finished, and failed ops (the last few) whose error nobody has looked at yet, each with

@@ -95,8 +95,9 @@ def test_launcher_names_the_rank_that_raised_first():
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_watchdog_names_a_deadlock_long_before_the_deadline(transport):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **TRANSPORT_ENV[transport], "AIOCCL_WATCHDOG_S": "0.5"}
+def test_watchdog_names_a_deadlock_long_before_the_deadline(transport, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **TRANSPORT_ENV[transport], "AIOCCL_WATCHDOG_S": "0.5",
+           "AIOCCL_HANG_DUMP": str(tmp_path / "dump")}
     proc = subprocess.run([sys.executable, "-m", "aioccl.run", "--nproc-per-node", "2",
                            str(WORKERS / "promises.py"), "both_receive_first"], env=env, capture_output=True,
                           text=True, timeout=120)
@@ -107,6 +108,13 @@ def test_watchdog_names_a_deadlock_long_before_the_deadline(transport):
         assert lines and f"waiting for ranks [{peer}]" in lines[0], proc.stderr
         assert f"rank {rank} on {socket.gethostname()}: recv" in lines[0], lines[0]  # no prefix needed
         assert 2 <= len(lines) <= 6, lines  # once per interval, not per tick
+        # the hang dump: written once, when the op is first logged, with what the line cannot hold
+        dumps = list((tmp_path / "dump").glob(f"rank{rank}-pid*.txt"))
+        assert len(dumps) == 1, list((tmp_path / "dump").iterdir())
+        text = dumps[0].read_text()
+        assert text.count("== rank") == 1, text
+        assert f"recv(peer={peer}, tag=9) seq 9" in text.split("flight recorder")[0], text
+        assert "flight recorder (oldest first):" in text and "threads:" in text and "File " in text, text
     got = results(proc)
     # both time out at 2.5 s; the later one may instead see the earlier one close its communicator
     kinds = sorted(v[0] for v in got.values())

@@ -35,7 +35,7 @@ from ..transport.shm.segment import LoopBell
 from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
 from ..transport.wiring import Wiring
 from ..tuning import Tuning
-from ..watchdog import Watchdog, report_unfinished, watchdog_seconds
+from ..watchdog import Watchdog, hang_dump_folder, report_unfinished, watchdog_seconds
 from . import blame
 from .executor import drive, execute
 from .mailbox import Mailbox
@@ -102,7 +102,7 @@ class Engine:
         self.running: dict[tuple[int, int], tuple[CommView, Op[np.ndarray], float]] = {}
         self._probed: set[tuple[int, int]] = set()
         self._probe_timer: asyncio.TimerHandle | None = None  # one timer for all ops, armed while some run
-        self.watchdog = Watchdog(self.loop, watchdog_seconds(os.environ))
+        self.watchdog = Watchdog(self.loop, watchdog_seconds(os.environ), hang_dump_folder(os.environ))
 
     @classmethod
     async def create(cls, placement: Placement, uid: UniqueId, rank: int, size: int, timeout: float) -> Engine:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 from types import ModuleType
 
 core: ModuleType | None = None  # the extension module, when loaded and switched on
@@ -39,8 +40,25 @@ def _load() -> None:
         return
     from .answers import Declined, Handover
 
+    try:
+        jitter_settings()
+    except ValueError as e:
+        warnings.warn(f"aioccl: {e}; the core runs without jitter", RuntimeWarning, stacklevel=3)
     reasons = _core.answers_setup(Declined, Handover)  # the Declined of each of the C lanes' reasons, made once
     core = _core
+
+
+def jitter_settings(env: Mapping[str, str] = os.environ) -> tuple[int | None, int]:
+    """``AIOCCL_JITTER`` (a seed: the hang hunter's randomized schedules, ``src/core/jitter.h``; unset: off) and
+    ``AIOCCL_JITTER_RATE`` (percent of the core's hand-offs that yield or sleep first, default 10). The core
+    reads them itself when it loads; this parser is what ``aioccl-info`` and the communicator's knob check run,
+    so a bad value is named instead of switching the noise off in silence."""
+    seed_s, rate_s = env.get("AIOCCL_JITTER", "").strip(), env.get("AIOCCL_JITTER_RATE", "").strip()
+    if seed_s and not seed_s.isdigit():
+        raise ValueError(f"AIOCCL_JITTER={seed_s!r}: expected a seed, a non-negative integer")
+    if rate_s and not (rate_s.isdigit() and int(rate_s) <= 100):
+        raise ValueError(f"AIOCCL_JITTER_RATE={rate_s!r}: expected a percentage, 0 to 100")
+    return (int(seed_s) if seed_s else None), (int(rate_s) if rate_s else 10)
 
 
 def status() -> str:

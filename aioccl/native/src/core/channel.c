@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "cma.h"
+#include "jitter.h"
 #include "reduce.h"
 
 static inline int64_t *ctl(const ac_chan *ch, int j) { return (int64_t *)(void *)ch->seg[j]; }
@@ -106,6 +107,7 @@ static int reached_all(const ac_chan *ch, int64_t s) {
 /* spin (yielding the CPU between looks when asked) until reached or the op's spin budget is spent */
 static int spin(ac_chan *ch, const int64_t *ranks, int64_t n, int64_t s, int64_t until) {
     int all = ranks == NULL;
+    ac_jitter();
     if (all ? reached_all(ch, s) : reached(ch, ranks, n, s))
         return 1;
     for (;;) {
@@ -123,6 +125,7 @@ static int spin(ac_chan *ch, const int64_t *ranks, int64_t n, int64_t s, int64_t
 }
 
 static void publish(ac_chan *ch, int64_t s) {
+    ac_jitter();
     __atomic_store_n(&ctl(ch, ch->rank)[AC_W_CTR], s, __ATOMIC_SEQ_CST);  /* a full fence on x86 */
     for (int j = 0; j < ch->size; j++)
         if (j != ch->rank && __atomic_load_n(&ctl(ch, j)[AC_W_SLEEP], __ATOMIC_SEQ_CST))

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "jitter.h"
+
 /* little-endian fields of n (4 or 8) bytes: one move each where the machine is little-endian (shared memory
  * is on x86 only), byte by byte elsewhere (a header is packed and unpacked per message: this was a tenth of
  * the instructions of an 8-byte send and receive) */
@@ -72,6 +74,7 @@ int ac_fifo_put_frame(ac_fifo *f, const uint8_t hdr[AC_FRAME_HEADER], const uint
     if (f->cap < AC_FRAME_HEADER || n > f->cap - AC_FRAME_HEADER)
         return -1; /* never fits: the caller streams it */
     uint64_t head = f->ctl[AC_FIFO_HEAD]; /* mine: only this producer writes it */
+    ac_jitter();
     copy_in(f, head, hdr, AC_FRAME_HEADER);
     head += AC_FRAME_HEADER;
     if (piece == 0 || n <= piece) {
@@ -118,6 +121,7 @@ void ac_fifo_take(ac_fifo *f, uint8_t *dst, size_t n) {
         if (first < n)
             memcpy(dst + first, f->data, n - first);
     }
+    ac_jitter();
     store(&f->ctl[AC_FIFO_TAIL], tail + AC_FRAME_HEADER + n);
 }
 

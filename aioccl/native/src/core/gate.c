@@ -3,7 +3,10 @@
 
 #include <sched.h>
 
+#include "jitter.h"
+
 static void lock(ac_gate *g) {
+    ac_jitter();
     for (int n = 0; __atomic_exchange_n(&g->lock, 1, __ATOMIC_ACQUIRE); n++)
         if (n > 64)
             sched_yield();  /* the holder was descheduled: let it run */

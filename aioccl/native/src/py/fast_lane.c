@@ -16,6 +16,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include "core/jitter.h"
 #include "answers.h"
 #include "fast_lane.h"
 #include "lane.h"
@@ -413,6 +414,7 @@ int acpy_lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in
     while (rc == AC_BLOCKED && acpy_work_monotonic() < until && !ac_gate_alarmed(&self->chan->gate) &&
            __atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE)) {
         sched_yield();
+        ac_jitter();
         rc = ac_resume(ch);
     }
     if (rc == AC_UNSUITABLE) {  /* nothing was published: the engine runs it */

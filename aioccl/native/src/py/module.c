@@ -6,6 +6,7 @@
 #define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include "core/jitter.h"
 #include "answers.h"
 #include "awaiting.h"
 #include "channel_type.h"
@@ -62,7 +63,14 @@ static PyObject *mod_scale(PyObject *Py_UNUSED(m), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* jitter() -> (points that yielded or slept, the rate in percent; 0, 0 when AIOCCL_JITTER is unset): the hang
+ * hunter checks that its noise is on */
+static PyObject *mod_jitter(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
+    return Py_BuildValue("(Ki)", (unsigned long long)ac_jitter_hits(), ac_jitter_on ? (int)ac_jitter_rate() : 0);
+}
+
 static PyMethodDef module_methods[] = {
+    {"jitter", mod_jitter, METH_NOARGS, "jitter() -> (points jittered, rate %): the hang hunter's noise"},
     {"combine", mod_combine, METH_VARARGS, "combine(op, dtype, dst, a, b): dst = a op b (tests)"},
     {"scale", mod_scale, METH_VARARGS, "scale(dtype, buf, divisor): buf /= divisor (tests)"},
     {"load_cuda", (PyCFunction)(void (*)(void))acpy_gpu_load_cuda, METH_FASTCALL,
@@ -77,6 +85,7 @@ static struct PyModuleDef core_module = {
 
 PyMODINIT_FUNC PyInit__core(void) {
     import_array();
+    ac_jitter_init();
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;

@@ -26,6 +26,7 @@
  * another thread with a proxy thread's idle engine borrowed for the call (its lock, taken without waiting:
  * a busy engine means the general way), as a small collective borrows it (pair_native.c). Everything read from the
  * FIFOs is checked (core/fifo.c); a corrupt FIFO is left to the general way, which ends the connection. */
+#include "core/jitter.h"
 #include "pair_lane.h"
 
 #include <limits.h>
@@ -476,6 +477,7 @@ static int spin(PairLane *self, ac_fifo *f, const call *c, ac_frame *fr, uint8_t
     int64_t last = start + STREAM_SPIN_NS;
     ac_fifo_set_flag(f, AC_FIFO_WATCHING, 1);
     for (;;) {
+        ac_jitter();
         st = ac_fifo_peek(f, fr);
         if (st == AC_FIFO_WHOLE || st == AC_FIFO_CORRUPT || (st == AC_FIFO_PART && !mine(self, c, fr)))
             break;

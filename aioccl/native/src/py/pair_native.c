@@ -20,6 +20,7 @@
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include "core/jitter.h"
 #include "pair_lane.h"
 #include "pair_lane_object.h"
 
@@ -58,6 +59,7 @@ int acpy_pair_on_engine(PairLane *self) {
         return 0;
     double until = acpy_work_monotonic() + (double)self->spin_ns * 1e-9;
     for (;;) {
+        ac_jitter();
         int got = acpy_pair_borrow(self);
         if (got != 0 || acpy_work_monotonic() > until)
             return got > 0 ? 2 : got;
