@@ -27,7 +27,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from . import log
@@ -68,10 +68,12 @@ def hang_dump_folder(env: Mapping[str, str]) -> str | None:
 class Watchdog:
     """One per engine, on its loop: a timer that looks at the in-flight ops of the engine's communicators."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float, dump: str | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float, dump: str | None = None,
+                 links: Callable[[], list[str]] | None = None) -> None:
         self.loop = loop
         self.interval = interval
         self.dump = dump
+        self.links = links  # the engine's transport state, for the hang dump
         self.comms: weakref.WeakSet[Watched] = weakref.WeakSet()
         self._timer: asyncio.TimerHandle | None = None
         self.reported = 0  # log lines written (tests read it)
@@ -117,6 +119,11 @@ class Watchdog:
                 f.writelines(f"  {pending_op(w, now)}\n" for w in sorted(comm.inflight, key=lambda w: w._t0))
                 f.write("flight recorder (oldest first):\n")
                 f.writelines(f"  {line}\n" for line in comm.recorder.lines())
+                f.write("links (the engine's, now):\n")
+                try:
+                    f.writelines(f"  {line}\n" for line in (self.links() if self.links is not None else []))
+                except Exception as e:  # noqa: BLE001  (a dump must not fail the watchdog's tick)
+                    f.write(f"  (could not describe: {e!r})\n")
                 f.write("threads:\n")
                 f.flush()
                 faulthandler.dump_traceback(f, all_threads=True)

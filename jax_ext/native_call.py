@@ -314,6 +314,8 @@ def error_cause(exc: BaseException) -> BaseException | None:
 def stats() -> dict[str, int]:
     """Custom calls so far: done in C (``native``), started in C and carried on by the engine (``carried``: a
     peer came later than the spin), run through Python (``python``: first calls, ops the core does not run),
-    with the output on the input (``in_place``); and the sites made. For tests and tuning."""
+    of those, the ones passed on only for timing (``busy``: the engine held by earlier ops, a message not come
+    within the spin, a full FIFO), with the output on the input (``in_place``); and the sites made. For tests
+    and tuning."""
     core = native.core
     return dict(core.ffi_stats()) if core is not None and hasattr(core, "ffi_stats") else {}

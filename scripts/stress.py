@@ -57,6 +57,8 @@ def main() -> int:
     ap.add_argument("--watchdog", type=float, default=20.0, help="AIOCCL_WATCHDOG_S of the ranks: when they dump")
     ap.add_argument("--files", nargs="+", help="run these pytest paths instead of the groups (the hunter's test)")
     args = ap.parse_args()
+    # stopped (make's Ctrl-C, a kill): the run under way cleans up after itself (one_run's finally)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.files:
         GROUPS["given"] = args.files
         args.groups = "given"
@@ -173,13 +175,19 @@ def collect_stacks(tag: str, where: Path, spy: str | None) -> None:
         except OSError:
             continue
         name = f"stacks-{'pytest-' if 'pytest' in cmdline.split()[:4] else ''}{pid}.txt"
-        cmd = ([spy, "dump", "--native", "--pid", str(pid)] if spy and "python" in cmdline else
-               ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"])
-        try:
-            got = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-            text = got.stdout + got.stderr
-        except (OSError, subprocess.TimeoutExpired) as e:
-            text = f"could not dump: {e}"
+        # py-spy's native unwinding fails on some frames (UNW_EBADREG): then its Python stacks, and gdb's
+        tries = ([[spy, "dump", "--native", "--pid", str(pid)], [spy, "dump", "--pid", str(pid)]]
+                 if spy and "python" in cmdline else [])
+        tries.append(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"])
+        text = ""
+        for cmd in tries:
+            try:
+                got = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+                text += f"$ {' '.join(cmd)}\n{got.stdout}{got.stderr}\n"
+                if got.returncode == 0 and cmd[0] != "gdb" and "--native" in cmd:
+                    break
+            except (OSError, subprocess.TimeoutExpired) as e:
+                text += f"$ {' '.join(cmd)}\ncould not dump: {e}\n"
         (where / name).write_text(f"$ {cmdline}\n\n{text}")
 
 

@@ -20,9 +20,11 @@ import pytest
 
 import aioccl
 from aioccl import ANY_SOURCE, Status, native
-from aioccl.dtypes import SUPPORTED_DTYPES
+from aioccl.dtypes import SUPPORTED_DTYPES, dtype_code
 from aioccl.errors import CollectiveMismatch, InvalidArgument
-from aioccl.transport.shm.fifo import QUIET
+from aioccl.transport.frames import P2P
+from aioccl.transport.frames import pack as pack_header
+from aioccl.transport.shm.fifo import QUIET, WATCHING
 
 from conftest import close_all, launch, make_comms
 
@@ -251,6 +253,37 @@ def test_a_quiet_fifo_rings_no_bell_and_every_other_way_in_still_finds_the_messa
         y8 = poisoned(2, np.uint8)
         await asyncio.wait_for(b.irecv(y8, 0, 12), 10)  # read in as the connection ended
         assert (y8 == data(2, np.uint8, 12)).all()
+
+    pair(body)
+
+
+def test_a_frame_the_engine_began_reading_in_a_quiet_fifo_makes_it_loud_so_its_end_rings() -> None:
+    """The FIFO is quiet (the receiver's lane saw nothing posted: the sender's lane rings no bell), and the engine,
+    woken for something else, begins a message whose sender is still writing it. The engine reads the rest only
+    on a bell, so the FIFO must be loud again by then: the sender's lane, ending the frame, sees it and rings.
+    Left quiet, the rest came without a bell and the receive waited forever (a ppermute of 512 KiB hung in 1 run
+    of 10 under make stress, issue 75). The sender's lane is played here by hand: half the frame, the engine's
+    read, the other half, and the bell exactly when the lane's rule (not watching, not quiet) says."""
+    async def body(a: aioccl.Communicator, b: aioccl.Communicator) -> None:
+        conn, tx = b._engine.conns[0], a._engine.conns[1].tx
+        await a.isend(data(1, np.int8), 1, 99)  # a round trip through both lanes: b's FIFO from a is quiet
+        y1 = poisoned(1, np.int8)
+        await b.irecv(y1, 0, 99)
+        await settle(b)
+        assert conn.rx.ctl[QUIET] == 1
+        n, tag = 4096, 21
+        payload = data(n, np.int32, tag).tobytes()
+        header = pack_header(P2P, 0, dtype_code(np.dtype(np.int32)), 0, a._state.view.ctx, tag, len(payload))
+        assert tx.write(memoryview(header + payload[:n])) == len(header) + n  # the header and a quarter
+        conn.pump()  # the engine, woken by another bell
+        assert conn.reader.mid_frame()
+        assert conn.rx.ctl[QUIET] == 0, "the engine waits for the rest of a frame in a FIFO left quiet"
+        assert tx.write(memoryview(payload[n:])) == len(payload) - n
+        if not conn.rx.ctl[WATCHING] and not conn.rx.ctl[QUIET]:  # the lane's rule, after its fence
+            a._engine.pair_hub.ring(1)
+        y = poisoned(n, np.int32)
+        await asyncio.wait_for(b.irecv(y, 0, tag), 10)
+        assert (y == data(n, np.int32, tag)).all()
 
     pair(body)
 

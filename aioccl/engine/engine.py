@@ -102,7 +102,19 @@ class Engine:
         self.running: dict[tuple[int, int], tuple[CommView, Op[np.ndarray], float]] = {}
         self._probed: set[tuple[int, int]] = set()
         self._probe_timer: asyncio.TimerHandle | None = None  # one timer for all ops, armed while some run
-        self.watchdog = Watchdog(self.loop, watchdog_seconds(os.environ), hang_dump_folder(os.environ))
+        self.watchdog = Watchdog(self.loop, watchdog_seconds(os.environ), hang_dump_folder(os.environ),
+                                 self._describe_links)
+
+    def _describe_links(self) -> list[str]:
+        """The hang dump's view of this rank's transports (watchdog.py): the mailbox's receives posted and
+        messages held, and each shared-memory FIFO's words."""
+        box = self.mailbox
+        posted = {k: len(q) for k, q in box.p2p_posted.items() if q}
+        early = {k: len(q) for k, q in box.p2p_early.items() if q}
+        lines = [f"mailbox: point-to-point posted {posted} (peer, ctx, tag: count), held {early}, wildcards "
+                 f"{bool(box.wild)}, collective frames posted {len(box.posted)} early {len(box.early)}"]
+        hub = getattr(self, "pair_hub", None)
+        return lines + (hub.describe() if hub is not None else [])
 
     @classmethod
     async def create(cls, placement: Placement, uid: UniqueId, rank: int, size: int, timeout: float) -> Engine:

@@ -159,6 +159,10 @@ class FrameReader:
         """Is a payload half read (its sender still writing it)?"""
         return self._done is not None
 
+    def mid_frame(self) -> bool:
+        """Is a frame begun and not finished here (a header or a payload half read)?"""
+        return self._done is not None or self._got > 0
+
     def _on_header(self, h: Header) -> None:
         if h.kind == BYE:
             self._bye(h)

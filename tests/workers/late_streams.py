@@ -96,8 +96,10 @@ def default_stream_read_after_a_non_blocking_writer(careful: bool) -> str:
 
 def stream_order_is_kept(careful: bool) -> str:
     s = cp.cuda.Stream(non_blocking=True)
-    y = cp.zeros(8, np.int32)
     with s:
+        # made on s too: zeros on the default stream, which a non-blocking stream does not wait for, could land
+        # after the writes below (the stand-in runs each stream late), and read wrong once in a while under load
+        y = cp.zeros(8, np.int32)
         for k in range(1, 9):
             y[k - 1:] = cp.asarray(WANT[k - 1:]) if k == 8 else cp.asarray(np.full(9 - k, k, np.int32))
         y[:] = cp.asarray(WANT)

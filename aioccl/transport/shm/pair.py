@@ -89,6 +89,20 @@ class PairHub:
             c.reader.forget_scan()
             c.pump()
 
+    def describe(self) -> list[str]:
+        """Each inbound FIFO's control words and its reader's state, for the hang dump (watchdog.py): whether a
+        frame waits unread, and whether its sender would have rung."""
+        from .fifo import WATCHING
+
+        lines = []
+        for c in self.conns:
+            ctl, r = c.rx.ctl, c.reader
+            lines.append(f"from rank {c.peer}: head {int(ctl[HEAD])} tail {int(ctl[TAIL])} blocked {int(ctl[BLOCKED])} "
+                         f"watching {int(ctl[WATCHING])} quiet {int(ctl[QUIET])}; reader got {r._got} "
+                         f"mid-payload {r._done is not None} lingered {r.lingered} scanned {r._scanned}; "
+                         f"closed {c.closed} paused {c.paused}")
+        return lines
+
     def close(self) -> None:
         self.bell.close()
         for c in list(self.conns):
@@ -257,6 +271,15 @@ class ShmPairConnection:
             return
         if self.reader.bye_received:
             self.side.reader.bye_received = True
+        if ctl[QUIET] and self.reader.mid_frame():
+            # The lane made this FIFO quiet (the sender's lane rings no bell: nothing here waited for a message),
+            # but this reader has now begun a frame whose sender is still writing it, and reads the rest only
+            # when a bell says it came: loud again, fence, read once more (Dekker, as read_left). Quiet left on,
+            # the rest came without a bell and a receive matched to that frame waited forever (issue 75's
+            # ppermute hang, found by make stress).
+            ctl[QUIET] = 0
+            fence()
+            self.pump(everything)
         if before and ctl[BLOCKED]:  # it waits for the space just freed
             self.hub.ring(self.peer)
         if budget <= 0:

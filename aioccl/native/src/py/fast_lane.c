@@ -389,17 +389,22 @@ int acpy_lane_go(Lane *self, PyObject *prog, void *in, size_t in_len, void *out,
     return went;
 }
 
+_Thread_local int acpy_lane_busy;
+
 int acpy_lane_run_native(PyObject *obj, const Program *prog, void *in, size_t in_len, void *out, size_t out_len,
                     int dtype, int redop, int64_t *seq, int64_t *order) {
     Lane *self = (Lane *)obj;
+    acpy_lane_busy = 0;
     if (!__atomic_load_n(&self->enabled, __ATOMIC_ACQUIRE))
         return ACPY_LANE_NOT_NOW;
     if (self->chan == NULL)
         return ACPY_LANE_NOT_NOW;
     if (prog->rank != self->chan->ch.rank || prog->size != self->chan->ch.size)
         return ACPY_LANE_NOT_NOW;
-    if (!ac_gate_claim(&self->chan->gate, order))
+    if (!ac_gate_claim(&self->chan->gate, order)) {
+        acpy_lane_busy = 1; /* the engine's ops, or another native caller's, hold the channel */
         return ACPY_LANE_NOT_NOW;
+    }
     ac_chan *ch = &self->chan->ch;
     *seq = __atomic_fetch_add(&self->seq, 1, __ATOMIC_RELAXED);
     if (!ch->size || ch->active) {  /* (the gate rules this out) the numbers are taken: the engine runs it */

@@ -14,6 +14,13 @@ int acpy_fast_lane_ready(PyObject *module);
  * AC_UNSUITABLE: nothing was published, the engine runs it from the start). */
 enum { ACPY_LANE_NOT_NOW = -100 };
 
+/* Set on this thread, with ACPY_LANE_NOT_NOW (or the pair lane's ACPY_PAIR_NOT_NOW), when what passed the op
+ * to the general way is timing, not its form: the channel's gate or the engine was busy with earlier ops, a
+ * receive spun and its message had not come, a FIFO stayed full. The XLA fallback counts such calls apart
+ * (jax_ext.native_call.stats()'s "busy"): which road a call takes on a busy machine is timing, and a test
+ * asserts that every other call took the lane. Read and cleared by the fallback. */
+extern _Thread_local int acpy_lane_busy;
+
 /* A lane of a communicator of one rank (no channel): takes *seq and returns 1 (every collective of one
  * rank is its input, in its output); 0: not such a lane, or disabled. */
 int acpy_lane_alone(PyObject *lane, int64_t *seq);

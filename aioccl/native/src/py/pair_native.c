@@ -21,6 +21,7 @@
 #define PY_ARRAY_UNIQUE_SYMBOL aioccl_native_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include "core/jitter.h"
+#include "fast_lane.h"
 #include "pair_lane.h"
 #include "pair_lane_object.h"
 
@@ -82,6 +83,7 @@ static void fill(call *c, void *buf, size_t len, int peer, int code, long long t
 
 int acpy_pair_native(PyObject *obj, const acpy_pair_op *op) {
     PairLane *self = (PairLane *)obj;
+    acpy_lane_busy = 0;
     if (!__atomic_load_n(&self->enabled, __ATOMIC_RELAXED) || (op->dest < 0 && op->source < 0))
         return ACPY_PAIR_NOT_NOW;
     PyGILState_STATE g = PyGILState_Ensure();
@@ -89,7 +91,7 @@ int acpy_pair_native(PyObject *obj, const acpy_pair_op *op) {
         PyGILState_Release(g);
         return ACPY_PAIR_NOT_NOW;
     }
-    int sent = op->dest < 0, rc = ACPY_PAIR_NOT_NOW;
+    int sent = op->dest < 0, rc = ACPY_PAIR_NOT_NOW, timing = 1; /* (the engine never lent within the wait) */
     double until = acpy_work_monotonic() + PAIR_WAIT_S;
     for (;;) {
         int got = acpy_pair_borrow(self), r = 1, woke = 0;
@@ -97,6 +99,7 @@ int acpy_pair_native(PyObject *obj, const acpy_pair_op *op) {
             break;
         if (got) {
             call c;
+            c.why = ACPY_NO_BUSY;
             if (!sent) {
                 fill(&c, op->send, op->send_len, op->dest, op->send_code, op->tag);
                 r = acpy_pair_check(self, &c);
@@ -117,6 +120,7 @@ int acpy_pair_native(PyObject *obj, const acpy_pair_op *op) {
                 rc = ACPY_PAIR_DONE;
                 break;
             }
+            timing = r == 2 || c.why == ACPY_NO_BUSY || c.why == ACPY_NO_SPUN || c.why == ACPY_NO_FULL;
             if (r != 2) /* the general way's (or an error): the fallback says what */
                 break;
         }
@@ -128,6 +132,7 @@ int acpy_pair_native(PyObject *obj, const acpy_pair_op *op) {
     }
     if (rc != ACPY_PAIR_DONE && sent && op->dest >= 0)
         rc = ACPY_PAIR_SENT;
+    acpy_lane_busy = rc == ACPY_PAIR_NOT_NOW && timing;
     PyErr_Clear(); /* (the general way meets whatever went wrong here again, and reports it) */
     PyGILState_Release(g);
     return rc;

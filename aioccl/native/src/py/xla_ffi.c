@@ -57,7 +57,7 @@ _Static_assert((int)ACPY_PAIR_NOT_NOW == (int)ACPY_LANE_NOT_NOW, "one code for '
 static site *sites[SITES_MAX];
 static int nsites;
 uint64_t acpy_ffi_calls_native, acpy_ffi_calls_python;
-static uint64_t calls_in_place, calls_carried;
+static uint64_t calls_in_place, calls_carried, calls_busy;
 
 static size_t dtype_bytes(XLA_FFI_DataType t) {
     switch (t) {
@@ -155,6 +155,9 @@ static XLA_FFI_Error *fallback(const XLA_FFI_CallFrame *cf, site *s, int pos, in
                                int64_t order, XLA_FFI_Buffer *const *ins, int nin, XLA_FFI_Buffer *const *outs,
                                int nout) {
     __atomic_fetch_add(rc == ACPY_LANE_NOT_NOW ? &acpy_ffi_calls_python : &calls_carried, 1, __ATOMIC_RELAXED);
+    if (rc == ACPY_LANE_NOT_NOW && acpy_lane_busy)
+        __atomic_fetch_add(&calls_busy, 1, __ATOMIC_RELAXED); /* (of the python ones: timing, fast_lane.h) */
+    acpy_lane_busy = 0;
     char msg[2048] = "";
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *vin = views(ins, nin), *vout = views(outs, nout), *r = NULL, *held = NULL;
@@ -471,7 +474,8 @@ static PyObject *ffi_handlers(PyObject *Py_UNUSED(m), PyObject *targets) {
 }
 
 static PyObject *ffi_stats(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
-    return Py_BuildValue("{sKsKsKsKsi}", "native", (unsigned long long)__atomic_load_n(&acpy_ffi_calls_native, __ATOMIC_RELAXED),
+    return Py_BuildValue("{sKsKsKsKsKsi}", "native", (unsigned long long)__atomic_load_n(&acpy_ffi_calls_native, __ATOMIC_RELAXED),
+                         "busy", (unsigned long long)__atomic_load_n(&calls_busy, __ATOMIC_RELAXED),
                          "carried", (unsigned long long)__atomic_load_n(&calls_carried, __ATOMIC_RELAXED), "python",
                          (unsigned long long)__atomic_load_n(&acpy_ffi_calls_python, __ATOMIC_RELAXED), "in_place",
                          (unsigned long long)__atomic_load_n(&calls_in_place, __ATOMIC_RELAXED), "sites", nsites);
