@@ -35,7 +35,7 @@ TEST_WORKERS ?= 3
 # each one's output kept together; then the main suite
 test: $(STAMP) $(JAX_VENV)/.installed
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint types test-jax-newest
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
 
 types: $(STAMP)
 	$(PY) -m mypy

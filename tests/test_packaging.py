@@ -21,9 +21,6 @@ import aioccl
 
 from conftest import ROOT
 
-# the build is the module's: its tests on one worker, after one build
-pytestmark = pytest.mark.xdist_group("packaging")
-
 SMOKE = """
 import asyncio, numpy as np, aioccl
 assert aioccl.__version__ == {version!r}, aioccl.__version__

@@ -33,9 +33,6 @@ from ray.util import collective as col  # noqa: E402
 
 import aioccl.ray  # noqa: E402
 
-# one Ray cluster and one actor pool for the module: on several workers each started its own (20-45 s each)
-pytestmark = pytest.mark.xdist_group("ray")
-
 GET_S = 120  # a Ray call that takes longer is a hang
 
 
