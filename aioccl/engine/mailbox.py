@@ -92,6 +92,7 @@ class Mailbox:
         self.reports = Reports()  # per failed collective, whom each reporting rank waited for
         self.rdv = Rendezvous(loop)  # large p2p messages: their ready-to-send, clear-to-send and data
         self.rdv.peer_lost = self.peer_lost
+        self.rdv.lost_of = self.lost.get
         self.closed_peers: set[int] = set()  # lost by a graceful close (after finishing their part of every op)
         self.lost_listeners: list[Callable[[int, PeerLost], None]] = []  # e.g. the shared-memory channel
         self._partial: dict[int, list[Posted]] = {}  # receives waiting on a frame still arriving

@@ -67,6 +67,9 @@ def data(ctx: int, tag: int, dtype: int, nbytes: int, rid: int) -> bytes:
     return Header(RDATA, 0, dtype, rid, ctx, tag, nbytes).pack()
 
 
+WITHDRAWN_WAIT_S = 0.1  # how long a receive whose offer was withdrawn waits for its sender's last words
+
+
 class Rendezvous:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -79,6 +82,7 @@ class Rendezvous:
         self.memory_of: Callable[[int], PeerMemory | None] = lambda peer: None
         # the mailbox's: how a peer's failure reads, naming the rank this rank lost first (Mailbox.peer_lost)
         self.peer_lost: Callable[[int, str], PeerLost] = PeerLost
+        self.lost_of: Callable[[int], PeerLost | None] = lambda peer: None  # the mailbox's: a peer's loss, if lost
         self._taker = Taker()
         self.read_in_place = 0  # messages this rank received by reading the sender's memory
 
@@ -121,14 +125,24 @@ class Rendezvous:
             self.read_in_place += 1
             p.complete()
         elif outcome == DECLINED:
-            why = self.peer_lost(peer, f"it withdrew its message (tag {h.seq}, {h.count} bytes) before it was "
-                                 "read: its send passed its deadline, or it aborted")
-            p.fail(AiocclError(f"rank {peer} {why.detail}"))
+            self._fail_withdrawn(peer, p, f"it withdrew its message (tag {h.seq}, {h.count} bytes) before it was "
+                                          "read: its send passed its deadline, or it aborted", WITHDRAWN_WAIT_S)
         else:
             return False
         if self.send_control is not None:
             self.send_control(peer, Header(RDONE, 0, 0, h.k, h.ctx, h.seq, 0, int(outcome == READ)).pack())
         return True
+
+    def _fail_withdrawn(self, peer: int, p: Posted, detail: str, within: float) -> None:
+        """Fail a receive whose sender withdrew its offer. A sender that aborted ends its connection a moment
+        later, with last words naming the rank it had lost first: that loss is the receive's error when it comes
+        within ``within`` seconds (as a send that finds its connection gone waits for its reader's verdict,
+        engine.py); else the withdrawal's own words (a send past its deadline: the connection stays)."""
+        lost = self.lost_of(peer)
+        if lost is not None or within <= 0:
+            p.fail(lost if lost is not None else AiocclError(f"rank {peer} {self.peer_lost(peer, detail).detail}"))
+            return
+        self.loop.call_later(0.002, self._fail_withdrawn, peer, p, detail, within - 0.002)
 
     def match_offer(self, peer: int, h: Header, p: Posted, lost: PeerLost | None, payload: bytes) -> None:
         """A collective's offer (COFFER) met its receive: read it in place, or clear it to send."""
