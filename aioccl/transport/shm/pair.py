@@ -33,7 +33,7 @@ from ..cma import PeerMemory
 from ..frames import BYE, Header, SaidAbort, abort_words
 from ..reader import FrameReader, SideChannel, Sink, Unclaimed
 from ..tcp import TcpConnection
-from .fifo import BLOCKED, HEAD, QUIET, TAIL, ByteFifo, fence
+from .fifo import BLOCKED, HEAD, QUIET, TAIL, WATCHING, ByteFifo, fence
 from .segment import LoopBell, Segment
 
 _log = log.get("SHM")
@@ -92,14 +92,12 @@ class PairHub:
     def describe(self) -> list[str]:
         """Each inbound FIFO's control words and its reader's state, for the hang dump (watchdog.py): whether a
         frame waits unread, and whether its sender would have rung."""
-        from .fifo import WATCHING
-
         lines = []
         for c in self.conns:
             ctl, r = c.rx.ctl, c.reader
             lines.append(f"from rank {c.peer}: head {int(ctl[HEAD])} tail {int(ctl[TAIL])} blocked {int(ctl[BLOCKED])} "
                          f"watching {int(ctl[WATCHING])} quiet {int(ctl[QUIET])}; reader got {r._got} "
-                         f"mid-payload {r._done is not None} lingered {r.lingered} scanned {r._scanned}; "
+                         f"mid-payload {r.streaming()} lingered {r.lingered} scanned {r._scanned}; "
                          f"closed {c.closed} paused {c.paused}")
         return lines
 
