@@ -5,11 +5,12 @@
 """
 
 import sys as _sys
+import typing as _typing
 
 from . import error_file, gpu
 from .bootstrap.unique_id import UniqueId
 from .communicator import Communicator
-from .dtypes import SUPPORTED_DTYPES, ReduceOp
+from .dtypes import ReduceOp
 from .errors import (
     AiocclError,
     BootstrapError,
@@ -27,6 +28,18 @@ from .p2p import ANY_SOURCE, ANY_TAG, MAX_TAG, Message, Status
 from .work import Work
 
 __version__ = "0.1.0"
+
+if _typing.TYPE_CHECKING:
+    from .dtypes import SUPPORTED_DTYPES
+
+
+def __getattr__(name: str) -> object:
+    if name == "SUPPORTED_DTYPES":  # it names ml_dtypes' bfloat16: imported when asked for (aioccl/dtypes.py)
+        from . import dtypes
+
+        return dtypes.SUPPORTED_DTYPES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 error_file.install()  # only under a launcher that asked for it (AIOCCL_ERROR_FILE)
 

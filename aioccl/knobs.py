@@ -122,7 +122,7 @@ def check(env: Mapping[str, str]) -> list[str]:
     from .engine.shm import setup as shm_setup
     from .envvars import env_timeout
     from .errors import AiocclError
-    from .gpu import runner as gpu_runner
+    from .gpu import sizes as gpu_sizes
     from .introspection import recorder_size
     from .native import jitter_settings
     from .transport import tcp
@@ -135,7 +135,7 @@ def check(env: Mapping[str, str]) -> list[str]:
     checks: list[Callable[[], object]] = [
         lambda: env_timeout(env), lambda: recorder_size(env), lambda: tcp.peer_timeout(dict(env)),
         lambda: Tuning.from_env(env), lambda: shm_setup.settings(env), lambda: ib_setup.settings(env),
-        lambda: gpu_runner.settings(env), lambda: watchdog_seconds(env), lambda: shm_pair_setup.ring_capacity(env),
+        lambda: gpu_sizes.settings(env), lambda: watchdog_seconds(env), lambda: shm_pair_setup.ring_capacity(env),
         lambda: shm.wait_policy(env, 1),
         lambda: rendezvous.eager_limit(env), lambda: rendezvous.unexpected_budget(env), lambda: jitter_settings(env)]
     problems = []

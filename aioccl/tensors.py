@@ -18,9 +18,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from .dtypes import bfloat16, is_bfloat16
 from .errors import InvalidArgument
 
 
@@ -48,7 +48,7 @@ def view(x: Any, name: str) -> np.ndarray:
                               f"{name}.contiguous() and copy the result back if you need it in place")
     try:
         if t.dtype == torch.bfloat16:
-            return np.from_dlpack(t.view(torch.int16)).view(ml_dtypes.bfloat16)
+            return np.from_dlpack(t.view(torch.int16)).view(bfloat16())
         return np.from_dlpack(t)
     except (BufferError, TypeError, RuntimeError) as e:
         raise InvalidArgument(f"{name}: cannot view torch tensor of {t.dtype} through DLPack: {e}") from None
@@ -66,7 +66,7 @@ def wrapper(x: Any, arr: np.ndarray) -> Callable[[np.ndarray], Any]:
 def new_tensor(arr: np.ndarray) -> Any:
     """A tensor sharing ``arr``'s memory: the fresh outputs of ops given torch inputs."""
     torch = sys.modules["torch"]
-    if arr.dtype == ml_dtypes.bfloat16:
+    if is_bfloat16(arr.dtype):
         return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(arr)
 

@@ -34,13 +34,12 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import log
 from ..buffers import Buf
 from ..dtypes import ReduceOp
-from ..envvars import env_int
 from ..errors import AiocclError, CollectiveTimeout, CommAborted
 from ..work import Work
 from . import device_setup, plans
@@ -52,19 +51,12 @@ from .op import GpuOp
 from .owner import Owner
 from .pinned import PinnedPool
 from .probe import load_cupy
+from .sizes import settings
 from .streams import resolve
 
 _log = log.get("GPU")
-SCRATCH_DEFAULT = 64 << 20
 WATCH_S = 0.02  # how often the engine looks at the device path's error word and deadlines
-STAGE_PIECE_DEFAULT = 4 << 20
 H2D, D2H = 1, 2  # cudaMemcpyKind
-
-
-def settings(env: Mapping[str, str]) -> tuple[int, int]:
-    """(CUDA-IPC scratch bytes, staged piece bytes) from ``AIOCCL_GPU_SCRATCH`` / ``AIOCCL_GPU_STAGE_PIECE``."""
-    return (env_int(env, "AIOCCL_GPU_SCRATCH", SCRATCH_DEFAULT, 4096),
-            env_int(env, "AIOCCL_GPU_STAGE_PIECE", STAGE_PIECE_DEFAULT, 4096))
 
 
 class GpuRunner:

@@ -27,13 +27,12 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
 import numpy as np
 
 from .. import native
 from ..algorithms.table import BY_NAME
 from ..buffers import address
-from ..dtypes import ReduceOp, dtype_code
+from ..dtypes import ReduceOp, dtype_code, loaded_bfloat16
 from ..engine.op import Op
 from ..engine.shm import native as shm_native
 from ..group import current_group
@@ -41,6 +40,14 @@ from ..native.answers import Declined, Handover
 from ..work import BORN_DONE_LOCK, Work
 from .call import HOST, NONE, TENSOR, Call
 from .door import switch_off
+
+
+def _bfloat16_num() -> int:
+    """bfloat16's numpy type number for the core, or -1 while ml_dtypes is not imported: the core then learns
+    it from ml_dtypes the first time it meets a user-defined dtype (fast_lane.c, ``acpy_lane_dtype``)."""
+    bf = loaded_bfloat16()
+    return -1 if bf is None else bf.num
+
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
@@ -139,7 +146,7 @@ class CpuLane:
         lane = core.Lane(
             shm.native if shm is not None else None, Work, BORN_DONE_LOCK, placement, placement.thread_id,
             placement.lock, current_group, state.recorder.entries.append, ring_bells, tuple(ReduceOp),
-            np.dtype(ml_dtypes.bfloat16).num, state.native_max, counters.seq, counters.order)
+            _bfloat16_num(), state.native_max, counters.seq, counters.order)
         self.native = state.counters = lane
         self.first = lane.call
         self.on = True

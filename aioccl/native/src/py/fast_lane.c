@@ -23,7 +23,7 @@
 #include "core/reduce.h"
 
 static PyObject *s_acquire, *s_release, *s_sum, *s_prod, *s_min, *s_max, *s_avg, *s_torch, *s_Tensor, *s_is_cuda,
-    *s_numpy;
+    *s_numpy, *s_ml_dtypes, *s_bfloat16;
 
 static void Lane_clear_cache(Lane *self) {
     for (int k = 0; k < CACHE; k++) {
@@ -145,11 +145,34 @@ static PyObject *Lane_learn(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* -- the fast path ------------------------------------------------------------------------------ */
+/* bfloat16's type number, from ml_dtypes if it is imported (nothing is imported here): the lane is made
+ * before the app may import ml_dtypes (aioccl imports it only on first use, aioccl/dtypes.py), and no array
+ * can be bfloat16 before it is, so the number is looked up the first time a user-defined dtype is met. */
+static void learn_bf16(Lane *self) {
+    PyObject *ml = PyImport_GetModule(s_ml_dtypes);
+    if (ml == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *type = PyObject_GetAttr(ml, s_bfloat16);
+    Py_DECREF(ml);
+    PyArray_Descr *bf = type != NULL ? PyArray_DescrFromTypeObject(type) : NULL;
+    Py_XDECREF(type);
+    if (bf == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    self->bf16_num = bf->type_num;
+    Py_DECREF(bf);
+}
+
 int acpy_lane_dtype(Lane *self, PyObject *descr) {
     PyArray_Descr *d = (PyArray_Descr *)descr;
     npy_intp size = PyDataType_ELSIZE(d);
     if (!PyArray_ISNBO(d->byteorder))
         return 0;
+    if (self->bf16_num < 0 && d->type_num >= NPY_USERDEF)
+        learn_bf16(self);
     if (d->type_num == self->bf16_num)
         return AC_DT_BF16;
     switch (d->kind) {
@@ -532,6 +555,7 @@ int acpy_fast_lane_ready(PyObject *m) {
         {&s_acquire, "acquire"},
         {&s_release, "release"}, {&s_sum, "sum"}, {&s_prod, "prod"}, {&s_min, "min"}, {&s_max, "max"},
         {&s_avg, "avg"}, {&s_torch, "torch"}, {&s_Tensor, "Tensor"}, {&s_is_cuda, "is_cuda"}, {&s_numpy, "numpy"},
+        {&s_ml_dtypes, "ml_dtypes"}, {&s_bfloat16, "bfloat16"},
     };
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if ((*names[k].at = PyUnicode_InternFromString(names[k].s)) == NULL)
