@@ -1,6 +1,7 @@
-"""What a rank pays before its first op: ``import aioccl`` and a communicator load neither ml_dtypes nor the
+"""What a process pays before its first op: ``import aioccl`` and a communicator load neither ml_dtypes nor the
 GPU path (ml_dtypes 0.7 takes half a second of CPU to import; the GPU path's kernels import it), and bfloat16
-still works everywhere once the app brings ml_dtypes, however late."""
+still works everywhere once the app brings ml_dtypes, however late; the launcher loads none of the
+communicator."""
 
 from __future__ import annotations
 
@@ -63,3 +64,17 @@ def test_a_communicator_loads_neither_ml_dtypes_nor_the_gpu_path_and_late_bfloat
 def test_late_bfloat16_is_exact_without_the_native_core_too():
     out = _run({"AIOCCL_NATIVE": "0"})
     assert "loaded before bfloat16: []" in out and "bfloat16 exact" in out, out
+
+
+def test_the_launcher_loads_none_of_the_communicator():
+    """``aioccl-run`` is ``python -m aioccl.run``, which imports the package first: the package's public names
+    are loaded on first use, so a launch costs a fresh Python and the launcher's own few modules."""
+    code = ("import sys, aioccl.run\n"
+            "print(sorted(m for m in ('numpy', 'aioccl.communicator', 'aioccl.engine') if m in sys.modules))\n"
+            "import aioccl\n"
+            "print(aioccl.Communicator.__name__, aioccl.ReduceOp.SUM.value, len(aioccl.SUPPORTED_DTYPES))\n"
+            "print(aioccl.native.__name__, aioccl.gpu.__name__, hasattr(aioccl, 'no_such_name'))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={"PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines() == ["[]", "Communicator sum 10", "aioccl.native aioccl.gpu False"], p.stdout
