@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jaxlib.version import __version__ as _jaxlib_version
 
 # tested: 0.10.2 (the newest for Python 3.11), 0.11.2 (GPU machines, Python 3.12), 0.12.0.1 (Python 3.12/3.13)
 JAX_RANGE = ((0, 10, 0), (0, 13, 0))
@@ -234,6 +235,8 @@ def def_lowering(p: Any, make_callback: Callable[..., HostCallback], aliases: Ca
                                    avals_out=[*token_avals, *ctx.avals_out])
         shifted = {i + n_tok: o + n_tok for i, o in aliases(**params).items()}
         site = make_site(info, ctx.avals_in, ctx.avals_out, **params) if make_site is not None else None
+        if site is not None and _SERIALIZING_CRASHES and module_devices(info.axis_context) > 1:
+            _keep_out_of_persistent_cache(ctx.module_context)
         if site is not None:
             rule = _ffi.build_ffi_lowering_function(p.name, has_side_effect=True, operand_output_aliases=shifted)
             results = rule(tctx, *tokens, *operands, site=np.int64(site)).results
@@ -255,6 +258,32 @@ def def_lowering(p: Any, make_callback: Callable[..., HostCallback], aliases: Ca
         return list(results[n_tok:])
 
     _mlir.register_lowering(p, lowering, cacheable=False)  # each module holds its own host callback
+
+
+# jaxlib 0.10 segfaults writing the persistent-cache entry of a program that runs these custom calls on more than
+# one device of a process (inside xla::Layout::ToProto, serializing the executable's token layouts); jax.lax's own
+# collectives and one-device programs are written fine, and jaxlib 0.11.2 and 0.12.0.1 write and read all of them
+_SERIALIZING_CRASHES = _version(_jaxlib_version) < (0, 11, 0)
+
+
+def module_devices(axis_context: Any) -> int:
+    """How many devices the module being lowered runs on: its ``shard_map`` mesh's, else the partitioner's."""
+    mesh = getattr(axis_context, "mesh", None)
+    if mesh is not None and getattr(mesh, "size", None) is not None:
+        return int(mesh.size)
+    return partitioned_devices(axis_context)
+
+
+def _never_called(*_: Any) -> None:
+    raise AssertionError("jax_ext's persistent-cache marker is a host callback that XLA never calls")
+
+
+def _keep_out_of_persistent_cache(module_context: Any) -> None:
+    """JAX writes no persistent-cache entry for a module that holds a host callback (its callbacks are baked into
+    the program); one that is never called marks the module so (``_SERIALIZING_CRASHES``). It costs the module a
+    cache entry only: the program, its dispatch and its tokens are those of any module with ordered effects."""
+    if _never_called not in module_context.host_callbacks:
+        module_context.add_host_callback(_never_called)
 
 
 @dataclasses.dataclass(frozen=True)
