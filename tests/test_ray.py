@@ -103,12 +103,77 @@ def test_cupy_arrays_take_the_gpu_path(cluster) -> None:  # type: ignore[no-unty
     assert get([m.leave.remote("gpu") for m in members]) == [False, False]
 
 
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_tensors_from_the_object_store_are_written_in_place_with_a_warning(pool, lib) -> None:  # type: ignore[no-untyped-def]
+    """Ray hands an actor's numpy arguments out of its object store read-only (zero-copy); Ray's calls write
+    into them as GLOO does, in place, with a ReadOnlyArrayWarning per call naming the actor's line (docs/ray.md).
+    torch tensors from the store arrive writable and are written without one."""
+    torch = pytest.importorskip("torch")
+    a, b = pool[0][:2]
+    name = f"store-{lib}"
+    get([a.join.remote(2, 0, name), b.join.remote(2, 1, name)])
+    count = 1 << 16  # large enough to live in the object store's shared memory, not inlined in the call
+    make = (lambda v: torch.full((count,), float(v))) if lib == "torch" else \
+        (lambda v: np.full(count, v, np.float32))
+    kept = [ray.put([make(1), make(1)] + [make(-1) for _ in range(4)]) for _ in range(2)]
+    res = get([a.from_the_store.remote(name, kept[0], lib), b.from_the_store.remote(name, kept[1], lib)])
+    for r, got in enumerate(res):
+        assert got["bad"] == [], (r, got["bad"])
+        if lib == "numpy":
+            assert got["read_only"] == [True] * 6, got["read_only"]
+            # the broadcast from rank 1 and the reduce to rank 0 write only into rank 0's tensors: no warning on 1
+            written = ["allreduce", "allgather", "allgather", "reducescatter"] + \
+                (["broadcast", "reduce"] if r == 0 else ["recv"])
+            assert sorted(w for w, _ in got["warned"]) == sorted(f"ray.util.collective.{w}" for w in written)
+            assert {f for _, f in got["warned"]} == {"ray_actors.py"}, got["warned"]
+        else:
+            assert got["read_only"] == [False] * 6 and got["warned"] == [], got
+    get([a.leave.remote(name), b.leave.remote(name)])
+
+
+def test_refused_calls_raise_what_rays_callers_catch(pool) -> None:  # type: ignore[no-untyped-def]
+    """A shape or dtype that does not match: refused before anything is sent, as an aioccl InvalidArgument that
+    is also a RuntimeError (Ray's GLOO backend raises torch's RuntimeErrors; its reducescatter a ValueError,
+    which InvalidArgument is too), in the actor and at the driver. A list of the wrong length (and a rank out
+    of range) ray.util.collective refuses itself, for every backend."""
+    a, b = pool[0][2:4]
+    get([a.join.remote(2, 0, "refused"), b.join.remote(2, 1, "refused")])
+    for got in get([a.mismatches.remote("refused"), b.mismatches.remote("refused")]):
+        assert got[:2] == [("allgather: a list of the wrong length", "RuntimeError", True, False),
+                           ("reducescatter: a list of the wrong length", "RuntimeError", True, False)], got  # Ray's
+        assert all(kind == "InvalidArgument" and runtime and ours for _, kind, runtime, ours in got[2:-1]), got
+        assert got[-1] == ("then an allreduce", "exact", True, True)
+    refs = [a.mismatched_allgather.remote("refused"), b.mismatched_allgather.remote("refused")]
+    for ref in refs:
+        with pytest.raises(RuntimeError, match="allgather: tensor_list\\[0\\] is 5 x float32") as e:
+            get(ref)
+        assert isinstance(e.value, aioccl.InvalidArgument) and isinstance(e.value, ValueError)
+    get([a.leave.remote("refused"), b.leave.remote("refused")])
+
+
+def test_ray_kinds_pickle_as_themselves_with_their_data() -> None:
+    import pickle
+
+    from aioccl.errors import CollectiveTimeout, PeerLost
+    from aioccl.ray.errors import as_ray_error
+
+    t = as_ray_error(CollectiveTimeout("all_reduce", 7, [2], 3.0, comm="c"))
+    p = as_ray_error(PeerLost(3, "gone"))
+    for e in (t, p, pickle.loads(pickle.dumps(t)), pickle.loads(pickle.dumps(p))):
+        assert isinstance(e, RuntimeError) and isinstance(e, aioccl.AiocclError)
+    back = pickle.loads(pickle.dumps(t))
+    assert isinstance(back, CollectiveTimeout) and isinstance(back, TimeoutError)
+    assert (type(back).__name__, back.seq, back.waiting_for, str(back)) == ("CollectiveTimeout", 7, [2], str(t))
+    assert pickle.loads(pickle.dumps(p)).rank == 3
+    assert type(as_ray_error(t)) is type(t)  # a Ray kind stays itself
+
+
 def test_a_collective_nobody_joins_names_the_silent_ranks_at_the_deadline(pool) -> None:  # type: ignore[no-untyped-def]
     """AIOCCL_TIMEOUT in the actors' environment is the group's deadline (Ray's calls take none of their own)."""
     members = pool[0][:3]
     get([m.join.remote(3, r, "silent", aioccl_timeout="3") for r, m in enumerate(members)])
     err, waiting, took = get(members[0].alone.remote("silent"))
-    assert (err, sorted(waiting)) == ("CollectiveTimeout", [1, 2])
+    assert (err, sorted(waiting)) == ("CollectiveTimeout/RuntimeError", [1, 2])  # also what Ray's callers catch
     assert 3.0 <= took < 11.0
 
 
@@ -208,7 +273,7 @@ def test_a_killed_member_is_peer_lost_through_ray_util_collective(cluster) -> No
     waiting = [m.across_a_kill.remote("kill-sync") for m in (members[0], members[2])]
     killed_at = _kill_while_they_wait(members[1])
     for err, who, raised_at in get(waiting):
-        assert (err, who) == ("PeerLost", 1) and raised_at - killed_at < 10.0
+        assert (err, who) == ("PeerLost/RuntimeError", 1) and raised_at - killed_at < 10.0
 
 
 def _kill_while_they_wait(actor, no_restart: bool = True) -> float:  # type: ignore[no-untyped-def]

@@ -16,9 +16,10 @@ Importing this module registers the backend in the importing process: the driver
 
 from __future__ import annotations
 
-from .backend import AiocclGroup, register
+from .backend import AiocclGroup, ReadOnlyArrayWarning, register
 from .groups import BACKEND, create_group, init_group, init_group_sync
 
-__all__ = ["BACKEND", "AiocclGroup", "create_group", "init_group", "init_group_sync", "register"]
+__all__ = ["BACKEND", "AiocclGroup", "ReadOnlyArrayWarning", "create_group", "init_group", "init_group_sync",
+           "register"]
 
 register()

@@ -14,6 +14,10 @@ cupy arrays on the GPU path. ``timeout_ms`` in an op's options is its deadline; 
 from __future__ import annotations
 
 import datetime
+import os
+import sys
+import warnings
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -23,6 +27,7 @@ from ray.util.collective.types import RecvOptions, ReduceOp, SendOptions
 
 from ..buffers import adapt
 from ..errors import InvalidArgument
+from .errors import raising_ray_kinds
 from .groups import BACKEND, meet_sync
 
 _OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min", ReduceOp.MAX: "max"}
@@ -39,6 +44,7 @@ def register() -> None:
 class AiocclGroup(BaseGroup):
     """One process's member of a ``ray.util.collective`` group, over an aioccl communicator."""
 
+    @raising_ray_kinds
     def __init__(self, world_size: int, rank: int, group_name: str) -> None:
         super().__init__(world_size, rank, group_name)
         self.comm = meet_sync("collective", world_size, rank, group_name, None)
@@ -51,41 +57,50 @@ class AiocclGroup(BaseGroup):
     def check_backend_availability(cls) -> bool:
         return True
 
+    @raising_ray_kinds
     def destroy_group(self) -> None:
         """Close the communicator (its peers' later ops fail with ``PeerLost``); the name may be used again."""
         self.comm.close().wait()
 
     # -- the ops ----------------------------------------------------------------------------------------------
+    @raising_ray_kinds
     def allreduce(self, tensors: list[Any], allreduce_options: Any = None) -> None:
         o = allreduce_options
-        self.comm.all_reduce(_one(tensors), _op(o), timeout=_timeout(o)).wait()
+        self.comm.all_reduce(_written(_one(tensors), "allreduce"), _op(o), timeout=_timeout(o)).wait()
 
+    @raising_ray_kinds
     def barrier(self, barrier_options: Any = None) -> None:
         self.comm.barrier(timeout=_timeout(barrier_options)).wait()
 
+    @raising_ray_kinds
     def reduce(self, tensors: list[Any], reduce_options: Any = None) -> None:
         """The result in the root's tensor; the others' are left as they were."""
         o = reduce_options
-        self.comm.reduce(_one(tensors), _root(self, o), _op(o), timeout=_timeout(o)).wait()
+        root, t = _root(self, o), _one(tensors)
+        self.comm.reduce(_written(t, "reduce") if root == self.rank else t, root, _op(o), timeout=_timeout(o)).wait()
 
+    @raising_ray_kinds
     def broadcast(self, tensors: list[Any], broadcast_options: Any = None) -> None:
         o = broadcast_options
-        self.comm.broadcast(_one(tensors), _root(self, o), timeout=_timeout(o)).wait()
+        root, t = _root(self, o), _one(tensors)
+        self.comm.broadcast(t if root == self.rank else _written(t, "broadcast"), root, timeout=_timeout(o)).wait()
 
+    @raising_ray_kinds
     def allgather(self, tensor_lists: list[list[Any]], tensors: list[Any],
                   allgather_options: Any = None) -> None:
         """Every rank's tensor into ``tensor_lists[0][rank]`` of every rank."""
         x = _flat(_one(tensors), "tensor")
-        outs = [_flat(t, f"tensor_list[{i}]") for i, t in enumerate(_list(self, tensor_lists))]
+        outs = [_flat(_written(t, "allgather"), f"tensor_list[{i}]") for i, t in enumerate(_list(self, tensor_lists))]
         _alike(outs, x, "allgather")
         whole = self.comm.all_gather(x, timeout=_timeout(allgather_options)).wait()
         for i, out in enumerate(outs):
             out[...] = whole[i * x.size:(i + 1) * x.size]
 
+    @raising_ray_kinds
     def reducescatter(self, tensors: list[Any], tensor_lists: list[list[Any]],
                       reducescatter_options: Any = None) -> None:
         """Reduce ``tensor_lists[0][i]`` over the ranks into rank i's ``tensors[0]``; the inputs stay as they were."""
-        out = _flat(_one(tensors), "tensor")
+        out = _flat(_written(_one(tensors), "reducescatter"), "tensor")
         ins = [_flat(t, f"tensor_list[{i}]") for i, t in enumerate(_list(self, tensor_lists))]
         _alike(ins, out, "reducescatter")
         whole = _module(out).empty(len(ins) * out.size, out.dtype)  # (a copy: the inputs stay as they were)
@@ -94,16 +109,71 @@ class AiocclGroup(BaseGroup):
         o = reducescatter_options
         self.comm.reduce_scatter(whole, _op(o), out=out, timeout=_timeout(o)).wait()
 
+    @raising_ray_kinds
     def send(self, tensors: list[Any], send_options: SendOptions) -> None:
         x = _part(_one(tensors), send_options.n_elements)
         self.comm.send(x, _peer(self, send_options.dst_rank), timeout=_timeout(send_options)).wait()
 
+    @raising_ray_kinds
     def recv(self, tensors: list[Any], recv_options: RecvOptions) -> None:
-        x = _part(_one(tensors), recv_options.n_elements)
+        x = _part(_written(_one(tensors), "recv"), recv_options.n_elements)
         self.comm.recv(x, _peer(self, recv_options.src_rank), timeout=_timeout(recv_options)).wait()
 
 
 # -- arguments, checked before a byte is sent -------------------------------------------------------------------
+class ReadOnlyArrayWarning(UserWarning):
+    """A ``ray.util.collective`` call wrote its result into a read-only numpy array's memory."""
+
+
+def _written(t: Any, what: str) -> Any:
+    """The tensor a call writes its result into: itself, or for a read-only numpy array a writable view of the
+    same memory, with a warning (once per call site, Python's default for warnings).
+
+    ``ray.util.collective``'s contract is "in place, on the tensor you gave", and Ray hands an actor's numpy
+    arguments out of its object store zero-copy and read-only (``actor.set_buffer.remote(np.ones(n))``, kept
+    and reduced into later). Ray's GLOO backend writes into them through ``torch.from_numpy``; this backend
+    does the same rather than refuse a call Ray's users make every day. The hazard is the object store's:
+    every reader of that object (other tasks given the same ``ObjectRef``) sees the result. ``np.array(arg)``
+    in the actor keeps the array private (docs/ray.md). aioccl's own API refuses read-only results.
+    """
+    if not isinstance(t, np.ndarray) or t.flags.writeable:
+        return t
+    warnings.warn(f"ray.util.collective.{what} writes its result into a read-only numpy array (as Ray's object "
+                  "store hands an actor's arguments out: zero-copy, shared with every reader of that object); "
+                  "copy it first to keep it private (np.array(arg))", ReadOnlyArrayWarning, stacklevel=_caller())
+    return np.asarray(_Writable(t))
+
+
+class _Writable:
+    """A read-only array's memory offered as writable (numpy's array interface with its read-only bit off);
+    the view holds this object, which holds the array and so the memory."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.array = a
+        iface = dict(a.__array_interface__)
+        iface["data"] = (iface["data"][0], False)
+        self.__array_interface__ = iface
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caller() -> int:
+    """The ``stacklevel`` of the first frame outside this package and ``ray.util.collective``: the user's call."""
+    import ray.util.collective as col
+
+    skip = (_HERE, os.path.dirname(os.path.abspath(col.__file__)))
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and _inside(os.path.abspath(frame.f_code.co_filename), skip):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _inside(path: str, folders: tuple[str, ...]) -> bool:
+    return any(path.startswith(f + os.sep) for f in folders)
+
+
 def _one(tensors: Any) -> Any:
     if not isinstance(tensors, (list, tuple)) or len(tensors) != 1:
         n = len(tensors) if isinstance(tensors, (list, tuple)) else "not a list"

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,80 @@ class Member:
             bad += wrong(f"send/recv {count} n_elements={part}", got, want)
         return bad
 
+    def from_the_store(self, name: str, kept: list[Any], lib: str) -> dict[str, Any]:
+        """Every op that writes into a tensor, on tensors the driver handed this actor (``kept``: Ray delivers
+        numpy arguments zero-copy from its object store, read-only): exact, in place on those very tensors, and
+        a ReadOnlyArrayWarning for each read-only one written, naming this file as the call site."""
+        n, r = col.get_collective_group_size(name), col.get_rank(name)
+        count = view(kept[0]).size
+        arrived_read_only = [not view(t).flags.writeable for t in kept]
+        ptrs = [view(t).__array_interface__["data"][0] for t in kept]
+        bad: list[str] = []
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            x = kept[0]  # all ones from the driver: allreduce, then broadcast from rank 1, then reduce to 0
+            col.allreduce(x, name)
+            bad += wrong("allreduce", x, np.full(count, n, np.float32))
+            if r == 1:
+                col.broadcast(pattern(r, count, np.float32), 1, name)
+            else:
+                col.broadcast(x, 1, name)
+                bad += wrong("broadcast", x, pattern(1, count, np.float32))
+            y = kept[1]
+            col.reduce(y, 0, name)
+            bad += wrong("reduce", y, np.full(count, n, np.float32) if r == 0 else np.ones(count, np.float32))
+            outs = kept[2:2 + n]
+            col.allgather(outs, pattern(r, count, np.float32), name)
+            for k in range(n):
+                bad += wrong(f"allgather [{k}]", outs[k], pattern(k, count, np.float32))
+            z = kept[2 + n]
+            col.reducescatter(z, [pattern(r, count, np.float32, salt=k) for k in range(n)], name)
+            bad += wrong("reducescatter", z, over(np.add, [pattern(k, count, np.float32, salt=r) for k in range(n)]))
+            w = kept[3 + n]
+            if r == 0:
+                col.send(pattern(0, count, np.float32), 1, name)
+            else:
+                col.recv(w, 0, name)
+                bad += wrong("recv", w, pattern(0, count, np.float32))
+        moved = [i for i, t in enumerate(kept) if view(t).__array_interface__["data"][0] != ptrs[i]]
+        warned = [(str(m.message).split(" ")[0], os.path.basename(m.filename)) for m in seen
+                  if m.category is aioccl.ray.ReadOnlyArrayWarning]
+        return {"read_only": arrived_read_only, "bad": bad + [f"tensors {moved} moved"] * bool(moved),
+                "warned": warned}
+
+    def mismatches(self, name: str) -> list[tuple[str, str, bool, bool]]:
+        """Calls refused before anything is sent: (call, the error's class, a RuntimeError?, aioccl's
+        InvalidArgument?). A list of the wrong length is refused by ray.util.collective itself, for every
+        backend (a RuntimeError); a shape or dtype that does not match by this backend. The group stays usable."""
+        n = col.get_collective_group_size(name)
+        x = np.ones(10, np.float32)
+        cases = {
+            "allgather: a list of the wrong length": lambda: col.allgather([x.copy() for _ in range(n + 1)], x, name),
+            "reducescatter: a list of the wrong length": lambda: col.reducescatter(x, [x] * (n - 1), name),
+            "allgather: a tensor of another shape": lambda: col.allgather([np.ones(5, np.float32)] * n, x, name),
+            "allgather: a tensor of another dtype": lambda: col.allgather([np.ones(10, np.float64)] * n, x, name),
+            "reducescatter: an output of another shape": lambda: col.reducescatter(np.ones(5, np.float32),
+                                                                                   [x] * n, name),
+            "reducescatter: inputs of another dtype": lambda: col.reducescatter(x, [np.ones(10, np.int32)] * n,
+                                                                                name),
+        }
+        out = []
+        for what, call in cases.items():
+            try:
+                call()
+                out.append((what, "no error", False, False))
+            except Exception as e:  # noqa: BLE001 - what was raised is the answer
+                out.append((what, type(e).__name__, isinstance(e, RuntimeError),
+                            isinstance(e, aioccl.InvalidArgument)))
+        col.allreduce(x, name)
+        out.append(("then an allreduce", "exact" if (x == n).all() else "wrong", True, True))
+        return out
+
+    def mismatched_allgather(self, name: str) -> None:
+        """The same refusal left to Ray: the driver's ray.get sees it."""
+        n = col.get_collective_group_size(name)
+        col.allgather([np.ones(5, np.float32)] * n, np.ones(10, np.float32), name)
+
     def across_a_kill(self, name: str) -> tuple[str, int, float]:
         """A ray.util.collective call waiting for a member that is killed meanwhile: its error, the rank it names,
         and when it was raised (``time.time()``: the driver knows when it killed)."""
@@ -152,7 +227,7 @@ class Member:
             col.allreduce(np.ones(4), name)
             return "no error", -1, time.time()
         except aioccl.PeerLost as e:
-            return type(e).__name__, e.rank, time.time()
+            return type(e).__name__ + ("/RuntimeError" if isinstance(e, RuntimeError) else ""), e.rank, time.time()
 
     def every_op_on_gpu(self, name: str) -> list[str]:
         """The list-taking ops and the others on cupy arrays (the stand-in, tests/fakecupy, where no GPU is):
@@ -186,7 +261,8 @@ class Member:
             col.allreduce(np.ones(4), name)
             return "no error", [], time.monotonic() - t
         except aioccl.CollectiveTimeout as e:
-            return type(e).__name__, e.waiting_for, time.monotonic() - t
+            kind = type(e).__name__ + ("/RuntimeError" if isinstance(e, RuntimeError) else "")
+            return kind, e.waiting_for, time.monotonic() - t
 
     def time_allreduce(self, name: str, count: int, reps: int) -> float:
         """Median seconds per ray.util.collective.allreduce call."""
