@@ -8,7 +8,9 @@ keeps the loop free is ``aioccl.ray.init_group``.
 
 numpy arrays and torch CPU tensors are reduced and written in place (mixed in one call as the user likes),
 cupy arrays on the GPU path. ``timeout_ms`` in an op's options is its deadline; unset, the communicator's
-(``AIOCCL_TIMEOUT``). Failures are aioccl's errors: a killed actor's rank is named by ``PeerLost``.
+(``AIOCCL_TIMEOUT``). Failures are aioccl's errors as their Ray kinds (``errors.py``: also ``RuntimeError`` s, what
+Ray's callers catch): a killed actor's rank is named by ``PeerLost``. A read-only numpy array (Ray's object store
+hands actors their arguments so) is written in place with a ``ReadOnlyArrayWarning``, as GLOO writes it.
 """
 
 from __future__ import annotations
