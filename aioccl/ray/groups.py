@@ -21,7 +21,7 @@ import ray
 from ..communicator import Communicator
 from ..envvars import check_timeout, env_timeout
 from ..errors import BootstrapError
-from .rendezvous import POLL_S, Meeting, check_group, declared, info_actor
+from .rendezvous import Meeting, check_group, declared, info_actor
 
 BACKEND = "AIOCCL"  # its name in ray.util.collective (Ray upper-cases every backend's name)
 
@@ -48,7 +48,7 @@ async def init_group(world_size: int | None = None, rank: int | None = None, nam
         while True:
             uid = m.next()
             if uid is None:
-                await asyncio.sleep(POLL_S)
+                await asyncio.sleep(m.pause())
                 continue
             try:
                 return await Communicator.create(uid, rank, world_size, t, engine=engine)
@@ -77,7 +77,7 @@ def meet_sync(kind: str, world_size: int | None, rank: int | None, name: str,
         while True:
             uid = m.next()
             if uid is None:
-                time.sleep(POLL_S)
+                time.sleep(m.pause())
                 continue
             try:
                 return Communicator.create_sync(uid, rank, world_size, t)
