@@ -205,7 +205,8 @@ def test_a_group_declared_from_the_driver(pool) -> None:  # type: ignore[no-unty
 
 def test_a_stale_id_in_rays_store_is_waited_past(pool) -> None:  # type: ignore[no-untyped-def]
     """A rank 0 that died before its group formed leaves its id under the group's key: the next rank 1 tries it
-    (refused: its root is gone), waits, and meets the new rank 0, which overwrote it."""
+    (refused: its root is gone), waits, and meets the new rank 0, which overwrote it and takes it away once the
+    group has formed."""
     import socket
 
     from ray.experimental import internal_kv
@@ -222,7 +223,11 @@ def test_a_stale_id_in_rays_store_is_waited_past(pool) -> None:  # type: ignore[
     time.sleep(1.0)  # rank 1 has met the stale id by now
     assert get([a.join.remote(2, 0, "stale"), second]) == [(0, 2), (1, 2)]
     assert get([a.all_reduce.remote("stale"), b.all_reduce.remote("stale")]) == [[], []]
-    assert internal_kv._internal_kv_get(rendezvous.key("comm", "stale"), namespace=rendezvous.NAMESPACE) is None
+    # rank 0 takes its id off the store once the group formed, on a thread of its own (off the first op's way)
+    deadline = time.monotonic() + 10.0
+    while internal_kv._internal_kv_get(rendezvous.key("comm", "stale"), namespace=rendezvous.NAMESPACE) is not None:
+        assert time.monotonic() < deadline, "rank 0 left its id in Ray's store"
+        time.sleep(0.01)
     get([a.close.remote("stale"), b.close.remote("stale")])
 
 

@@ -3,7 +3,9 @@
 The server speaks first (magic + nonce); the client answers with its own
 nonce and ``HMAC(secret, "client" | nonce_s | nonce_c)``; the server checks it
 (constant time) and proves itself with ``HMAC(secret, "server" | nonce_c |
-nonce_s)``. Nothing else is read from a connection until this succeeds, and
+nonce_s)``. The client's first message (``then``: its hello, which holds no secret) rides with its answer
+instead of waiting a round trip for the proof; it trusts nothing it reads before the proof. Nothing else is
+read by the server from a connection until the answer checks, and
 every read has a deadline, so garbage, strangers and slow-loris peers are
 dropped without disturbing the server. The secret never crosses the wire.
 The pure functions below are the protocol; the two coroutines run it.
@@ -87,10 +89,11 @@ async def as_server(sock: socket.socket, secret: bytes, timeout: float) -> None:
         await loop.sock_sendall(sock, proof)
 
 
-async def as_client(sock: socket.socket, secret: bytes, timeout: float) -> None:
+async def as_client(sock: socket.socket, secret: bytes, timeout: float, then: bytes = b"") -> None:
+    """Answer the server's challenge, send ``then`` behind the answer, and check the server's proof."""
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(timeout):
         msg = await recv_bytes(sock, len(MAGIC) + NONCE)
         nonce_c, reply = answer(secret, msg)
-        await loop.sock_sendall(sock, reply)
+        await loop.sock_sendall(sock, reply + then)
         verify_proof(secret, msg[len(MAGIC):], nonce_c, await recv_bytes(sock, MAC))

@@ -30,7 +30,7 @@ from ..errors import BootstrapError
 from . import auth
 from .admission import FIRST_BYTES_S, HANDSHAKE_S, Admission, DropLog, accept_forever, reason_of
 from .netif import local_address
-from .sockio import Closed, recv_json, send_json, tune
+from .sockio import Closed, json_frame, recv_json, tune
 from .unique_id import UniqueId
 
 _log = log.get("BOOTSTRAP")
@@ -214,15 +214,17 @@ async def _ask_root(uid: UniqueId, rank: int, hello: dict[str, Any], deadline: f
 
 async def _meet(host: str, port: int, secret: bytes, deadline: float, what: str, hello: dict[str, Any],
                 stale: str = "", rank: int = -1) -> socket.socket:
-    """Connect, prove the secret and send ``hello``; a try that breaks before that is done (evicted, reset,
-    no answer within ``ATTEMPT_S``: a flooded server) is made again with backoff until ``deadline``."""
+    """Connect, prove the secret and send ``hello`` (behind the answer: ``auth.as_client``); a try that breaks
+    before that is done (evicted, reset, no answer within ``ATTEMPT_S``: a flooded server) is made again with
+    backoff until ``deadline``."""
     delay, tries = 0.02, 0
     while True:
         sock = await _connect(host, port, deadline, what, stale)
         tries += 1
         try:
-            await auth.as_client(sock, secret, timeout=min(ATTEMPT_S, max(0.5, deadline - time.monotonic())))
-            await send_json(sock, hello)
+            # the hello rides with the answer to the challenge (a round trip less per connection)
+            await auth.as_client(sock, secret, timeout=min(ATTEMPT_S, max(0.5, deadline - time.monotonic())),
+                                 then=json_frame(hello))
             return sock
         except auth.SecretRefused as e:
             sock.close()

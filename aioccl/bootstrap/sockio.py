@@ -36,9 +36,14 @@ async def recv_bytes(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-async def send_json(sock: socket.socket, obj: Any) -> None:
+def json_frame(obj: Any) -> bytes:
+    """``obj`` as JSON behind its length: what ``send_json`` sends and ``recv_json`` reads."""
     data = json.dumps(obj).encode()
-    await asyncio.get_running_loop().sock_sendall(sock, struct.pack("<I", len(data)) + data)
+    return struct.pack("<I", len(data)) + data
+
+
+async def send_json(sock: socket.socket, obj: Any) -> None:
+    await asyncio.get_running_loop().sock_sendall(sock, json_frame(obj))
 
 
 async def recv_json(sock: socket.socket) -> Any:

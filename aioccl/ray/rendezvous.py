@@ -4,10 +4,13 @@ every process of the cluster reaches already), the others read it there. No port
 The key is the group's name, per use (``KINDS``: the ``ray.util.collective`` backend's groups and ``init_group``'s
 communicators are different communicators, so one name may serve both at once). Rank 0 deletes the key once the
 communicator exists (every rank has met its root by then), so a group destroyed and made again under its name
-starts from no key. A key left behind by a rank 0 that died before that is stale: rank 0 overwrites it, and a
-rank that tried it (the root refuses: the id says the root was up when published) waits for the next value
-instead of failing, until its deadline. The waits poll the store, 1 ms after the first look and doubling up to
-``POLL_S`` (50 ms, as Ray's Gloo backend polls): a fixed 50 ms made every group take 50-80 ms to form.
+starts from no key. It does so on a thread of its own (two calls to the store, ~1 ms on a loaded machine, kept
+out of the group's formation and its first op); its next publication under that key waits for the removal, so a
+removal never takes a newer id away. A key left behind by a rank 0 that died before that is stale: rank 0
+overwrites it, and a rank that tried it (the root refuses: the id says the root was up when published) waits
+for the next value instead of failing, until its deadline. The waits poll the store, 0.25 ms after the first
+look and doubling up to ``POLL_S`` (50 ms, as Ray's Gloo backend polls): a fixed 50 ms made every group take
+50-80 ms to form.
 
 With ``AIOCCL_COMM_SECRET`` set in the actors' environment the secret stays off the store (the root's address
 only), as under torch's store (``interop/c10d/backend.py``); without it rank 0 makes a random one, and the store
@@ -17,6 +20,7 @@ carries it to the members only.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,7 +36,7 @@ from ..errors import BootstrapError, InvalidArgument
 NAMESPACE = "aioccl"
 KINDS = ("collective", "comm")  # ray.util.collective's backend; aioccl.ray.init_group
 POLL_S = 0.05  # the longest wait between two looks at the store
-FIRST_POLL_S = 0.001  # the first: ranks usually arrive within milliseconds of rank 0 (a look is one GCS call)
+FIRST_POLL_S = 0.00025  # the first: ranks arrive within a millisecond or two of rank 0 (a look: one GCS call)
 OWN_SECRET = "/secret-from-AIOCCL_COMM_SECRET"  # stored in place of the secret: every actor has it
 
 
@@ -66,7 +70,7 @@ class Meeting:
     wait_s: float = FIRST_POLL_S  # the next pause between looks at the store
 
     def pause(self) -> float:
-        """How long to wait before the next look: 1 ms, doubling to ``POLL_S``."""
+        """How long to wait before the next look: 0.25 ms, doubling to ``POLL_S``."""
         wait, self.wait_s = self.wait_s, min(POLL_S, 2 * self.wait_s)
         return wait
 
@@ -85,10 +89,14 @@ class Meeting:
     def host(self) -> UniqueId:
         """Rank 0: a root in this process, its id published (over a stale one, if any)."""
         own = comm_secret(os.environ)
+        k = key(self.kind, self.name)
+        pending = _removing.get(k)
+        if pending is not None:  # this process's removal of the key's last value: done before it is set anew
+            pending.join()
         uid = UniqueId.new(host=ray.util.get_node_ip_address(), secret=own)  # type: ignore[no-untyped-call]
         host = f"[{uid.host}]" if ":" in uid.host else uid.host
         self.published = f"{host}:{uid.port}{OWN_SECRET}" if own else str(uid)
-        internal_kv._internal_kv_put(key(self.kind, self.name), self.published, True, namespace=NAMESPACE)
+        internal_kv._internal_kv_put(k, self.published, True, namespace=NAMESPACE)
         return uid
 
     def offer(self) -> UniqueId | None:
@@ -115,17 +123,31 @@ class Meeting:
             raise exc
 
     def done(self) -> None:
-        """Rank 0, once the communicator exists or failed: the key goes, unless somebody replaced it since."""
+        """Rank 0, once the communicator exists or failed: the key goes (on a thread: ``_remove``), unless
+        somebody replaced it since."""
         if not self.published:
             return
         k = key(self.kind, self.name)
-        try:
-            now = internal_kv._internal_kv_get(k, namespace=NAMESPACE)
-            if now is not None and now.decode() == self.published:
-                internal_kv._internal_kv_del(k, namespace=NAMESPACE)
-        except Exception:  # noqa: BLE001 (Ray shutting down: a key left behind is overwritten next time)
-            pass
+        t = _removing[k] = threading.Thread(target=_remove, args=(k, self.published), daemon=True,
+                                            name=f"aioccl-ray-forget-{k}")
+        t.start()
         self.published = ""
+
+
+_removing: dict[str, threading.Thread] = {}  # key -> the thread removing this process's last value of it
+
+
+def _remove(k: str, published: str) -> None:
+    """Delete ``k`` if it still holds ``published`` (another rank 0 may have replaced it: that one stays)."""
+    try:
+        now = internal_kv._internal_kv_get(k, namespace=NAMESPACE)
+        if now is not None and now.decode() == published:
+            internal_kv._internal_kv_del(k, namespace=NAMESPACE)
+    except Exception:  # noqa: BLE001 (Ray shutting down: a key left behind is overwritten next time)
+        pass
+    finally:
+        if _removing.get(k) is threading.current_thread():
+            del _removing[k]
 
 
 def declared(name: str, info: tuple[Any, ...]) -> tuple[int, int]:
