@@ -133,6 +133,27 @@ def test_tuner_within_10_percent_of_the_best_simulated_algorithm_on_several_host
         assert min(big, key=big.__getitem__) in ("rail", "leader"), big
 
 
+def test_a_flat_rings_nic_crowd_from_its_neighbours_equals_the_one_from_every_mates_schedule():
+    """``nic_crowd`` of a flat ring is worked out from rank 0's steps and the mates' neighbours (the tuner's
+    pricing at 4096 ranks built 8 schedules of 4096 ranks per candidate): the same as from each mate's own
+    schedule, on hosts of equal and unequal sizes, one and two NICs, every ring collective, counts below the
+    rank count, one piece and several."""
+    from aioccl.algorithms.cost import _crowd, _ring_crowd
+
+    layouts = [tuple(r // 4 for r in range(12)), tuple(r // 8 for r in range(32)), (0, 0, 0, 1, 2, 2, 2, 2, 3),
+               (0, 1, 0, 1, 0, 1)]
+    for layout in layouts:
+        n = len(layout)
+        for nics in (1, 2):
+            hosts = Hosts(layout, nics=nics)
+            mates = [r for r in range(n) if hosts.nic(r) == hosts.nic(0)]
+            for coll in ("all_reduce", "reduce_scatter", "all_gather"):
+                for count, chunk in ((1, 64), (n - 1, 64), (5 * n + 3, 4), (1000, 16)):
+                    scheds = [plan(coll, count, r, n, 0, chunk, "ring") for r in mates]
+                    assert _ring_crowd(coll, count, n, chunk, hosts) == _crowd(scheds, mates, layout), \
+                        (layout, nics, coll, count, chunk)
+
+
 def test_leader_phases_back_to_back_bound_the_simulation():
     """Beyond 16 ranks ``leader`` is priced as its phases in sequence: never below the event simulation,
     and within 2x of it (checked where both run: 4 hosts x 4; the phases overlap a little in reality)."""

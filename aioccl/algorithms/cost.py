@@ -197,10 +197,17 @@ def nic_crowd(coll: str, algo: str, count: int, n: int, chunk: int, hosts: Hosts
     """Per step of rank 0's schedule: the ranks on rank 0's NIC that send, and that receive, over the network in
     that step (at least 1 each), from their own schedules (a flat ring crosses from one rank of a host each
     way, rail and recursive doubling from all)."""
+    if algo == "ring" and (coll, algo) in SYMMETRIC:
+        return _ring_crowd(coll, count, n, chunk, hosts)
     layout = hosts.layout
     mates = [r for r in range(n) if hosts.nic(r) == hosts.nic(0)]
     scheds = [plan(coll, count, r, n, 0, chunk, algo, layout=layout if algo in HIERARCHICAL_ALGOS else ())
               for r in mates]
+    return _crowd(scheds, mates, layout)
+
+
+def _crowd(scheds: Sequence[Schedule], mates: Sequence[int], layout: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """``nic_crowd`` from the mates' own schedules (``scheds[i]`` is rank ``mates[i]``'s; the first is rank 0's)."""
     steps = len(scheds[0].steps)
     out, into = [0] * steps, [0] * steps
     for r, s in zip(mates, scheds, strict=True):
@@ -208,6 +215,19 @@ def nic_crowd(coll: str, algo: str, count: int, n: int, chunk: int, hosts: Hosts
             out[i] += any(layout[x.peer] != layout[r] for x in st.sends)
             into[i] += any(layout[x.peer] != layout[r] for x in st.recvs)
     return tuple((max(1, a), max(1, b)) for a, b in zip(out, into, strict=True))
+
+
+def _ring_crowd(coll: str, count: int, n: int, chunk: int, hosts: Hosts) -> tuple[tuple[int, int], ...]:
+    """``nic_crowd`` of a flat ring without the mates' schedules (building 8 of 4096 ranks took most of the
+    tuner's pricing there): in every step of a ring every rank sends to ``rank + 1`` and receives from
+    ``rank - 1`` or does neither (all_gather's first step, its own copy), so rank 0's steps and the mates'
+    neighbours say it all. Equal to ``_crowd`` (tests/test_sim.py checks it)."""
+    layout = hosts.layout
+    mates = [r for r in range(n) if hosts.nic(r) == hosts.nic(0)]
+    sending = max(1, sum(layout[(r + 1) % n] != layout[r] for r in mates))
+    receiving = max(1, sum(layout[(r - 1) % n] != layout[r] for r in mates))
+    return tuple((sending if st.sends else 1, receiving if st.recvs else 1)
+                 for st in plan(coll, count, 0, n, 0, chunk, "ring").steps)
 
 
 def chain_time(count: int, n: int, chunk: int, link: Link, itemsize: int) -> float:
