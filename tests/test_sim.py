@@ -133,25 +133,28 @@ def test_tuner_within_10_percent_of_the_best_simulated_algorithm_on_several_host
         assert min(big, key=big.__getitem__) in ("rail", "leader"), big
 
 
-def test_a_flat_rings_nic_crowd_from_its_neighbours_equals_the_one_from_every_mates_schedule():
-    """``nic_crowd`` of a flat ring is worked out from rank 0's steps and the mates' neighbours (the tuner's
-    pricing at 4096 ranks built 8 schedules of 4096 ranks per candidate): the same as from each mate's own
-    schedule, on hosts of equal and unequal sizes, one and two NICs, every ring collective, counts below the
-    rank count, one piece and several."""
-    from aioccl.algorithms.cost import _crowd, _ring_crowd
+def test_the_nic_crowd_of_ring_and_rail_from_rank_0s_steps_equals_the_one_from_every_mates_schedule():
+    """``nic_crowd`` of a flat ring (from rank 0's steps and the mates' neighbours) and of rail (from rank 0's
+    steps: every mate crosses where it does) is worked out without the mates' schedules (the tuner's pricing
+    at 4096 ranks built 8 schedules of 4096 ranks per candidate): the same as from each mate's own schedule,
+    on hosts of equal sizes (and unequal for the ring; rail refuses them), ranks of a host apart and together,
+    one and two NICs, every ring and rail collective, counts below the rank count, one piece and several."""
+    from aioccl.algorithms.cost import _crowd, _rail_crowd, _ring_crowd
 
-    layouts = [tuple(r // 4 for r in range(12)), tuple(r // 8 for r in range(32)), (0, 0, 0, 1, 2, 2, 2, 2, 3),
-               (0, 1, 0, 1, 0, 1)]
+    layouts = [tuple(r // 4 for r in range(12)), tuple(r // 8 for r in range(32)), (0, 0, 0, 1, 1, 1, 2, 2, 2),
+               (0, 1, 0, 1, 0, 1), (0, 0, 0, 1, 2, 2, 2, 2, 3)]
     for layout in layouts:
-        n = len(layout)
+        n, equal = len(layout), len({layout.count(h) for h in layout}) == 1
         for nics in (1, 2):
             hosts = Hosts(layout, nics=nics)
             mates = [r for r in range(n) if hosts.nic(r) == hosts.nic(0)]
-            for coll in ("all_reduce", "reduce_scatter", "all_gather"):
-                for count, chunk in ((1, 64), (n - 1, 64), (5 * n + 3, 4), (1000, 16)):
-                    scheds = [plan(coll, count, r, n, 0, chunk, "ring") for r in mates]
-                    assert _ring_crowd(coll, count, n, chunk, hosts) == _crowd(scheds, mates, layout), \
-                        (layout, nics, coll, count, chunk)
+            for algo, fast in (("ring", _ring_crowd), ("rail", _rail_crowd)) if equal else (("ring", _ring_crowd),):
+                for coll in ("all_reduce", "reduce_scatter", "all_gather"):
+                    for count, chunk in ((1, 64), (n - 1, 64), (5 * n + 3, 4), (1000, 16)):
+                        scheds = [plan(coll, count, r, n, 0, chunk, algo, layout=layout if algo == "rail" else ())
+                                  for r in mates]
+                        assert fast(coll, count, n, chunk, hosts) == _crowd(scheds, mates, layout), \
+                            (layout, nics, algo, coll, count, chunk)
 
 
 def test_leader_phases_back_to_back_bound_the_simulation():

@@ -199,6 +199,8 @@ def nic_crowd(coll: str, algo: str, count: int, n: int, chunk: int, hosts: Hosts
     way, rail and recursive doubling from all)."""
     if algo == "ring" and (coll, algo) in SYMMETRIC:
         return _ring_crowd(coll, count, n, chunk, hosts)
+    if algo == "rail":
+        return _rail_crowd(coll, count, n, chunk, hosts)
     layout = hosts.layout
     mates = [r for r in range(n) if hosts.nic(r) == hosts.nic(0)]
     scheds = [plan(coll, count, r, n, 0, chunk, algo, layout=layout if algo in HIERARCHICAL_ALGOS else ())
@@ -228,6 +230,18 @@ def _ring_crowd(coll: str, count: int, n: int, chunk: int, hosts: Hosts) -> tupl
     receiving = max(1, sum(layout[(r - 1) % n] != layout[r] for r in mates))
     return tuple((sending if st.sends else 1, receiving if st.recvs else 1)
                  for st in plan(coll, count, 0, n, 0, chunk, "ring").steps)
+
+
+def _rail_crowd(coll: str, count: int, n: int, chunk: int, hosts: Hosts) -> tuple[tuple[int, int], ...]:
+    """``nic_crowd`` of rail without the mates' schedules: rail needs equal hosts, and every rank of a host runs
+    the same phases in the same steps (a ring inside the host, the ring of its rail across the hosts, inside
+    again), so every mate crosses the network in the steps where rank 0 does and in no other. Equal to
+    ``_crowd`` (tests/test_sim.py checks it)."""
+    layout = hosts.layout
+    mates = sum(1 for r in range(n) if hosts.nic(r) == hosts.nic(0))
+    own = plan(coll, count, 0, n, 0, chunk, "rail", layout=layout)
+    return tuple((mates if any(layout[x.peer] != layout[0] for x in st.sends) else 1,
+                  mates if any(layout[x.peer] != layout[0] for x in st.recvs) else 1) for st in own.steps)
 
 
 def chain_time(count: int, n: int, chunk: int, link: Link, itemsize: int) -> float:
