@@ -92,7 +92,7 @@ class Meeting:
         k = key(self.kind, self.name)
         pending = _removing.get(k)
         if pending is not None:  # this process's removal of the key's last value: done before it is set anew
-            pending.join()
+            pending.join(max(0.0, self.deadline - time.monotonic()))  # (bounded: a store that hangs is Ray's)
         uid = UniqueId.new(host=ray.util.get_node_ip_address(), secret=own)  # type: ignore[no-untyped-call]
         host = f"[{uid.host}]" if ":" in uid.host else uid.host
         self.published = f"{host}:{uid.port}{OWN_SECRET}" if own else str(uid)
