@@ -202,10 +202,15 @@ def nic_crowd(coll: str, algo: str, count: int, n: int, chunk: int, hosts: Hosts
     if algo == "rail":
         return _rail_crowd(coll, count, n, chunk, hosts)
     layout = hosts.layout
-    mates = [r for r in range(n) if hosts.nic(r) == hosts.nic(0)]
+    mates = _nic_mates(n, hosts)
     scheds = [plan(coll, count, r, n, 0, chunk, algo, layout=layout if algo in HIERARCHICAL_ALGOS else ())
               for r in mates]
     return _crowd(scheds, mates, layout)
+
+
+def _nic_mates(n: int, hosts: Hosts) -> list[int]:
+    """The ranks that send and receive through rank 0's NIC (rank 0 first)."""
+    return [r for r in range(n) if hosts.nic(r) == hosts.nic(0)]
 
 
 def _crowd(scheds: Sequence[Schedule], mates: Sequence[int], layout: Sequence[int]) -> tuple[tuple[int, int], ...]:
@@ -225,7 +230,7 @@ def _ring_crowd(coll: str, count: int, n: int, chunk: int, hosts: Hosts) -> tupl
     ``rank - 1`` or does neither (all_gather's first step, its own copy), so rank 0's steps and the mates'
     neighbours say it all. Equal to ``_crowd`` (tests/test_sim.py checks it)."""
     layout = hosts.layout
-    mates = [r for r in range(n) if hosts.nic(r) == hosts.nic(0)]
+    mates = _nic_mates(n, hosts)
     sending = max(1, sum(layout[(r + 1) % n] != layout[r] for r in mates))
     receiving = max(1, sum(layout[(r - 1) % n] != layout[r] for r in mates))
     return tuple((sending if st.sends else 1, receiving if st.recvs else 1)
@@ -238,7 +243,7 @@ def _rail_crowd(coll: str, count: int, n: int, chunk: int, hosts: Hosts) -> tupl
     again), so every mate crosses the network in the steps where rank 0 does and in no other. Equal to
     ``_crowd`` (tests/test_sim.py checks it)."""
     layout = hosts.layout
-    mates = sum(1 for r in range(n) if hosts.nic(r) == hosts.nic(0))
+    mates = len(_nic_mates(n, hosts))
     own = plan(coll, count, 0, n, 0, chunk, "rail", layout=layout)
     return tuple((mates if any(layout[x.peer] != layout[0] for x in st.sends) else 1,
                   mates if any(layout[x.peer] != layout[0] for x in st.recvs) else 1) for st in own.steps)
