@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -32,7 +33,7 @@ from ..transport.pairing import hello as streams_hello
 from ..transport.shm import pair_setup
 from ..transport.shm.pair import PairHub, ShmPairConnection
 from ..transport.shm.segment import LoopBell
-from ..transport.tcp import SelfConnection, TcpConnection, peer_timeout
+from ..transport.tcp import LAST_WORDS_S, SelfConnection, TcpConnection, peer_timeout
 from ..transport.wiring import Wiring
 from ..tuning import Tuning
 from ..watchdog import Watchdog, hang_dump_folder, report_unfinished, watchdog_seconds
@@ -408,8 +409,9 @@ class Engine:
             self.detach_channel(chan, exc)
         if self.bell is not None:
             self.bell.close()
+        until = time.monotonic() + LAST_WORDS_S  # a half-sent frame is finished first: one budget for all
         for c in self.conns.values():  # (last words naming the rank lost first: the peers blame it, not us)
-            c.abort(self.mailbox.lost_first)
+            c.abort(self.mailbox.lost_first, until)
         if self.ib_port is not None:
             self.ib_port.close()
         if self.pair_hub is not None:

@@ -10,14 +10,18 @@ Each callback reads at most ``read_budget`` bytes, so one large payload
 cannot starve the sends that share the loop.
 
 Sends hand the header and payload to the kernel in one ``sendmsg`` when they
-fit, and fall back to the loop's ``sock_sendall`` (zero-copy on memoryviews)
-for the rest. A lock keeps concurrent senders' frames whole.
+fit, and wait for the socket to take the rest (zero-copy on memoryviews),
+remembering what it has not taken yet: an abort in the middle of a frame
+finishes that frame (bounded in time) so that its last words can follow it.
+A lock keeps concurrent senders' frames whole.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
+import select
 import socket
 import time
 
@@ -40,6 +44,10 @@ PRIVATE_SLICES = (4 << 20, 4 << 20)
 WRITE_HOLD_S = 200e-6
 SEND_NOW_MAX = 64 << 10  # a larger payload is sent by a task: a remainder the kernel refuses is not copied
 DEFAULT_PEER_TIMEOUT = 10.0  # a link may flap for seconds (a switch failing over) and come back
+# An abort that finds a frame half sent finishes it within this (all of an engine's connections together) so
+# that its last words can go after it: a peer that reads on learns it was an abort, and whose loss caused it,
+# instead of blaming this rank for a crash. A peer that does not read in time gets no last words (a crash).
+LAST_WORDS_S = 0.2
 
 
 def peer_timeout(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
@@ -89,6 +97,9 @@ class TcpConnection:
         if self.stripes is not None:
             self.reader.stripe = self.stripes
         self._control = bytearray()  # control frames (failure notices) waiting for the socket
+        # the frame being written, while the socket has not taken it all: (a view, how much of it the kernel
+        # took, the rest of the frame after it); abort() finishes it before its last words
+        self._unsent: tuple[memoryview, list[int], memoryview | None] | None = None
         self._said_bye = False  # a graceful close's BYE went out: abort() then adds no last words
         self.write_slice, self.read_budget = PRIVATE_SLICES  # share_loop() for an engine on the caller's loop
         self._flusher: asyncio.Task[None] | None = None
@@ -136,7 +147,7 @@ class TcpConnection:
         except (BlockingIOError, InterruptedError):
             sent = 0
         if sent < len(header):
-            await self.loop.sock_sendall(sock, memoryview(header)[sent:])
+            await self._sendall(memoryview(header)[sent:], body)
             sent = len(header)
         if body is not None:
             await self._write_rest(body, sent - len(header))
@@ -151,11 +162,48 @@ class TcpConnection:
         view = body
         while done < len(view):
             piece = view[done:done + self.write_slice]
-            await self.loop.sock_sendall(self.sock, piece)
+            await self._sendall(piece, view[done + len(piece):])
             done += len(piece)
             if done < len(view) and clock() > until:
+                self._unsent = (view[done:], [0], None)
                 await asyncio.sleep(0)
+                self._unsent = None
                 until = clock() + WRITE_HOLD_S
+
+    async def _sendall(self, view: memoryview, then: memoryview | None = None) -> None:
+        """The loop's ``sock_sendall``, keeping what the kernel has not taken yet (and ``then``, the rest of
+        the frame after ``view``) in ``_unsent`` while it waits, for abort() to finish."""
+        sock = self.sock
+        try:
+            n = sock.send(view)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        if n == len(view):
+            return
+        pos = [n]
+        fut = self.loop.create_future()
+        fd = sock.fileno()
+
+        def on_writable() -> None:
+            if fut.done():
+                return
+            try:
+                pos[0] += sock.send(view[pos[0]:])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                fut.set_exception(e)
+                return
+            if pos[0] == len(view):
+                fut.set_result(None)
+
+        self._unsent = (view, pos, then)
+        self.loop.add_writer(fd, on_writable)
+        try:
+            await fut
+        finally:
+            self._unsent = None
+            self.loop.remove_writer(fd)
 
     def send_now(self, header: bytes, payload: memoryview) -> bool:
         """Write a small frame from synchronous code (a task and a loop turn cost more than the message)
@@ -211,7 +259,7 @@ class TcpConnection:
     async def _flush_control(self) -> None:
         data, self._control = bytes(self._control), bytearray()
         if data and not self.closed:
-            await self.loop.sock_sendall(self.sock, data)
+            await self._sendall(memoryview(data))
 
     @property
     def bye_received(self) -> bool:
@@ -296,14 +344,22 @@ class TcpConnection:
                 pass
         self.abort()
 
-    def abort(self, lost_first: int = -1) -> None:
+    def abort(self, lost_first: int = -1, until: float | None = None) -> None:
         """Drop the connection, leaving the abort's last words (``abort_words``: with ``lost_first``, the world
-        rank whose loss this rank knew of first) if they can go without waiting."""
-        if not self._lock.locked() and not self.closed:  # last words: one try, no waiting
-            try:
-                self.sock.send(bytes(self._control) + (b"" if self._said_bye else abort_words(lost_first)))
-            except OSError:
-                pass
+        rank whose loss this rank knew of first): at once if no frame is half sent, else after the rest of
+        that frame if the socket takes it by ``until`` (``time.monotonic()``; None: now + LAST_WORDS_S)."""
+        if not self.closed:
+            words = memoryview(bytes(self._control) + (b"" if self._said_bye else abort_words(lost_first)))
+            half = self._unsent if self._lock.locked() else None
+            if half is None:  # at a frame boundary: one try, no waiting
+                try:
+                    self.sock.send(words)
+                except OSError:
+                    pass
+            else:
+                view, pos, then = half
+                self._finish([view[pos[0]:], *([then] if then is not None else []), words],
+                             time.monotonic() + LAST_WORDS_S if until is None else until)
         self.closed = True
         self._stop_reading()
         if self.stripes is not None:
@@ -312,6 +368,23 @@ class TcpConnection:
             self.sock.close()
         except OSError:
             pass
+
+
+    def _finish(self, parts: list[memoryview], until: float) -> None:
+        """Write ``parts`` whole, waiting for the socket (never past ``until``); what does not go is dropped."""
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLOUT)
+        for part in parts:
+            while len(part):
+                left = until - time.monotonic()
+                if left <= 0 or not poller.poll(math.ceil(left * 1000)):
+                    return
+                try:
+                    part = part[self.sock.send(part):]
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    return
 
 
 class SelfConnection:
@@ -335,5 +408,5 @@ class SelfConnection:
     async def close(self, graceful: bool) -> None:
         self.closed = True
 
-    def abort(self, lost_first: int = -1) -> None:
+    def abort(self, lost_first: int = -1, until: float | None = None) -> None:
         self.closed = True

@@ -231,8 +231,8 @@ class IbConnection:
         await self.side.close(graceful)
         self._shut("connection closed")
 
-    def abort(self, lost_first: int = -1) -> None:
+    def abort(self, lost_first: int = -1, until: float | None = None) -> None:
         if self.closed:
             return
-        self.side.abort(lost_first)
+        self.side.abort(lost_first, until)
         self._shut("connection aborted")

@@ -325,14 +325,14 @@ class ShmPairConnection:
             await self.side.close(graceful=True)
         self.abort()
 
-    def abort(self, lost_first: int = -1) -> None:
+    def abort(self, lost_first: int = -1, until: float | None = None) -> None:
         if not self._lock.locked() and not self.closed:  # last words: one try, no waiting
             data = self._take_control() + (b"" if self._said_bye else abort_words(lost_first))
             if self.tx.free() >= len(data):
                 self.tx.write(memoryview(data))
                 self.hub.ring(self.peer)
         self._shut()
-        self.side.abort(lost_first)
+        self.side.abort(lost_first, until)
 
 
 def _bytes(payload: memoryview) -> memoryview:
