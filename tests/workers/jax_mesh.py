@@ -50,25 +50,36 @@ def varying(v):
 
 def run(body, label: str, times: int = 1) -> None:
     """``body()`` returns pairs (ours, lax's); each is compared on every device, bit for bit."""
-    global checks
+    program([(body, label)], times)
+
+
+def program(bodies, times: int = 1) -> None:
+    """The bodies' pairs in one jitted program (each program compiled costs a fraction of a second of CPU:
+    the ops of one axis share one), each pair named by its body's label for a difference."""
+    labels: list[str] = []
 
     def wrapped(_):
-        pairs = body()
-        return [varying(jnp.expand_dims(v, 0)) for pair in pairs for v in pair]
+        labels.clear()
+        outs = []
+        for body, label in bodies:
+            pairs = body()
+            labels.extend(f"{label} #{i}" for i in range(len(pairs)))
+            outs += [varying(jnp.expand_dims(v, 0)) for pair in pairs for v in pair]
+        return outs
 
     f = jax.jit(jax.shard_map(wrapped, mesh=mesh, in_specs=P(ALL), out_specs=P(ALL)))
     for _ in range(times):
-        compare(f(jnp.zeros(len(jax.devices()))), label)
+        compare(f(jnp.zeros(len(jax.devices()))), labels)
 
 
-def compare(outs, label: str) -> None:
+def compare(outs, labels: list[str]) -> None:
     global checks
     for i in range(0, len(outs), 2):
         ours, ref = outs[i], outs[i + 1]
         for shard_a, shard_b in zip(ours.addressable_shards, ref.addressable_shards, strict=True):
             a, b = np.asarray(shard_a.data), np.asarray(shard_b.data)
             if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(a, b):
-                print(f"JAXW FAIL {label} #{i // 2} on {shard_a.device}: ours {a.dtype}{a.shape}\n{a}\n"
+                print(f"JAXW FAIL {labels[i // 2]} on {shard_a.device}: ours {a.dtype}{a.shape}\n{a}\n"
                       f"lax {b.dtype}{b.shape}\n{b}", flush=True)
                 sys.exit(1)
             checks += 1
@@ -95,19 +106,21 @@ def size(a):
     return int(np.prod([SIZES[n] for n in (a if isinstance(a, tuple) else (a,))]))
 
 
-for ax in AXES:
+for ax in AXES:  # one program per axis: its every op, gradient and vmap
     n = size(ax)
+    bodies: list = []
+    add = lambda body, label: bodies.append((body, label))  # noqa: E731
     for dt in ("float32", "int32", "bfloat16", "float64" if jax.config.jax_enable_x64 else "float16"):
-        run(lambda ax=ax, dt=dt: [(jax_ext.psum(local((3, 5), dt), ax), lax.psum(local((3, 5), dt), ax)),
+        add(lambda ax=ax, dt=dt: [(jax_ext.psum(local((3, 5), dt), ax), lax.psum(local((3, 5), dt), ax)),
                                   (jax_ext.pmax(local((4,), dt), ax), lax.pmax(local((4,), dt), ax)),
                                   (jax_ext.pmin(local((), dt), ax), lax.pmin(local((), dt), ax))], f"reduce {ax} {dt}")
-    run(lambda ax=ax: [(jax_ext.pmean(local((6,)), ax), lax.pmean(local((6,)), ax))], f"pmean {ax}")
+    add(lambda ax=ax: [(jax_ext.pmean(local((6,)), ax), lax.pmean(local((6,)), ax))], f"pmean {ax}")
     gathers = []
     for axis, tiled in [(0, False), (1, False), (2, False), (0, True), (1, True)]:
         gathers.append((axis, tiled))
-    run(lambda ax=ax, gathers=gathers: [(jax_ext.all_gather(local((2, 3)), ax, axis=a, tiled=t),
+    add(lambda ax=ax, gathers=gathers: [(jax_ext.all_gather(local((2, 3)), ax, axis=a, tiled=t),
                         lax.all_gather(local((2, 3)), ax, axis=a, tiled=t)) for a, t in gathers], f"all_gather {ax}")
-    run(lambda ax=ax, n=n: [
+    add(lambda ax=ax, n=n: [
         (jax_ext.psum_scatter(local((n, 3)), ax), lax.psum_scatter(local((n, 3)), ax)),
         (jax_ext.psum_scatter(local((3, n)), ax, scatter_dimension=1),
          lax.psum_scatter(local((3, n)), ax, scatter_dimension=1)),
@@ -115,7 +128,7 @@ for ax in AXES:
         (jax_ext.psum_scatter(local((3, 2 * n)), ax, scatter_dimension=1, tiled=True),
          lax.psum_scatter(local((3, 2 * n)), ax, scatter_dimension=1, tiled=True))], f"psum_scatter {ax}")
     perms = [[(i, (i + 1) % n) for i in range(n)], [(0, n - 1)], [(i, i) for i in range(n)]]
-    run(lambda ax=ax, perms=perms: [(jax_ext.ppermute(local((3,)), ax, p), lax.ppermute(local((3,)), ax, p))
+    add(lambda ax=ax, perms=perms: [(jax_ext.ppermute(local((3,)), ax, p), lax.ppermute(local((3,)), ax, p))
                                    for p in perms],
         f"ppermute {ax}")
     a2a = []
@@ -123,10 +136,10 @@ for ax in AXES:
                                         (1, 1, False, (2, n)), (0, 0, True, (2 * n, 3)), (0, 1, True, (2 * n, 3)),
                                         (1, 0, True, (3, 2 * n)), (2, 1, True, (2, 3, n))]:
         a2a.append((split, concat, tiled, shape))
-    run(lambda ax=ax, a2a=a2a: [(jax_ext.all_to_all(local(s), ax, sp, cc, tiled=t),
+    add(lambda ax=ax, a2a=a2a: [(jax_ext.all_to_all(local(s), ax, sp, cc, tiled=t),
                         lax.all_to_all(local(s), ax, sp, cc, tiled=t)) for sp, cc, t, s in a2a], f"all_to_all {ax}")
     # gradients: every differentiable op, against lax's transpose rules
-    run(lambda ax=ax, n=n: [
+    add(lambda ax=ax, n=n: [
         grad_pair(lambda v: jax_ext.psum(v, ax), lambda v: lax.psum(v, ax), (3, 2)),
         grad_pair(lambda v: jax_ext.pmean(v, ax), lambda v: lax.pmean(v, ax), (4,)),
         grad_pair(lambda v: jax_ext.all_gather(v, ax, axis=1), lambda v: lax.all_gather(v, ax, axis=1), (2, 3)),
@@ -139,11 +152,12 @@ for ax in AXES:
                   lambda v: lax.all_to_all(v, ax, 0, 1, tiled=True), (2 * n, 3)),
     ], f"grad {ax}")
     # vmap inside shard_map (a positional batch axis)
-    run(lambda ax=ax: [(jax.vmap(lambda v: jax_ext.psum(v, ax))(local((3, 2))),
+    add(lambda ax=ax: [(jax.vmap(lambda v: jax_ext.psum(v, ax))(local((3, 2))),
                         jax.vmap(lambda v: lax.psum(v, ax))(local((3, 2)))),
                        (jax.vmap(lambda v: jax_ext.all_gather(v, ax, tiled=True), in_axes=1)(local((2, 3))),
                         jax.vmap(lambda v: lax.all_gather(v, ax, tiled=True), in_axes=1)(local((2, 3))))],
         f"vmap {ax}")
+    program(bodies)
 
 # loops and remat: collectives inside fori_loop and checkpoint
 run(lambda: [(lax.fori_loop(0, 3, lambda i, v: varying(jax_ext.psum(v, "x") / 2), local((4,))),
