@@ -109,7 +109,7 @@ def size(a):
 for ax in AXES:  # one program per axis: its every op, gradient and vmap
     n = size(ax)
     bodies: list = []
-    add = lambda body, label: bodies.append((body, label))  # noqa: E731
+    add = lambda body, label, bodies=bodies: bodies.append((body, label))  # noqa: E731
     for dt in ("float32", "int32", "bfloat16", "float64" if jax.config.jax_enable_x64 else "float16"):
         add(lambda ax=ax, dt=dt: [(jax_ext.psum(local((3, 5), dt), ax), lax.psum(local((3, 5), dt), ax)),
                                   (jax_ext.pmax(local((4,), dt), ax), lax.pmax(local((4,), dt), ax)),
