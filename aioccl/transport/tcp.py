@@ -97,9 +97,9 @@ class TcpConnection:
         if self.stripes is not None:
             self.reader.stripe = self.stripes
         self._control = bytearray()  # control frames (failure notices) waiting for the socket
-        # the frame being written, while the socket has not taken it all: (a view, how much of it the kernel
-        # took, the rest of the frame after it); abort() finishes it before its last words
-        self._unsent: tuple[memoryview, list[int], memoryview | None] | None = None
+        # the frame being written while the kernel has not taken it all: what is left of the piece being sent,
+        # and the rest of the frame after it; abort() finishes it before its last words
+        self._unsent: tuple[memoryview, memoryview | None] | None = None
         self._said_bye = False  # a graceful close's BYE went out: abort() then adds no last words
         self.write_slice, self.read_budget = PRIVATE_SLICES  # share_loop() for an engine on the caller's loop
         self._flusher: asyncio.Task[None] | None = None
@@ -165,7 +165,7 @@ class TcpConnection:
             await self._sendall(piece, view[done + len(piece):])
             done += len(piece)
             if done < len(view) and clock() > until:
-                self._unsent = (view[done:], [0], None)
+                self._unsent = (view[done:], None)
                 await asyncio.sleep(0)
                 self._unsent = None
                 until = clock() + WRITE_HOLD_S
@@ -180,24 +180,27 @@ class TcpConnection:
             n = 0
         if n == len(view):
             return
-        pos = [n]
+        rest = view[n:]
+        self._unsent = (rest, then)
         fut = self.loop.create_future()
         fd = sock.fileno()
 
         def on_writable() -> None:
+            nonlocal rest
             if fut.done():
                 return
             try:
-                pos[0] += sock.send(view[pos[0]:])
+                rest = rest[sock.send(rest):]
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
                 fut.set_exception(e)
                 return
-            if pos[0] == len(view):
+            if len(rest):
+                self._unsent = (rest, then)
+            else:
                 fut.set_result(None)
 
-        self._unsent = (view, pos, then)
         self.loop.add_writer(fd, on_writable)
         try:
             await fut
@@ -357,8 +360,8 @@ class TcpConnection:
                 except OSError:
                     pass
             else:
-                view, pos, then = half
-                self._finish([view[pos[0]:], *([then] if then is not None else []), words],
+                rest, then = half
+                self._finish([rest, *([then] if then is not None else []), words],
                              time.monotonic() + LAST_WORDS_S if until is None else until)
         self.closed = True
         self._stop_reading()
@@ -368,7 +371,6 @@ class TcpConnection:
             self.sock.close()
         except OSError:
             pass
-
 
     def _finish(self, parts: list[memoryview], until: float) -> None:
         """Write ``parts`` whole, waiting for the socket (never past ``until``); what does not go is dropped."""
